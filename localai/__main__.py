@@ -1,0 +1,3 @@
+from localai.cli import main
+
+main()

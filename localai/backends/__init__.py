@@ -1,0 +1,1 @@
+"""Inference engines. Each runs inside a worker process, never in the daemon."""

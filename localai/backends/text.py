@@ -1,0 +1,46 @@
+"""Engine-independent text handling for streamed completions: UTF-8 reassembly and stop strings."""
+
+from __future__ import annotations
+
+import codecs
+
+
+class StopMatcher:
+    """Turns a stream of byte pieces into text, holding back what may be the start of a stop string."""
+
+    def __init__(self, stop: list[str]) -> None:
+        self._stop = [item for item in stop if item]
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = ""
+        self.stopped = False
+
+    def feed(self, piece: bytes) -> str:
+        """Add a token's bytes; return the text that is now safe to emit (stops at a stop string)."""
+        self._pending += self._decoder.decode(piece)
+        if not self._stop:
+            text, self._pending = self._pending, ""
+            return text
+        earliest = -1
+        for stop in self._stop:
+            index = self._pending.find(stop)
+            if index != -1 and (earliest == -1 or index < earliest):
+                earliest = index
+        if earliest != -1:
+            self.stopped = True
+            text, self._pending = self._pending[:earliest], ""
+            return text
+        hold = 0
+        for stop in self._stop:
+            for length in range(min(len(stop) - 1, len(self._pending)), 0, -1):
+                if self._pending.endswith(stop[:length]):
+                    hold = max(hold, length)
+                    break
+        cut = len(self._pending) - hold
+        text, self._pending = self._pending[:cut], self._pending[cut:]
+        return text
+
+    def flush(self) -> str:
+        """Whatever is held back once generation ends without a stop string."""
+        text = self._pending + self._decoder.decode(b"", final=True)
+        self._pending = ""
+        return "" if self.stopped else text

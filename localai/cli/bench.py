@@ -1,0 +1,1 @@
+"""``localai bench``: measured speed through the API (filled in below)."""

@@ -1,0 +1,164 @@
+"""Model verbs: ``list``, ``ps``, ``show``, ``stop``, ``rm``, ``cp``, ``create``."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import click
+
+from localai.cli import cli, fail_cleanly
+
+
+def _client(start: bool = True) -> Any:
+    from localai.client import Client
+
+    client = Client()
+    if start:
+        client.ensure_running()
+    return client
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{size} B"
+
+
+def ago(stamp: str | None) -> str:
+    if not stamp:
+        return ""
+    try:
+        then = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return stamp
+    seconds = (dt.datetime.now(dt.UTC) - then).total_seconds()
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if abs(seconds) >= size:
+            count = int(abs(seconds) // size)
+            return f"{count} {unit}{'s' if count != 1 else ''} {'ago' if seconds > 0 else 'from now'}"
+    return "just now" if seconds >= 0 else "in a moment"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for header in headers:
+        table.add_column(header, no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    Console(width=200).print(table)
+
+
+@cli.command("list")
+@fail_cleanly
+def list_models() -> None:
+    """List installed models."""
+    models = _client().request("GET", "/api/tags")["models"]
+    _table(
+        ["NAME", "ID", "SIZE", "QUANT", "FAMILY", "CONTEXT", "MODIFIED"],
+        [[m["name"], m["digest"][:12], human_size(m["size"]), m["details"]["quantization_level"],
+          m["details"]["family"], str(m.get("context_length") or ""), ago(m["modified_at"])] for m in models],
+    )
+
+
+@cli.command()
+@fail_cleanly
+def ps() -> None:
+    """List loaded models."""
+    client = _client(start=False)
+    models = client.request("GET", "/api/ps")["models"] if client.is_running() else []
+    _table(
+        ["NAME", "PID", "CONTEXT", "ACTIVE", "UNTIL"],
+        [[m["name"], str(m["pid"]), str(m["context_length"]), str(m["active_requests"]),
+          "forever" if m["expires_at"] is None and m["keep_alive"] < 0 else
+          ("busy" if m["expires_at"] is None else ago(m["expires_at"]))] for m in models],
+    )
+
+
+@cli.command()
+@click.argument("model")
+@fail_cleanly
+def stop(model: str) -> None:
+    """Unload a model now."""
+    client = _client(start=False)
+    if not client.is_running():
+        return
+    client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--modelfile", "part", flag_value="modelfile", help="Show the Modelfile.")
+@click.option("--parameters", "part", flag_value="parameters", help="Show the parameters.")
+@click.option("--template", "part", flag_value="template", help="Show the chat template.")
+@click.option("--system", "part", flag_value="system", help="Show the system prompt.")
+@click.option("--license", "part", flag_value="license", help="Show the license.")
+@fail_cleanly
+def show(model: str, part: str | None) -> None:
+    """Show a model's details, Modelfile, parameters, template or system prompt."""
+    info = _client().request("POST", "/api/show", {"model": model})
+    if part:
+        click.echo(info.get(part, "").rstrip("\n"))
+        return
+    details = info["details"]
+    click.echo("  Model")
+    for label, value in (("architecture", details["family"]), ("parameters", details["parameter_size"]),
+                         ("context length", info["model_info"].get(f"{details['family']}.context_length")),
+                         ("quantization", details["quantization_level"])):
+        click.echo(f"    {label:<16}{value}")
+    if info["parameters"]:
+        click.echo("\n  Parameters")
+        for line in info["parameters"].splitlines():
+            click.echo(f"    {line}")
+    if info["system"]:
+        click.echo("\n  System")
+        click.echo(f"    {info['system']}")
+
+
+@cli.command()
+@click.argument("models", nargs=-1, required=True)
+@fail_cleanly
+def rm(models: tuple[str, ...]) -> None:
+    """Remove models."""
+    client = _client()
+    for model in models:
+        client.request("DELETE", "/api/delete", {"model": model})
+        click.echo(f"deleted '{model}'")
+
+
+@cli.command()
+@click.argument("source")
+@click.argument("destination")
+@fail_cleanly
+def cp(source: str, destination: str) -> None:
+    """Copy a model to a new name (weights are shared, not copied)."""
+    _client().request("POST", "/api/copy", {"source": source, "destination": destination})
+    click.echo(f"copied '{source}' to '{destination}'")
+
+
+@cli.command()
+@click.argument("name")
+@click.option("-f", "--file", "modelfile_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("Modelfile"), show_default=True, help="The Modelfile to build from.")
+@fail_cleanly
+def create(name: str, modelfile_path: Path) -> None:
+    """Create a model from a Modelfile."""
+    from localai.errors import ModelfileError
+    from localai.modelfile import parse
+
+    try:
+        text = modelfile_path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ModelfileError(f"cannot read {modelfile_path}: {exc.strerror}") from exc
+    parse(text, source=str(modelfile_path))  # report line errors before talking to the daemon
+    result = _client().request("POST", "/api/create", {
+        "model": name, "modelfile": text, "path": str(modelfile_path.resolve().parent),
+    })
+    click.echo(f"created '{result['model']}'")

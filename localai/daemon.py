@@ -1,0 +1,95 @@
+"""``localai serve``: bind the Unix socket and the loopback TCP port, and serve the API on both."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import socket
+from pathlib import Path
+
+import uvicorn
+
+from localai import paths
+from localai.errors import DaemonUnavailable
+from localai.registry import Registry
+from localai.runtime import Runtime
+from localai.scheduler import Scheduler
+from localai.server.app import create_app
+from localai.settings import Settings
+
+log = logging.getLogger("localai.daemon")
+
+
+def bind_unix_socket(path: Path) -> socket.socket:
+    """Bind the daemon's socket with mode 0600; refuse when another daemon answers on it."""
+    if path.exists():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # stale: its daemon is gone
+        else:
+            raise DaemonUnavailable(f"another localai daemon is already serving on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise DaemonUnavailable(
+                f"{host}:{port} is already in use; is another localai running? set LOCALAI_HOST to another port"
+            ) from exc
+        raise DaemonUnavailable(f"cannot listen on {host}:{port}: {exc}") from exc
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def serve(settings: Settings) -> None:
+    """Run the daemon until SIGINT/SIGTERM; workers are stopped on the way out."""
+    logging.basicConfig(
+        level=logging.DEBUG if settings.debug else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    paths.ensure_home()
+    registry = Registry.open()
+    try:
+        registry.ensure_embedded()
+    except Exception:
+        log.exception("could not register the embedded model")
+    runtime = Runtime(settings, registry, Scheduler(settings))
+    app = create_app(settings, runtime)
+    host, port = settings.bind
+    tcp = bind_tcp(host, port)
+    unix = bind_unix_socket(paths.socket_path())
+    config = uvicorn.Config(app, log_level="debug" if settings.debug else "warning", access_log=settings.debug,
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    paths.pid_path().write_text(str(os.getpid()))
+    log.info("localai listening on http://%s:%s and %s", host, port, paths.socket_path())
+    try:
+        asyncio.run(server.serve(sockets=[tcp, unix]))
+    finally:
+        for path in (paths.socket_path(), paths.pid_path()):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()

@@ -1,0 +1,96 @@
+"""The one exception tree of localai.
+
+Each error becomes user-facing exactly once, at its boundary: an HTTP status and the dialect's
+error shape in the server, a one-line message and an exit code in the CLI.
+"""
+
+from __future__ import annotations
+
+
+class LocalAIError(Exception):
+    """Base of every error localai raises on purpose."""
+
+    status_code: int = 500
+    error_type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(LocalAIError):
+    """A request is malformed or names a bad value; ``param`` names the field."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt (plus the requested output) does not fit the model's context."""
+
+    code = "context_length_exceeded"
+
+
+class ModelNotFound(LocalAIError):
+    """The named model is not installed."""
+
+    status_code = 404
+    error_type = "not_found_error"
+    code = "model_not_found"
+
+
+class AuthenticationFailed(LocalAIError):
+    """A TCP request lacks the configured API key."""
+
+    status_code = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(LocalAIError):
+    """The request came through a Host or Origin we do not serve (DNS rebinding protection)."""
+
+    status_code = 403
+    error_type = "permission_error"
+
+
+class ServerBusy(LocalAIError):
+    """The request queue is full; retry later."""
+
+    status_code = 503
+    error_type = "server_busy"
+    code = "server_busy"
+    retry_after = 1
+
+
+class WorkerCrashed(LocalAIError):
+    """The worker process serving a model died while handling the request."""
+
+    status_code = 500
+    error_type = "server_error"
+    code = "worker_crashed"
+
+
+class WorkerLoadFailed(LocalAIError):
+    """A worker could not load its model."""
+
+    status_code = 500
+    error_type = "server_error"
+    code = "model_load_failed"
+
+
+class ModelfileError(LocalAIError):
+    """A Modelfile could not be parsed; the message names the line."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "invalid_modelfile"
+
+
+class DaemonUnavailable(LocalAIError):
+    """The CLI could not reach or start the daemon."""
+
+    status_code = 503
+    error_type = "server_error"

@@ -1,0 +1,227 @@
+"""Ollama-style Modelfiles: parse, validate and render them.
+
+``TEMPLATE`` holds a Jinja chat template (the Hugging Face / GGUF kind), not Ollama's Go template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localai.errors import ModelfileError
+
+INT_PARAMETERS = frozenset(
+    {"num_ctx", "num_predict", "num_keep", "num_batch", "num_thread", "num_gpu", "main_gpu", "seed", "top_k",
+     "repeat_last_n"}
+)
+FLOAT_PARAMETERS = frozenset(
+    {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty"}
+)
+BOOL_PARAMETERS = frozenset({"use_mmap", "fit_context"})
+LIST_PARAMETERS = frozenset({"stop"})
+PARAMETERS = INT_PARAMETERS | FLOAT_PARAMETERS | BOOL_PARAMETERS | LIST_PARAMETERS
+# Parameters that change how the model is loaded (a change means a reload), not how it samples.
+LOAD_PARAMETERS = frozenset({"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread"})
+MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
+INSTRUCTIONS = frozenset({"from", "parameter", "template", "system", "adapter", "license", "message", "requires"})
+
+ParameterValue = int | float | bool | list[str]
+
+
+@dataclass
+class Modelfile:
+    """The parsed contents of a Modelfile."""
+
+    from_: str
+    parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    template: str | None = None
+    system: str | None = None
+    adapters: list[str] = field(default_factory=list)
+    license: str | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    requires: str | None = None
+
+    def render(self) -> str:
+        """The Modelfile text that reproduces this model (what ``localai show --modelfile`` prints)."""
+        lines = [f"FROM {self.from_}"]
+        for name, value in self.parameters.items():
+            for item in value if isinstance(value, list) else [value]:
+                lines.append(f"PARAMETER {name} {_render_value(item)}")
+        if self.template is not None:
+            lines.append(f'TEMPLATE """{self.template}"""')
+        if self.system is not None:
+            lines.append(f'SYSTEM """{self.system}"""')
+        lines.extend(f"ADAPTER {adapter}" for adapter in self.adapters)
+        for message in self.messages:
+            lines.append(f'MESSAGE {message["role"]} """{message["content"]}"""')
+        if self.license is not None:
+            lines.append(f'LICENSE """{self.license}"""')
+        if self.requires is not None:
+            lines.append(f"REQUIRES {self.requires}")
+        return "\n".join(lines) + "\n"
+
+
+def _render_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str) and (" " in value or not value or '"' in value):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value)
+
+
+def parse_file(path: Path) -> Modelfile:
+    """Parse a Modelfile on disk; a relative ``FROM`` path resolves against the file's directory."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelfileError(f"cannot read Modelfile {path}: {exc}") from exc
+    modelfile = parse(text, source=str(path))
+    candidate = (path.parent / modelfile.from_).expanduser()
+    if _looks_like_path(modelfile.from_) and not Path(modelfile.from_).expanduser().is_absolute():
+        modelfile.from_ = str(candidate.resolve())
+    return modelfile
+
+
+def _looks_like_path(value: str) -> bool:
+    if ":" in value.split("/", 1)[0]:
+        return False  # a scheme such as package: or hf.co/..., not a file
+    return value.startswith((".", "/", "~")) or value.lower().endswith(".gguf")
+
+
+def parse(text: str, *, source: str = "Modelfile") -> Modelfile:
+    """Parse Modelfile text. Errors name the line and what is wrong."""
+    from_: str | None = None
+    result = Modelfile(from_="")
+    for lineno, instruction, argument in _instructions(text, source):
+        where = f"{source}, line {lineno}"
+        if instruction == "from":
+            if not argument:
+                raise ModelfileError(f"{where}: FROM needs a model name or a GGUF path")
+            from_ = argument
+        elif instruction == "parameter":
+            name, value = _parameter(argument, where)
+            if name in LIST_PARAMETERS:
+                existing = result.parameters.setdefault(name, [])
+                assert isinstance(existing, list)
+                existing.append(str(value))
+            else:
+                result.parameters[name] = value
+        elif instruction == "template":
+            result.template = argument
+        elif instruction == "system":
+            result.system = argument
+        elif instruction == "adapter":
+            result.adapters.append(argument)
+        elif instruction == "license":
+            result.license = argument
+        elif instruction == "requires":
+            result.requires = argument
+        elif instruction == "message":
+            role, _, content = argument.partition(" ")
+            role = role.lower()
+            if role not in MESSAGE_ROLES:
+                raise ModelfileError(
+                    f"{where}: MESSAGE role {role!r} is not one of {', '.join(sorted(MESSAGE_ROLES))}"
+                )
+            result.messages.append({"role": role, "content": _unquote(content.strip())})
+    if from_ is None:
+        raise ModelfileError(f"{source}: no FROM line; a Modelfile must say which model it builds on")
+    result.from_ = from_
+    if result.template is not None and "{{ ." in result.template.replace("{{- .", "{{ ."):
+        raise ModelfileError(
+            f"{source}: TEMPLATE looks like an Ollama Go template; localai takes a Jinja chat template "
+            "(the kind stored in GGUF files as tokenizer.chat_template)"
+        )
+    return result
+
+
+def _parameter(argument: str, where: str) -> tuple[str, ParameterValue]:
+    name, _, raw = argument.partition(" ")
+    name = name.strip().lower()
+    raw = _unquote(raw.strip())
+    if not name or raw == "":
+        raise ModelfileError(f"{where}: PARAMETER needs a name and a value, e.g. PARAMETER temperature 0.7")
+    if name not in PARAMETERS:
+        raise ModelfileError(f"{where}: unknown parameter {name!r}; known: {', '.join(sorted(PARAMETERS))}")
+    return name, coerce_parameter(name, raw, where)
+
+
+def coerce_parameter(name: str, raw: Any, where: str = "parameter") -> ParameterValue:
+    """Convert a raw parameter value to its type, or raise naming the parameter."""
+    try:
+        if name in INT_PARAMETERS:
+            if isinstance(raw, bool):
+                raise ValueError
+            return int(raw)
+        if name in FLOAT_PARAMETERS:
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        if name in BOOL_PARAMETERS:
+            if isinstance(raw, bool):
+                return raw
+            lowered = str(raw).lower()
+            if lowered not in ("true", "false", "1", "0"):
+                raise ValueError
+            return lowered in ("true", "1")
+        if name in LIST_PARAMETERS:
+            return [str(item) for item in raw] if isinstance(raw, list) else [str(raw)]
+    except ValueError:
+        kind = "an integer" if name in INT_PARAMETERS else "a number" if name in FLOAT_PARAMETERS else "true/false"
+        raise ModelfileError(f"{where}: {name} must be {kind}, got {raw!r}") from None
+    raise ModelfileError(f"{where}: unknown parameter {name!r}")
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        inner = value[1:-1]
+        return inner.replace('\\"', '"').replace("\\\\", "\\")
+    return value
+
+
+def _instructions(text: str, source: str) -> list[tuple[int, str, str]]:
+    """Split Modelfile text into (line number, instruction, argument); handles triple-quoted blocks."""
+    result: list[tuple[int, str, str]] = []
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        lineno = index + 1
+        stripped = lines[index].strip()
+        index += 1
+        if not stripped or stripped.startswith("#"):
+            continue
+        word, _, rest = stripped.partition(" ")
+        instruction = word.lower()
+        if instruction not in INSTRUCTIONS:
+            raise ModelfileError(
+                f"{source}, line {lineno}: unknown instruction {word!r}; "
+                "expected FROM, PARAMETER, TEMPLATE, SYSTEM, MESSAGE, ADAPTER, LICENSE or REQUIRES"
+            )
+        rest = rest.strip()
+        if '"""' in rest:
+            head, _, after = rest.partition('"""')
+            if '"""' in after:
+                body, _, tail = after.partition('"""')
+                if tail.strip():
+                    raise ModelfileError(f"{source}, line {lineno}: text after closing \"\"\"")
+            else:
+                chunks = [after]
+                while True:
+                    if index >= len(lines):
+                        raise ModelfileError(f"{source}, line {lineno}: unterminated \"\"\" block")
+                    line = lines[index]
+                    index += 1
+                    if '"""' in line:
+                        closing, _, tail = line.partition('"""')
+                        chunks.append(closing)
+                        if tail.strip():
+                            raise ModelfileError(f"{source}, line {index}: text after closing \"\"\"")
+                        break
+                    chunks.append(line)
+                body = "\n".join(chunks)
+            argument = (head + body) if head.strip() else body
+        else:
+            argument = rest if instruction in ("parameter", "message") else _unquote(rest)
+        result.append((lineno, instruction, argument))
+    return result

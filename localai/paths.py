@@ -1,0 +1,67 @@
+"""Every on-disk location localai uses. Each is a function that reads ``LOCALAI_HOME`` at call time."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import platformdirs
+
+
+def home() -> Path:
+    """The root of localai's state: ``$LOCALAI_HOME`` or the platform's user data directory."""
+    configured = os.environ.get("LOCALAI_HOME")
+    if configured:
+        return Path(configured).expanduser()
+    return Path(platformdirs.user_data_dir("localai", appauthor=False))
+
+
+def socket_path() -> Path:
+    """The daemon's Unix socket (mode 0600): the CLI and TUI talk to the daemon through it."""
+    return home() / "localai.sock"
+
+
+def database_path() -> Path:
+    """The SQLite registry of models (and, later, cache and responses metadata)."""
+    return home() / "localai.db"
+
+
+def cache_dir() -> Path:
+    """Where persisted prompt-cache entries live."""
+    return home() / "cache"
+
+
+def logs_dir() -> Path:
+    """Daemon and worker logs."""
+    return home() / "logs"
+
+
+def server_log_path() -> Path:
+    """The log of a daemon started in the background by the CLI."""
+    return logs_dir() / "server.log"
+
+
+def pid_path() -> Path:
+    """The running daemon's pid, written at start and removed at clean exit."""
+    return home() / "localai.pid"
+
+
+def user_modelfiles_dir() -> Path:
+    """User Modelfiles watched by the daemon."""
+    return home() / "modelfiles"
+
+
+def library_modelfiles_dir() -> Path:
+    """The Modelfiles that ship with localai: the source tree's ``modelfiles/`` or ``<prefix>/share``."""
+    source_tree = Path(__file__).resolve().parent.parent / "modelfiles"
+    if source_tree.is_dir():
+        return source_tree
+    return Path(sys.prefix) / "share" / "localai" / "modelfiles"
+
+
+def ensure_home() -> Path:
+    """Create the home directory (private to the user) and return it."""
+    root = home()
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return root

@@ -1,0 +1,137 @@
+"""The small typed protocol between the daemon and a worker process.
+
+Frames are a 4-byte big-endian length followed by a JSON object, sent over a socketpair that
+the daemon creates and passes to the worker. The daemon never imports an engine: everything
+it knows about a model arrives in a ``ready`` frame.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from typing import Any, Literal, NotRequired, TypedDict
+
+HEADER = struct.Struct(">I")
+MAX_FRAME = 64 * 1024 * 1024
+
+
+class Sampling(TypedDict, total=False):
+    """Sampling options as the engine takes them (Ollama's parameter names)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    typical_p: float
+    repeat_penalty: float
+    repeat_last_n: int
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+
+
+class GenerateOp(TypedDict):
+    """Daemon → worker: evaluate a prompt and stream the completion."""
+
+    op: Literal["generate"]
+    id: str
+    prompt: str
+    max_tokens: int | None
+    stop: list[str]
+    sampling: Sampling
+    session: NotRequired[str | None]
+    ignore_eos: NotRequired[bool]
+    grammar: NotRequired[str | None]
+
+
+class CancelOp(TypedDict):
+    """Daemon → worker: stop generating for a request (the client went away)."""
+
+    op: Literal["cancel"]
+    id: str
+
+
+class TokenizeOp(TypedDict):
+    """Daemon → worker: count or list the tokens of a text."""
+
+    op: Literal["tokenize"]
+    id: str
+    text: str
+
+
+class ModelInfo(TypedDict):
+    """What a worker reports about its loaded model in the ``ready`` frame."""
+
+    backend: str
+    engine_version: str
+    n_ctx: int
+    n_ctx_train: int
+    n_parallel: int
+    n_vocab: int
+    bos_token: str
+    eos_token: str
+    chat_template: str | None
+    architecture: str
+    flash_attention: bool
+    kv_type: str
+
+
+class Usage(TypedDict):
+    """Token counts and engine timings of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    prompt_ms: float
+    decode_ms: float
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One frame: header plus compact JSON."""
+    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    return HEADER.pack(len(body)) + body
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    """The JSON object of one frame body."""
+    value = json.loads(body)
+    if not isinstance(value, dict):
+        raise ValueError("frame is not a JSON object")
+    return value
+
+
+class FrameSocket:
+    """Blocking frame I/O on a socket, safe for one reader and many writers (worker side)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._write_lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = encode(message)
+        with self._write_lock:
+            self._sock.sendall(data)
+
+    def receive(self) -> dict[str, Any] | None:
+        """The next frame, or None when the peer closed the socket."""
+        header = self._read_exactly(HEADER.size)
+        if header is None:
+            return None
+        (length,) = HEADER.unpack(header)
+        if length > MAX_FRAME:
+            raise ValueError(f"frame of {length} bytes exceeds the limit")
+        body = self._read_exactly(length)
+        if body is None:
+            return None
+        return decode(body)
+
+    def _read_exactly(self, size: int) -> bytes | None:
+        chunks = bytearray()
+        while len(chunks) < size:
+            chunk = self._sock.recv(size - len(chunks))
+            if not chunk:
+                return None
+            chunks.extend(chunk)
+        return bytes(chunks)

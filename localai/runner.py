@@ -1,0 +1,184 @@
+"""The daemon's handle on one worker process: spawn it, route its frames, notice when it dies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from localai import paths, protocol
+from localai.errors import WorkerCrashed, WorkerLoadFailed
+from localai.protocol import GenerateOp, ModelInfo
+
+log = logging.getLogger("localai.runner")
+_ids = itertools.count(1)
+_CRASHED = {"ev": "crashed"}
+
+
+class Worker:
+    """A running worker process serving one model."""
+
+    def __init__(self, name: str, backend: str, options: dict[str, Any], *, debug: bool = False) -> None:
+        self.name = name
+        self.backend = backend
+        self.options = options
+        self.debug = debug
+        self.info: ModelInfo | None = None
+        self.process: asyncio.subprocess.Process | None = None
+        self.alive = False
+        self.on_exit: Callable[[Worker], None] | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    async def start(self, timeout: float) -> ModelInfo:
+        """Spawn the worker and wait for its ``ready`` frame (or its load error)."""
+        parent, child = socket.socketpair()
+        paths.logs_dir().mkdir(parents=True, exist_ok=True)
+        log_file = open(paths.logs_dir() / "workers.log", "ab")  # noqa: SIM115 - handed to the child
+        try:
+            command = [
+                sys.executable, "-m", "localai.worker", "--fd", str(child.fileno()),
+                "--backend", self.backend, "--options", json.dumps(self.options),
+            ]
+            if self.debug:
+                command.append("--debug")
+            self.process = await asyncio.create_subprocess_exec(
+                *command, pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file, stderr=log_file, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        finally:
+            child.close()
+            log_file.close()
+        reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=protocol.MAX_FRAME)
+        try:
+            first = await asyncio.wait_for(_read_frame(reader), timeout)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            await self.kill()
+            reason = "timed out" if isinstance(exc, TimeoutError) else "exited"
+            raise WorkerLoadFailed(
+                f"the worker for '{self.name}' {reason} while loading; see {paths.logs_dir() / 'workers.log'}"
+            ) from exc
+        if first.get("ev") != "ready":
+            await self.kill()
+            raise WorkerLoadFailed(f"could not load '{self.name}': {first.get('message', first)}")
+        self.info = first["info"]
+        self.alive = True
+        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.name}")
+        log.info("worker %s loaded %s (pid %s)", self.backend, self.name, self.pid)
+        return self.info  # type: ignore[return-value]
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                message = await _read_frame(reader)
+                queue = self._queues.get(str(message.get("id")))
+                if queue is not None:
+                    queue.put_nowait(message)
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+            pass
+        finally:
+            self.alive = False
+            for queue in self._queues.values():
+                queue.put_nowait(_CRASHED)
+            if self.process is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.process.wait(), 5)
+                code = self.process.returncode
+                if code not in (0, None):
+                    log.error("worker for %s (pid %s) died with exit code %s", self.name, self.pid, code)
+            if self.on_exit is not None:
+                self.on_exit(self)
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        if not self.alive or self._writer is None:
+            raise WorkerCrashed(f"the worker for '{self.name}' is not running")
+        try:
+            self._writer.write(protocol.encode(message))
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise WorkerCrashed(f"the worker for '{self.name}' stopped: {exc}") from exc
+
+    async def generate(self, op: GenerateOp) -> AsyncIterator[dict[str, Any]]:
+        """Send a generate op and yield its frames until ``done`` or ``error``; cancels if abandoned."""
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._queues[op["id"]] = queue
+        finished = False
+        try:
+            await self._send(dict(op))
+            while True:
+                message = await queue.get()
+                if message is _CRASHED:
+                    finished = True
+                    raise WorkerCrashed(
+                        f"the worker serving '{self.name}' crashed during the request; it will be reloaded "
+                        "on the next request"
+                    )
+                kind = message.get("ev")
+                if kind in ("done", "error"):
+                    finished = True
+                yield message
+                if finished:
+                    return
+        finally:
+            self._queues.pop(op["id"], None)
+            if not finished and self.alive:
+                with contextlib.suppress(Exception):
+                    await self._send({"op": "cancel", "id": op["id"]})
+
+    async def tokenize(self, text: str) -> list[int]:
+        request_id = f"tok-{next(_ids)}"
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._queues[request_id] = queue
+        try:
+            await self._send({"op": "tokenize", "id": request_id, "text": text})
+            message = await queue.get()
+            if message is _CRASHED:
+                raise WorkerCrashed(f"the worker serving '{self.name}' crashed")
+            return list(message["tokens"])
+        finally:
+            self._queues.pop(request_id, None)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Ask the worker to exit; kill it if it does not."""
+        if self.alive:
+            with contextlib.suppress(Exception):
+                await self._send({"op": "shutdown"})
+        if self.process is not None and self.process.returncode is None:
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout)
+            except TimeoutError:
+                await self.kill()
+        if self._reader_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._reader_task, 5)
+
+    async def kill(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            await self.process.wait()
+        self.alive = False
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+    header = await reader.readexactly(protocol.HEADER.size)
+    (length,) = protocol.HEADER.unpack(header)
+    if length > protocol.MAX_FRAME:
+        raise ValueError("frame too large")
+    return protocol.decode(await reader.readexactly(length))
+
+
+def new_request_id(prefix: str = "req") -> str:
+    return f"{prefix}-{os.getpid()}-{next(_ids)}"

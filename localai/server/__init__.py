@@ -1,0 +1,1 @@
+"""The HTTP API: one module per dialect, all over the same Runtime."""

@@ -1,0 +1,48 @@
+"""The ASGI app: ``create_app(settings, runtime)``, called by the daemon and by the tests."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from localai import __version__
+from localai.runtime import Runtime
+from localai.server import ollama, openai
+from localai.server.errors import install_error_handlers
+from localai.server.security import GuardMiddleware, is_loopback_host
+from localai.settings import Settings
+
+
+def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await runtime.scheduler.shutdown()
+
+    app = FastAPI(title="localai", version=__version__, lifespan=lifespan)
+    app.state.runtime = runtime
+    app.state.settings = settings
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok", "version": __version__,
+                             "loaded_models": list(runtime.scheduler.loaded)})
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> PlainTextResponse:
+        return PlainTextResponse("localai is running")
+
+    app.include_router(openai.router)
+    app.include_router(ollama.router)
+    if settings.origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"], allow_headers=["*"],
+        )
+    host, _ = settings.bind
+    app.add_middleware(GuardMiddleware, loopback_only=is_loopback_host(host), api_key=settings.api_key)
+    return app

@@ -1,0 +1,72 @@
+"""Each error becomes a response once, here, in the shape of the dialect that was asked."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from localai.errors import LocalAIError, ServerBusy
+
+log = logging.getLogger("localai.server")
+
+
+def is_ollama_path(path: str) -> bool:
+    return path.startswith("/api/")
+
+
+def error_body(path: str, message: str, kind: str, status: int, *, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """The error object in the dialect of ``path``: Ollama's ``{"error": str}`` or OpenAI's shape."""
+    if is_ollama_path(path):
+        return {"error": message}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(request: Request, error: LocalAIError) -> JSONResponse:
+    headers = {"Retry-After": str(error.retry_after)} if isinstance(error, ServerBusy) else None
+    body = error_body(request.url.path, error.message, error.error_type, error.status_code,
+                      param=error.param, code=error.code)
+    return JSONResponse(body, status_code=error.status_code, headers=headers)
+
+
+def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+    """A one-line message naming the bad field, and that field's dotted path."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid request body", None
+    first = errors[0]
+    location = [str(part) for part in first.get("loc", ()) if part != "body"]
+    if first.get("type") == "json_invalid":
+        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    field = ".".join(location) or None
+    if field is None:
+        return f"invalid request body: {first.get('msg')}", None
+    return f"invalid value for '{field}': {first.get('msg')}", field
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(LocalAIError)
+    async def _localai(request: Request, exc: LocalAIError) -> JSONResponse:
+        if exc.status_code >= 500:
+            log.warning("%s %s failed: %s", request.method, request.url.path, exc.message)
+        return error_response(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, field = describe_validation(exc)
+        body = error_body(request.url.path, message, "invalid_request_error", 400, param=field)
+        return JSONResponse(body, status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        if exc.status_code == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        body = error_body(request.url.path, message, kind, exc.status_code)
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))

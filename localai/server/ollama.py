@@ -1,0 +1,314 @@
+"""Ollama-native API, so existing Ollama clients (and localai's own CLI) work unchanged."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from localai import __version__
+from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
+from localai.modelfile import LOAD_PARAMETERS, Modelfile, coerce_parameter, parse
+from localai.registry import ModelRecord, normalize
+from localai.runtime import Generation, sampling_from_options
+from localai.schema import Finished, GenerationRequest, Message, SamplingOptions, TextBlock, TextDelta
+from localai.server.openai import runtime_of
+from localai.server.sessions import session_id
+from localai.settings import parse_duration
+
+router = APIRouter()
+
+
+class ModelRef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    name: str | None = None
+    verbose: bool = False
+
+    def model_name(self) -> str:
+        value = self.model or self.name
+        if not value:
+            raise InvalidRequest("'model' is required", param="model")
+        return value
+
+
+class OllamaMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str = ""
+
+
+class GenerateBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    prompt: str = ""
+    system: str | None = None
+    stream: bool = True
+    raw: bool = False
+    options: dict[str, Any] = Field(default_factory=dict)
+    keep_alive: str | float | None = None
+    format: Any = None
+
+
+class ChatBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    messages: list[OllamaMessage] = Field(default_factory=list)
+    stream: bool = True
+    options: dict[str, Any] = Field(default_factory=dict)
+    keep_alive: str | float | None = None
+    format: Any = None
+
+
+class CopyBody(BaseModel):
+    source: str = Field(min_length=1)
+    destination: str = Field(min_length=1)
+
+
+class CreateBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    name: str | None = None
+    modelfile: str | None = None
+    path: str | None = Field(default=None, description="Directory that relative FROM paths resolve against.")
+    from_: str | None = Field(default=None, alias="from")
+    parameters: dict[str, Any] | None = None
+    template: str | None = None
+    system: str | None = None
+    stream: bool = False
+
+
+def keep_alive_seconds(value: str | float | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="keep_alive") from exc
+
+
+def request_options(options: dict[str, Any]) -> tuple[SamplingOptions, dict[str, Any], int | None, list[str] | None]:
+    try:
+        sampling = SamplingOptions(**sampling_from_options(options))
+        load = {k: coerce_parameter(k, v, f"options.{k}") for k, v in options.items() if k in LOAD_PARAMETERS}
+    except (ValueError, LocalAIError) as exc:
+        raise InvalidRequest(f"invalid options: {exc}", param="options") from exc
+    num_predict = options.get("num_predict")
+    stop = options.get("stop")
+    return sampling, load, int(num_predict) if num_predict is not None and int(num_predict) >= 0 else None, (
+        [stop] if isinstance(stop, str) else stop
+    )
+
+
+def _check_format(value: Any) -> None:
+    if value not in (None, ""):
+        raise InvalidRequest("'format' (structured output) is not supported yet", param="format")
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _final(model: str, finished: Finished, started: float) -> dict[str, Any]:
+    usage = finished.usage
+    return {
+        "model": model, "created_at": now_iso(), "done": True,
+        "done_reason": "length" if finished.reason == "length" else "stop",
+        "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": 0,
+        "prompt_eval_count": usage.prompt_tokens, "prompt_eval_duration": int(usage.prompt_ms * 1e6),
+        "eval_count": usage.completion_tokens, "eval_duration": int(usage.decode_ms * 1e6),
+        "prompt_cache_count": usage.cached_tokens,
+    }
+
+
+async def _respond(generation: Generation, body_stream: bool, model: str, started: float,
+                   piece: Any) -> JSONResponse | StreamingResponse:
+    if not body_stream:
+        parts: list[str] = []
+        finished: Finished | None = None
+        async for event in generation.events():
+            if isinstance(event, TextDelta):
+                parts.append(event.text)
+            elif isinstance(event, Finished):
+                finished = event
+        assert finished is not None
+        return JSONResponse({**piece("".join(parts)), **_final(model, finished, started)})
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            async for event in generation.events():
+                if isinstance(event, TextDelta):
+                    line = {"model": model, "created_at": now_iso(), **piece(event.text), "done": False}
+                else:
+                    line = {**piece(""), **_final(model, event, started)}
+                yield (json.dumps(line, ensure_ascii=False) + "\n").encode()
+        except LocalAIError as exc:
+            yield (json.dumps({"error": exc.message}) + "\n").encode()
+        finally:
+            await generation.aclose()
+
+    return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+
+async def _load_or_unload(request: Request, model: str, keep_alive: float | None, done_reason: str,
+                          piece: dict[str, Any]) -> JSONResponse:
+    """An empty prompt loads the model (or, with keep_alive 0, unloads it): Ollama's convention."""
+    runtime = runtime_of(request)
+    record = runtime.registry.get(model)
+    if keep_alive is not None and keep_alive == 0:
+        await runtime.scheduler.unload(record.name)
+        done_reason = "unload"
+    else:
+        async with runtime.scheduler.lease(record, keep_alive=keep_alive):
+            pass
+    return JSONResponse({"model": model, "created_at": now_iso(), **piece, "done": True, "done_reason": done_reason})
+
+
+@router.post("/api/generate", response_model=None)
+async def generate(body: GenerateBody, request: Request) -> JSONResponse | StreamingResponse:
+    _check_format(body.format)
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    if not body.prompt and not body.system:
+        return await _load_or_unload(request, body.model, keep_alive, "load", {"response": ""})
+    sampling, load, num_predict, stop = request_options(body.options)
+    started = time.perf_counter()
+    if body.raw:
+        generation_request = GenerationRequest(model=body.model, prompt=body.prompt)
+    else:
+        messages = [Message("system", [TextBlock(body.system)])] if body.system else []
+        messages.append(Message("user", [TextBlock(body.prompt)]))
+        generation_request = GenerationRequest(model=body.model, messages=messages)
+    generation_request.sampling, generation_request.load_options = sampling, load
+    generation_request.max_tokens, generation_request.stop = num_predict, stop
+    generation_request.keep_alive = keep_alive
+    generation_request.session_id = session_id(request.headers)
+    generation = await runtime_of(request).start(generation_request)
+    return await _respond(generation, body.stream, body.model, started, lambda text: {"response": text})
+
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+@router.post("/api/chat", response_model=None)
+async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResponse:
+    _check_format(body.format)
+    keep_alive = keep_alive_seconds(body.keep_alive)
+    empty = {"message": {"role": "assistant", "content": ""}}
+    if not body.messages:
+        return await _load_or_unload(request, body.model, keep_alive, "load", empty)
+    messages = []
+    for index, message in enumerate(body.messages):
+        if message.role not in ROLES:
+            raise InvalidRequest(f"unknown role '{message.role}'", param=f"messages.{index}.role")
+        messages.append(Message(message.role, [TextBlock(message.content)]))  # type: ignore[arg-type]
+    sampling, load, num_predict, stop = request_options(body.options)
+    started = time.perf_counter()
+    generation = await runtime_of(request).start(GenerationRequest(
+        model=body.model, messages=messages, sampling=sampling, load_options=load, max_tokens=num_predict,
+        stop=stop, keep_alive=keep_alive, session_id=session_id(request.headers),
+    ))
+    return await _respond(generation, body.stream, body.model, started,
+                          lambda text: {"message": {"role": "assistant", "content": text}})
+
+
+@router.get("/api/version")
+async def version() -> dict[str, str]:
+    return {"version": __version__}
+
+
+def details(record: ModelRecord) -> dict[str, Any]:
+    return {"parent_model": "", "format": record.format, "family": record.family, "families": [record.family],
+            "parameter_size": record.parameter_size, "quantization_level": record.quantization}
+
+
+@router.get("/api/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    models = []
+    for record in runtime_of(request).registry.list():
+        models.append({
+            "name": record.name, "model": record.name, "modified_at": record.modified_at, "size": record.size,
+            "digest": record.sha256, "details": details(record), "context_length": record.context_length,
+        })
+    return {"models": models}
+
+
+@router.get("/api/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    models = []
+    for loaded in runtime_of(request).scheduler.loaded.values():
+        record, info = loaded.record, loaded.worker.info
+        expires = (dt.datetime.fromtimestamp(loaded.expires_at, dt.UTC).isoformat()
+                   if loaded.expires_at is not None else None)
+        models.append({
+            "name": loaded.name, "model": loaded.name, "size": record.size, "digest": record.sha256,
+            "details": details(record), "expires_at": expires, "size_vram": 0,
+            "context_length": info["n_ctx"] if info else None, "active_requests": loaded.active,
+            "processor": "cpu" if loaded.worker.options.get("num_gpu", -1) == 0 else "auto",
+            "pid": loaded.worker.pid, "keep_alive": loaded.keep_alive,
+        })
+    return {"models": models}
+
+
+@router.post("/api/show")
+async def show(body: ModelRef, request: Request) -> dict[str, Any]:
+    record = runtime_of(request).registry.get(body.model_name())
+    modelfile = record.modelfile()
+    parameters = "\n".join(
+        f"{name:<20} {json.dumps(item) if isinstance(item, str) else item}"
+        for name, value in record.parameters.items()
+        for item in (value if isinstance(value, list) else [value])
+    )
+    return {
+        "modelfile": modelfile.render(), "parameters": parameters, "template": record.template or "",
+        "system": record.system or "", "license": record.license or "", "details": details(record),
+        "model_info": {"general.architecture": record.family,
+                       f"{record.family}.context_length": record.context_length},
+        "capabilities": ["completion"], "modified_at": record.modified_at,
+    }
+
+
+@router.delete("/api/delete")
+async def delete(body: ModelRef, request: Request) -> JSONResponse:
+    runtime = runtime_of(request)
+    name = body.model_name()
+    record = runtime.registry.get(name)
+    removed = runtime.registry.remove(name)
+    if normalize(name) == record.name or record.name in removed:
+        await runtime.scheduler.unload(record.name)
+    return JSONResponse({"deleted": removed})
+
+
+@router.post("/api/copy")
+async def copy(body: CopyBody, request: Request) -> JSONResponse:
+    runtime_of(request).registry.copy(body.source, body.destination)
+    return JSONResponse({})
+
+
+@router.post("/api/create")
+async def create(body: CreateBody, request: Request) -> JSONResponse:
+    name = body.model or body.name
+    if not name:
+        raise InvalidRequest("'model' is required", param="model")
+    if body.modelfile:
+        modelfile = parse(body.modelfile, source="Modelfile")
+        if body.path and not Path(modelfile.from_).is_absolute() and modelfile.from_.startswith("."):
+            modelfile.from_ = str((Path(body.path) / modelfile.from_).resolve())
+    elif body.from_:
+        modelfile = Modelfile(from_=body.from_, template=body.template, system=body.system)
+        for key, value in (body.parameters or {}).items():
+            modelfile.parameters[key] = coerce_parameter(key, value, f"parameters.{key}")
+    else:
+        raise InvalidRequest("give 'modelfile' text or 'from'", param="modelfile")
+    registry = runtime_of(request).registry
+    try:
+        record = registry.create(name, modelfile)
+    except ModelNotFound as exc:
+        raise InvalidRequest(exc.message, param="from") from exc
+    return JSONResponse({"status": "success", "model": record.name})

@@ -1,0 +1,117 @@
+"""One typed settings object, built once from ``LOCALAI_*`` environment variables and passed down."""
+
+from __future__ import annotations
+
+import os
+import re
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+DEFAULT_PORT = 11435
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)?")
+_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds from ``"5m"``, ``"1h30m"``, ``"300"``, ``300`` or ``"-1"`` (negative means forever)."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip().lower()
+    if not text:
+        raise ValueError("empty duration")
+    sign = -1.0 if text.startswith("-") else 1.0
+    text = text.lstrip("-+")
+    total, pos = 0.0, 0
+    for match in _DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text):
+        raise ValueError(f"invalid duration {value!r}: use seconds or a number with ms, s, m or h")
+    return sign * total
+
+
+class Settings(BaseSettings):
+    """Daemon and client configuration. Every field reads ``LOCALAI_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="LOCALAI_", extra="ignore")
+
+    host: str = Field(
+        default=f"127.0.0.1:{DEFAULT_PORT}",
+        description="TCP address the daemon listens on, `host:port` or `http://host:port` (loopback by default).",
+    )
+    keep_alive: float = Field(
+        default=300.0,
+        description="How long an idle model stays loaded: seconds or `5m`/`1h`; 0 unloads at once, negative never.",
+    )
+    max_loaded_models: int = Field(default=3, ge=1, description="Most models loaded at once; the idlest goes first.")
+    max_queue: int = Field(
+        default=512, ge=1, description="Most requests waiting for a model; beyond it requests get 503 + Retry-After."
+    )
+    num_parallel: int = Field(
+        default=4, ge=1, le=64, description="Sequences (concurrent requests or live sessions) per loaded model."
+    )
+    context_length: int = Field(
+        default=32768,
+        ge=256,
+        description="Default `num_ctx` cap: a model gets min(its trained context, this) unless its Modelfile says.",
+    )
+    num_thread: int | None = Field(default=None, ge=1, description="CPU threads per worker (default: all cores).")
+    flash_attention: bool = Field(default=False, description="Run llama.cpp with flash attention.")
+    origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated browser origins allowed by CORS (none by default)."
+    )
+    api_key: str | None = Field(default=None, description="When set, TCP requests need it as a bearer token.")
+    load_timeout: float = Field(default=120.0, gt=0, description="Seconds a worker may take to load a model.")
+    debug: bool = Field(default=False, description="Verbose logging in the daemon and workers.")
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> float:
+        if isinstance(value, (str, int, float)):
+            return parse_duration(value)
+        raise ValueError("keep_alive must be a duration")
+
+    @field_validator("origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @property
+    def bind(self) -> tuple[str, int]:
+        """The TCP host and port parsed from ``host``."""
+        return parse_host(self.host)
+
+    @property
+    def base_url(self) -> str:
+        """The daemon's HTTP base URL on TCP, as clients should use it."""
+        host, port = self.bind
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}"
+
+    def threads(self) -> int:
+        """Worker threads: ``num_thread`` or the machine's cores."""
+        return self.num_thread or max(1, os.cpu_count() or 1)
+
+
+def parse_host(value: str) -> tuple[str, int]:
+    """``127.0.0.1:11435``, ``http://localhost:8080``, ``[::1]:9``, ``0.0.0.0`` → (host, port)."""
+    text = value.strip()
+    if "://" not in text:
+        text = "http://" + text
+    parts = urlsplit(text)
+    host = parts.hostname or "127.0.0.1"
+    try:
+        port = parts.port or DEFAULT_PORT
+    except ValueError as exc:
+        raise ValueError(f"invalid LOCALAI_HOST {value!r}: {exc}") from exc
+    return host, port

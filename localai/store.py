@@ -1,0 +1,69 @@
+"""The SQLite database under ``$LOCALAI_HOME``, opened through sqlite-utils, with named migrations.
+
+Migrations are functions applied once each, in order, and recorded in ``_migrations`` (the
+pattern of simonw/llm). Nothing opens the database at import time.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlite_utils
+
+Migration = Callable[[sqlite_utils.Database], None]
+MIGRATIONS: list[tuple[str, Migration]] = []
+
+
+def migration(function: Migration) -> Migration:
+    """Register a migration; its name is its identity, so never rename one that shipped."""
+    MIGRATIONS.append((function.__name__, function))
+    return function
+
+
+@migration
+def m001_models(db: sqlite_utils.Database) -> None:
+    db["models"].create(  # type: ignore[union-attr]
+        {
+            "name": str, "alias_of": str, "source": str, "path": str, "format": str, "sha256": str,
+            "size": int, "family": str, "quantization": str, "parameter_size": str, "context_length": int,
+            "parameters": str, "template": str, "system": str, "messages": str, "adapters": str,
+            "license": str, "modelfile": str, "created_at": str, "modified_at": str,
+        },
+        pk="name",
+    )
+
+
+@migration
+def m002_file_hashes(db: sqlite_utils.Database) -> None:
+    db["file_hashes"].create(  # type: ignore[union-attr]
+        {"path": str, "size": int, "mtime_ns": int, "sha256": str}, pk="path"
+    )
+
+
+def open_database(path: Path) -> sqlite_utils.Database:
+    """Open (creating if needed) the database and bring it to the newest schema."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite_utils.Database(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA busy_timeout=5000")
+    migrate(db)
+    return db
+
+
+def migrate(db: sqlite_utils.Database) -> None:
+    table = db["_migrations"]
+    if not table.exists():
+        table.create({"name": str, "applied_at": str}, pk="name")  # type: ignore[union-attr]
+    applied = {row["name"] for row in table.rows}
+    for name, function in MIGRATIONS:
+        if name in applied:
+            continue
+        with db.conn:
+            function(db)
+            table.insert({"name": name, "applied_at": now()})  # type: ignore[union-attr]
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

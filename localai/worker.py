@@ -1,0 +1,77 @@
+"""A worker process: loads one model on one backend and serves it over the frame protocol.
+
+Started by the daemon as ``python -m localai.worker --fd N --options JSON``. The engine runs on
+its own thread; the main thread reads frames so that a cancel reaches the engine within a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+from typing import Any
+
+from localai.protocol import FrameSocket
+
+log = logging.getLogger("localai.worker")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="localai-worker")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket file descriptor")
+    parser.add_argument("--backend", default="llama.cpp")
+    parser.add_argument("--options", required=True, help="JSON load options")
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    channel = FrameSocket(socket.socket(fileno=args.fd))
+    try:
+        engine = load_engine(args.backend, json.loads(args.options), debug=args.debug)
+    except Exception as exc:
+        log.exception("load failed")
+        channel.send({"ev": "load_error", "message": f"{type(exc).__name__}: {exc}"})
+        return 1
+    inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def emit(message: dict[str, Any]) -> None:
+        try:
+            channel.send(message)
+        except OSError:
+            inbox.put(None)  # the daemon is gone: stop serving
+
+    engine_thread = threading.Thread(target=engine.serve, args=(inbox, emit), name="engine", daemon=True)
+    engine_thread.start()
+    channel.send({"ev": "ready", "info": dict(engine.info())})
+    while True:
+        try:
+            message = channel.receive()
+        except (OSError, ValueError):
+            message = None
+        if message is None or message.get("op") == "shutdown":
+            inbox.put(None)
+            break
+        inbox.put(message)
+    engine_thread.join(timeout=5)
+    return 0
+
+
+def load_engine(backend: str, options: dict[str, Any], *, debug: bool) -> Any:
+    """Import and load the named backend. Only worker processes ever import an engine."""
+    if backend == "llama.cpp":
+        from localai.backends.llama_cpp import LlamaCppEngine, LoadOptions
+
+        return LlamaCppEngine(LoadOptions(**options), debug=debug)
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
