@@ -103,8 +103,8 @@ def parse(text: str, *, source: str = "Modelfile") -> Modelfile:
             name, value = _parameter(argument, where)
             if name in LIST_PARAMETERS:
                 existing = result.parameters.setdefault(name, [])
-                assert isinstance(existing, list)
-                existing.append(str(value))
+                assert isinstance(existing, list) and isinstance(value, list)
+                existing.extend(value)
             else:
                 result.parameters[name] = value
         elif instruction == "template":

@@ -289,7 +289,7 @@ class LlamaCppEngine:
             L.llama_sampler_chain_add(chain, grammar_sampler)
         if (options["repeat_penalty"] != 1.0 or options["presence_penalty"] or options["frequency_penalty"]):
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-                int(options["repeat_last_n"]), float(options["repeat_penalty"]),
+                int(L.llama_vocab_n_tokens(self.vocab)), int(options["repeat_last_n"]), float(options["repeat_penalty"]),
                 float(options["frequency_penalty"]), float(options["presence_penalty"])))
         temperature = float(options["temperature"])
         if temperature <= 0:
@@ -326,7 +326,11 @@ class LlamaCppEngine:
             if room <= 0:
                 break
             start = request.next_prompt
-            chunk = request.prompt[start:start + room]
+            last_index = len(request.prompt) - 1
+            # The last prompt token always goes in a step of its own, so its logits come from the same
+            # kernel path whether the prefix was cached or not: greedy output does not depend on caching.
+            end = last_index if start < last_index else len(request.prompt)
+            chunk = request.prompt[start:min(start + room, end)]
             base = len(request.slot.tokens)
             for offset, token in enumerate(chunk):
                 last = start + offset == len(request.prompt) - 1

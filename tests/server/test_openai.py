@@ -1,0 +1,162 @@
+"""The OpenAI dialect through the real daemon, real llama.cpp and the real openai SDK."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Daemon
+
+PROMPT = [{"role": "user", "content": "Name one colour."}]
+
+
+@pytest.fixture
+def sdk(daemon: Daemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_completion_with_usage(sdk: openai.OpenAI) -> None:
+    response = sdk.chat.completions.create(model="smollm2", messages=PROMPT, max_tokens=12, temperature=0)  # type: ignore[arg-type]
+    choice = response.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert response.usage is not None
+    assert response.usage.prompt_tokens > 5
+    assert 0 < response.usage.completion_tokens <= 12
+    assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
+
+
+def test_repeated_prompt_reports_cached_tokens(sdk: openai.OpenAI) -> None:
+    messages = [{"role": "system", "content": "You answer in one word. " * 20}, *PROMPT]
+    first = sdk.chat.completions.create(model="smollm2", messages=messages, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+    second = sdk.chat.completions.create(model="smollm2", messages=messages, max_tokens=4, temperature=0)  # type: ignore[arg-type]
+    assert first.usage and second.usage and second.usage.prompt_tokens_details
+    assert second.usage.prompt_tokens_details.cached_tokens == second.usage.prompt_tokens - 1
+    assert first.choices[0].message.content == second.choices[0].message.content
+
+
+def test_streaming_with_include_usage(sdk: openai.OpenAI) -> None:
+    stream = sdk.chat.completions.create(
+        model="smollm2", messages=PROMPT, max_tokens=10, temperature=0, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens > 0
+
+
+def test_streaming_ends_with_done(daemon: Daemon) -> None:
+    body = {"model": "smollm2", "messages": PROMPT, "max_tokens": 3, "stream": True}
+    with daemon.http() as http:
+        lines = [line for line in http.post("/v1/chat/completions", json=body).text.splitlines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert all(line.startswith("data: ") for line in lines)
+
+
+def test_content_parts_unknown_fields_and_sampling(sdk: openai.OpenAI) -> None:
+    response = sdk.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Say "}, {"type": "text", "text": "yes."}]}],
+        max_completion_tokens=5, temperature=0.7, top_p=0.9, seed=7, stop=["\n\n"], presence_penalty=0.5,
+        frequency_penalty=0.5, extra_body={"top_k": 20, "min_p": 0.05, "store": False, "something_new": {"a": 1}},
+    )
+    assert response.usage is not None and response.usage.completion_tokens <= 5
+
+
+def test_seed_makes_sampling_repeatable(sdk: openai.OpenAI) -> None:
+    def sample() -> str | None:
+        return sdk.chat.completions.create(
+            model="smollm2", messages=PROMPT, max_tokens=12, temperature=1.0, seed=1234,  # type: ignore[arg-type]
+        ).choices[0].message.content
+
+    assert sample() == sample()
+
+
+def test_text_completions(sdk: openai.OpenAI) -> None:
+    response = sdk.completions.create(model="smollm2", prompt="The sky is", max_tokens=5, temperature=0)
+    assert response.choices[0].text and response.usage and response.usage.completion_tokens > 0
+    chunks = list(sdk.completions.create(model="smollm2", prompt="One, two,", max_tokens=4, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+def test_models(sdk: openai.OpenAI) -> None:
+    ids = {model.id for model in sdk.models.list()}
+    assert {"smollm2:135m", "smollm2:latest"} <= ids
+    assert sdk.models.retrieve("smollm2").id == "smollm2"
+    with pytest.raises(openai.NotFoundError) as error:
+        sdk.models.retrieve("nope")
+    assert "localai pull nope" in str(error.value)
+
+
+def test_unknown_model_is_404_naming_the_fix(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as error:
+        sdk.chat.completions.create(model="qwen9:100b", messages=PROMPT)  # type: ignore[arg-type]
+    body = error.value.body
+    assert isinstance(body, dict) and body["code"] == "model_not_found"
+    assert "localai pull qwen9:100b" in body["message"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"temperature": 9}, "temperature"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+        ({"max_tokens": "many"}, "max_tokens"),
+        ({"n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+         "messages.0.content.0.type"),
+    ],
+)
+def test_bad_fields_are_400_naming_the_field(daemon: Daemon, change: dict[str, object], field: str) -> None:
+    body = {"model": "smollm2", "messages": PROMPT, **change}
+    with daemon.http() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == field and error["type"] == "invalid_request_error"
+
+
+def test_malformed_json_is_400_and_the_daemon_stays_healthy(daemon: Daemon) -> None:
+    with daemon.http() as http:
+        response = http.post("/v1/chat/completions", content=b'{"model": "smollm2", "messages": [',
+                             headers={"content-type": "application/json"})
+        assert response.status_code == 400
+        assert "not valid JSON" in response.json()["error"]["message"]
+        assert http.get("/health").status_code == 200
+
+
+def test_prompt_over_the_context_is_400_with_both_numbers(sdk: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as error:
+        sdk.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "word " * 9000}], max_tokens=4,  # type: ignore[arg-type]
+        )
+    body = error.value.body
+    assert isinstance(body, dict) and body["code"] == "context_length_exceeded"
+    assert "8192" in body["message"] and "9" in body["message"].split("prompt is ")[1][:1]
+    # and the model keeps serving
+    ok = sdk.chat.completions.create(model="smollm2", messages=PROMPT, max_tokens=2)  # type: ignore[arg-type]
+    assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_unix_socket_serves_the_same_api(daemon: Daemon) -> None:
+    assert oct(daemon.socket_path.stat().st_mode & 0o777) == "0o600"
+    client = openai.OpenAI(base_url="http://localhost/v1", api_key="unused",
+                           http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.socket_path))))
+    response = client.chat.completions.create(model="smollm2", messages=PROMPT, max_tokens=3)  # type: ignore[arg-type]
+    assert response.usage and response.usage.completion_tokens > 0
+
+
+def test_health_and_version(daemon: Daemon) -> None:
+    with daemon.http() as http:
+        assert http.get("/health").json()["status"] == "ok"
+        assert http.get("/api/version").json()["version"]
+        assert http.head("/").status_code == 200
+        missing = http.get("/v1/nothing")
+        assert missing.status_code == 404 and "no such endpoint" in missing.json()["error"]["message"]

@@ -1,0 +1,51 @@
+import pytest
+
+from localai import paths
+from localai.settings import Settings, parse_duration, parse_host
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("5m", 300), ("300", 300), ("1h30m", 5400), ("-1", -1), ("0", 0), ("250ms", 0.25), (12, 12)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5 minutes", "m5", "1d"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("127.0.0.1:9000", ("127.0.0.1", 9000)), ("http://localhost:8080", ("localhost", 8080)),
+     ("0.0.0.0", ("0.0.0.0", 11435)), ("[::1]:7", ("::1", 7))],
+)
+def test_hosts(text: str, expected: tuple[str, int]) -> None:
+    assert parse_host(text) == expected
+
+
+def test_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALAI_KEEP_ALIVE", "10m")
+    monkeypatch.setenv("LOCALAI_ORIGINS", "http://a.test, http://b.test")
+    monkeypatch.setenv("LOCALAI_MAX_QUEUE", "7")
+    settings = Settings()
+    assert settings.keep_alive == 600
+    assert settings.origins == ["http://a.test", "http://b.test"]
+    assert settings.max_queue == 7
+    assert settings.bind == ("127.0.0.1", 11435)
+
+
+def test_invalid_environment_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALAI_MAX_QUEUE", "zero")
+    with pytest.raises(ValueError):
+        Settings()
+
+
+def test_paths_follow_localai_home_at_call_time(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("LOCALAI_HOME", str(tmp_path / "a"))
+    assert paths.socket_path() == tmp_path / "a" / "localai.sock"
+    monkeypatch.setenv("LOCALAI_HOME", str(tmp_path / "b"))
+    assert paths.database_path() == tmp_path / "b" / "localai.db"
