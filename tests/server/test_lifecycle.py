@@ -1,0 +1,191 @@
+"""Crashes, disconnects, scheduling and security, each against a real daemon of its own."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Daemon, start_daemon
+
+PROMPT = [{"role": "user", "content": "Count slowly from one to one thousand."}]
+LONG = {"model": "smollm2", "messages": PROMPT, "max_tokens": 4000, "ignore_eos": True, "temperature": 0}
+
+
+def loaded(daemon: Daemon) -> list[dict[str, object]]:
+    with daemon.http() as http:
+        models: list[dict[str, object]] = http.get("/api/ps").json()["models"]
+        return models
+
+
+def wait_for(condition, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_worker_killed_mid_stream_ends_the_stream_with_an_error(fresh_daemon: Daemon) -> None:
+    events: list[str] = []
+    with fresh_daemon.http() as http, http.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: ") and '"content"' in line:
+                events.append(line)
+                if len(events) == 3:
+                    break
+        pid = int(loaded(fresh_daemon)[0]["pid"])  # type: ignore[call-overload]
+        os.kill(pid, signal.SIGKILL)
+        rest = [line for line in lines if line.startswith("data: ")]
+    payloads = [json.loads(line[6:]) for line in rest if line != "data: [DONE]"]
+    errors = [p["error"] for p in payloads if "error" in p]
+    assert errors and errors[-1]["code"] == "worker_crashed"
+    assert "data: [DONE]" not in rest
+    # the daemon keeps serving, and the next request loads the model again
+    with fresh_daemon.http() as http:
+        assert http.get("/health").status_code == 200
+        again = http.post("/v1/chat/completions", json={"model": "smollm2", "messages": PROMPT, "max_tokens": 3})
+    assert again.status_code == 200 and again.json()["usage"]["completion_tokens"] > 0
+    assert int(loaded(fresh_daemon)[0]["pid"]) != pid  # type: ignore[call-overload]
+
+
+def test_worker_killed_during_a_plain_request_gives_a_json_error(fresh_daemon: Daemon) -> None:
+    with fresh_daemon.http() as http:
+        http.post("/api/generate", json={"model": "smollm2"})  # load it
+        pid = int(loaded(fresh_daemon)[0]["pid"])  # type: ignore[call-overload]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = pool.submit(http.post, "/v1/chat/completions", json=LONG)
+            assert wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 1)
+            os.kill(pid, signal.SIGKILL)
+            response = future.result(timeout=60)
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "worker_crashed"
+
+
+def test_client_disconnect_stops_the_generation(fresh_daemon: Daemon) -> None:
+    with fresh_daemon.http() as http, http.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as r:
+        lines = r.iter_lines()  # keep a reference: dropping the iterator would close the connection early
+        for line in lines:
+            if '"content":"' in line and '"role"' not in line:
+                break
+        assert loaded(fresh_daemon)[0]["active_requests"] == 1
+        r.close()
+    # 4000 tokens would take minutes; the slot is free again almost at once
+    assert wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 0, timeout=10)
+
+
+def test_full_queue_answers_503_with_retry_after(tmp_path: Path, smollm2_path: Path) -> None:
+    daemon = start_daemon(tmp_path / "d", max_queue="1", num_parallel="1")
+    try:
+        body = {**LONG, "max_tokens": 300}
+        with daemon.http() as http, concurrent.futures.ThreadPoolExecutor(4) as pool:
+            http.post("/api/generate", json={"model": "smollm2"})
+            futures = [pool.submit(http.post, "/v1/chat/completions", json=body) for _ in range(4)]
+            responses = [f.result(timeout=300) for f in futures]
+        busy = [r for r in responses if r.status_code == 503]
+        assert busy and all(r.headers["retry-after"] for r in busy)
+        assert busy[0].json()["error"]["code"] == "server_busy"
+        assert any(r.status_code == 200 for r in responses)
+    finally:
+        daemon.stop()
+
+
+def test_keep_alive_zero_unloads_and_max_loaded_models_evicts(tmp_path: Path, smollm2_path: Path) -> None:
+    daemon = start_daemon(tmp_path / "d", max_loaded_models="1")
+    try:
+        with daemon.http() as http:
+            assert http.post("/api/copy", json={"source": "smollm2", "destination": "other"}).status_code == 200
+            http.post("/api/generate", json={"model": "smollm2"})
+            assert [m["name"] for m in loaded(daemon)] == ["smollm2:135m"]
+            http.post("/api/generate", json={"model": "other"})
+            assert [m["name"] for m in loaded(daemon)] == ["other:latest"]  # the idle one made room
+            reply = http.post("/api/generate", json={"model": "other", "prompt": "Hi", "stream": False,
+                                                      "options": {"num_predict": 2}, "keep_alive": 0})
+            assert reply.status_code == 200 and reply.json()["done"] is True
+            assert wait_for(lambda: loaded(daemon) == [])
+    finally:
+        daemon.stop()
+
+
+def test_keep_alive_expires(tmp_path: Path, smollm2_path: Path) -> None:
+    daemon = start_daemon(tmp_path / "d", keep_alive="1s")
+    try:
+        with daemon.http() as http:
+            http.post("/api/generate", json={"model": "smollm2"})
+        assert wait_for(lambda: loaded(daemon) == [], timeout=20)
+    finally:
+        daemon.stop()
+
+
+def test_foreign_host_header_is_403(daemon: Daemon) -> None:
+    with daemon.http() as http:
+        refused = http.get("/v1/models", headers={"Host": "evil.example.com"})
+        assert refused.status_code == 403 and "not allowed" in refused.json()["error"]["message"]
+        for host in ("localhost", f"127.0.0.1:{daemon.port}", "[::1]", "app.localhost"):
+            assert http.get("/v1/models", headers={"Host": host}).status_code == 200
+        assert http.post("/api/tags", headers={"Host": "attacker.test"}).status_code == 403
+
+
+def test_api_key_is_required_on_tcp_but_not_on_the_socket(tmp_path: Path, smollm2_path: Path) -> None:
+    daemon = start_daemon(tmp_path / "d", api_key="sekret", origins="http://app.test")
+    try:
+        with daemon.http() as http:
+            assert http.get("/v1/models").status_code == 401
+            assert http.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+            assert http.get("/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
+            assert http.get("/v1/models", headers={"x-api-key": "sekret"}).status_code == 200
+            assert http.get("/health").status_code == 200
+            allowed = http.options("/v1/models", headers={"Origin": "http://app.test",
+                                                           "Access-Control-Request-Method": "GET"})
+            assert allowed.headers.get("access-control-allow-origin") == "http://app.test"
+            other = http.options("/v1/models", headers={"Origin": "http://other.test",
+                                                         "Access-Control-Request-Method": "GET"})
+            assert "access-control-allow-origin" not in other.headers
+        with daemon.unix() as unix:
+            assert unix.get("/v1/models").status_code == 200
+    finally:
+        daemon.stop()
+
+
+def test_no_cors_headers_without_configured_origins(daemon: Daemon) -> None:
+    with daemon.http() as http:
+        response = http.get("/v1/models", headers={"Origin": "http://app.test"})
+    assert "access-control-allow-origin" not in response.headers
+
+
+def test_second_daemon_on_the_same_home_refuses_to_start(daemon: Daemon) -> None:
+    with pytest.raises(RuntimeError, match="already serving"):
+        start_daemon(daemon.home)
+
+
+def test_invalid_settings_fail_with_a_message(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="invalid configuration"):
+        start_daemon(tmp_path / "d", keep_alive="forever")
+
+
+def test_ollama_errors_use_the_ollama_shape(daemon: Daemon) -> None:
+    with daemon.http() as http:
+        missing = http.post("/api/chat", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        assert missing.status_code == 404 and isinstance(missing.json()["error"], str)
+        bad = http.post("/api/chat", json={"model": "smollm2", "messages": [{"role": "robot", "content": "x"}]})
+        assert bad.status_code == 400 and "unknown role" in bad.json()["error"]
+        unparsable = http.post("/api/generate", content=b"{", headers={"content-type": "application/json"})
+        assert unparsable.status_code == 400
+
+
+def test_ollama_chat_streams_ndjson_with_timings(daemon: Daemon) -> None:
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], "options": {"num_predict": 5}}
+    with daemon.http() as http:
+        lines = [json.loads(line) for line in http.post("/api/chat", json=body).text.splitlines()]
+    assert lines[-1]["done"] is True and lines[-1]["eval_count"] > 0 and lines[-1]["prompt_eval_count"] > 0
+    assert all(not line["done"] for line in lines[:-1])
+    assert "".join(line["message"]["content"] for line in lines)
+    _ = httpx  # the module is used through Daemon.http
