@@ -70,6 +70,10 @@ class Registry:
     def __init__(self, db: sqlite_utils.Database) -> None:
         self.db = db
 
+    @property
+    def _models(self) -> sqlite_utils.db.Table:
+        return self.db.table("models")
+
     @classmethod
     def open(cls) -> Registry:
         return cls(open_database(paths.database_path()))
@@ -96,11 +100,11 @@ class Registry:
         return self._row(normalize(name)) is not None
 
     def names(self) -> list[str]:
-        return sorted(row["name"] for row in self.db["models"].rows)
+        return sorted(row["name"] for row in self._models.rows)
 
-    def list(self) -> list[ModelRecord]:
+    def all(self) -> list[ModelRecord]:
         records: list[ModelRecord] = []
-        for row in self.db["models"].rows_where(order_by="name"):
+        for row in self._models.rows_where(order_by="name"):
             target = self._row(row["alias_of"]) if row["alias_of"] else row
             if target is None:
                 continue
@@ -110,11 +114,11 @@ class Registry:
         return records
 
     def _row(self, key: str) -> dict[str, Any] | None:
-        rows = list(self.db["models"].rows_where("name = ?", [key]))
+        rows = list(self._models.rows_where("name = ?", [key]))
         return rows[0] if rows else None
 
     def _record(self, row: dict[str, Any]) -> ModelRecord:
-        aliases = [r["name"] for r in self.db["models"].rows_where("alias_of = ?", [row["name"]])]
+        aliases = [r["name"] for r in self._models.rows_where("alias_of = ?", [row["name"]])]
         return ModelRecord(
             name=row["name"], source=row["source"], path=row["path"], format=row["format"], sha256=row["sha256"],
             size=row["size"], family=row["family"], quantization=row["quantization"],
@@ -164,7 +168,7 @@ class Registry:
         existing = self._row(key)
         if existing is not None:
             row["created_at"] = existing["created_at"]
-        self.db["models"].upsert(row, pk="name")  # type: ignore[union-attr]
+        self._models.upsert(row, pk="name")
         return self.get(key)
 
     def alias(self, alias: str, target: str) -> None:
@@ -173,7 +177,7 @@ class Registry:
         if self._row(target_key) is None:
             raise ModelNotFound(f"model '{target}' is not installed")
         stamp = now()
-        self.db["models"].upsert(  # type: ignore[union-attr]
+        self._models.upsert(
             {"name": normalize(alias), "alias_of": target_key, "created_at": stamp, "modified_at": stamp}, pk="name"
         )
 
@@ -186,7 +190,7 @@ class Registry:
             row = self._row(row["alias_of"])
             assert row is not None
         stamp = now()
-        self.db["models"].upsert(  # type: ignore[union-attr]
+        self._models.upsert(
             {**row, "name": normalize(destination), "alias_of": None, "created_at": stamp, "modified_at": stamp},
             pk="name",
         )
@@ -200,15 +204,15 @@ class Registry:
             raise ModelNotFound(f"model '{name}' is not installed")
         removed = [key]
         if not row["alias_of"]:
-            removed += [r["name"] for r in self.db["models"].rows_where("alias_of = ?", [key])]
+            removed += [r["name"] for r in self._models.rows_where("alias_of = ?", [key])]
         for item in removed:
-            self.db["models"].delete(item)
+            self._models.delete(item)
         return removed
 
     def file_sha256(self, path: Path) -> str:
         """The file's sha256, remembered by path, size and mtime so it is computed once."""
         stat = path.stat()
-        table = self.db["file_hashes"]
+        table = self.db.table("file_hashes")
         rows = list(table.rows_where("path = ?", [str(path)]))
         if rows and rows[0]["size"] == stat.st_size and rows[0]["mtime_ns"] == stat.st_mtime_ns:
             return str(rows[0]["sha256"])
@@ -217,7 +221,7 @@ class Registry:
             for chunk in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(chunk)
         value = digest.hexdigest()
-        table.upsert(  # type: ignore[union-attr]
+        table.upsert(
             {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": value}, pk="path"
         )
         return value

@@ -77,7 +77,7 @@ class Worker:
         self.alive = True
         self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.name}")
         log.info("worker %s loaded %s (pid %s)", self.backend, self.name, self.pid)
-        return self.info  # type: ignore[return-value]
+        return self.info
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         try:

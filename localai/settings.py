@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Annotated
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
 
 DEFAULT_PORT = 11435
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)?")

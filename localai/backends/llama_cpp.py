@@ -25,6 +25,9 @@ from localai.protocol import GenerateOp, ModelInfo, Sampling
 log = logging.getLogger("localai.worker")
 Emit = Callable[[dict[str, Any]], None]
 
+# Text is sent to the daemon at most this often (the first token at once): every frame wakes the daemon
+# and the client, which on a small CPU preempts llama.cpp's compute threads mid-token.
+FLUSH_INTERVAL = 0.025
 KV_TYPES = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
 DEFAULT_SAMPLING: Sampling = {
     "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
@@ -74,6 +77,8 @@ class Request:
     prompt_done: float = 0.0
     generated: int = 0
     pending_token: int | None = None
+    unsent: str = ""
+    sent_at: float = 0.0
 
 
 _LOG_CALLBACK: Any = None
@@ -118,7 +123,7 @@ class LlamaCppEngine:
         ctx_params.n_batch = options.n_batch
         ctx_params.n_ubatch = options.n_batch
         ctx_params.n_seq_max = options.n_parallel
-        ctx_params.kv_unified = True
+        ctx_params.kv_unified = False  # one KV stream per sequence: idle sessions do not slow active decoding
         ctx_params.n_threads = options.n_threads
         ctx_params.n_threads_batch = options.n_threads
         ctx_params.flash_attn_type = (
@@ -289,7 +294,8 @@ class LlamaCppEngine:
             L.llama_sampler_chain_add(chain, grammar_sampler)
         if (options["repeat_penalty"] != 1.0 or options["presence_penalty"] or options["frequency_penalty"]):
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-                int(L.llama_vocab_n_tokens(self.vocab)), int(options["repeat_last_n"]), float(options["repeat_penalty"]),
+                int(L.llama_vocab_n_tokens(self.vocab)), int(options["repeat_last_n"]),
+                float(options["repeat_penalty"]),
                 float(options["frequency_penalty"]), float(options["presence_penalty"])))
         temperature = float(options["temperature"])
         if temperature <= 0:
@@ -375,9 +381,11 @@ class LlamaCppEngine:
             self._finish(request, "stop", emit)
             return
         request.generated += 1
-        text = request.matcher.feed(self._piece_bytes(token))
-        if text:
-            emit({"ev": "text", "id": request.id, "text": text})
+        request.unsent += request.matcher.feed(self._piece_bytes(token))
+        now = time.perf_counter()
+        if request.unsent and (not request.sent_at or now - request.sent_at >= FLUSH_INTERVAL):
+            emit({"ev": "text", "id": request.id, "text": request.unsent})
+            request.unsent, request.sent_at = "", now
         if request.matcher.stopped:
             self._finish(request, "stop", emit)
         elif request.generated >= request.max_tokens or len(request.slot.tokens) + 1 >= self.num_ctx:
@@ -386,7 +394,7 @@ class LlamaCppEngine:
             request.pending_token = token
 
     def _finish(self, request: Request, reason: str, emit: Emit) -> None:
-        tail = request.matcher.flush()
+        tail = request.unsent + request.matcher.flush()
         if tail and reason != "cancelled":
             emit({"ev": "text", "id": request.id, "text": tail})
         now = time.perf_counter()

@@ -231,7 +231,7 @@ def details(record: ModelRecord) -> dict[str, Any]:
 @router.get("/api/tags")
 async def tags(request: Request) -> dict[str, Any]:
     models = []
-    for record in runtime_of(request).registry.list():
+    for record in runtime_of(request).registry.all():
         models.append({
             "name": record.name, "model": record.name, "modified_at": record.modified_at, "size": record.size,
             "digest": record.sha256, "details": details(record), "context_length": record.context_length,

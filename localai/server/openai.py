@@ -243,7 +243,7 @@ def model_json(name: str, modified_at: str) -> dict[str, Any]:
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    records = runtime_of(request).registry.list()
+    records = runtime_of(request).registry.all()
     return {"object": "list", "data": [model_json(r.name, r.modified_at) for r in records]}
 
 

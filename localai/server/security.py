@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -16,7 +15,7 @@ OPEN_PATHS = frozenset({"/", "/health"})
 def is_unix_socket(scope: Scope) -> bool:
     """True when the request came through the Unix socket (uvicorn reports no port for it)."""
     server = scope.get("server")
-    return bool(server) and server[1] is None
+    return server is not None and server[1] is None
 
 
 def is_loopback_host(host: str) -> bool:

@@ -1,0 +1,106 @@
+"""Speed measured through the API, beside llama.cpp's own llama-bench when it is given.
+
+- prefill (pp): a fresh prompt of about N tokens (a random nonce first, so no cache can help),
+  one output token; rate = prompt tokens / time to first token, as the client sees it.
+- decode (tg): a one-word prompt and exactly M output tokens (``ignore_eos``); rate = tokens after the
+  first / time from first to last token.
+Repetitions alternate with llama-bench runs so both see the same machine state.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+WORDS = [
+    "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
+    "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango", "uniform", "victor",
+    "whiskey", "xray", "yankee", "zulu",
+]
+
+
+@dataclass
+class SpeedResult:
+    prefill: list[float] = field(default_factory=list)
+    decode: list[float] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+
+
+def _stream_completion(
+    http: httpx.Client, model: str, prompt: str, max_tokens: int
+) -> tuple[float, float, float, int, int]:
+    """(start, first token time, last token time, prompt tokens, completion tokens) of one streamed request."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
+    start = time.perf_counter()
+    first = last = 0.0
+    usage: dict[str, int] = {}
+    with http.stream("POST", "/completions", json=body) as response:
+        if response.status_code >= 400:
+            raise RuntimeError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[6:])
+            if payload.get("usage"):
+                usage = payload["usage"]
+            choices = payload.get("choices") or []
+            if choices and choices[0].get("text"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+    return start, first, last, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+
+
+def prefill_prompt(words: int) -> str:
+    """``words`` random words after a unique nonce, so no prompt cache can help."""
+    rng = random.Random()
+    return f"{rng.getrandbits(64):016x} " + " ".join(rng.choice(WORDS) for _ in range(max(1, words)))
+
+
+def calibrate_words(http: httpx.Client, model: str, prompt_tokens: int) -> int:
+    """How many words make about ``prompt_tokens`` tokens for this model's tokenizer."""
+    _, _, _, tokens, _ = _stream_completion(http, model, prefill_prompt(200), 1)
+    return max(1, round(200 * prompt_tokens / max(tokens, 1)))
+
+
+def measure_once(http: httpx.Client, model: str, words: int, gen_tokens: int, result: SpeedResult) -> None:
+    start, first, _, n_prompt, _ = _stream_completion(http, model, prefill_prompt(words), 1)
+    result.prefill.append(n_prompt / (first - start))
+    result.prompt_tokens.append(n_prompt)
+    _, first, last, _, n_generated = _stream_completion(http, model, f"{random.getrandbits(32):x}", gen_tokens)
+    if n_generated > 1 and last > first:
+        result.decode.append((n_generated - 1) / (last - first))
+
+
+def llama_bench(binary: str, model_path: str, threads: int, prompt_tokens: int, gen_tokens: int) -> tuple[float, float]:
+    """(pp, tg) tokens/s from one llama-bench run (``-r 1``)."""
+    output = subprocess.run(
+        [binary, "-m", model_path, "-t", str(threads), "-p", str(prompt_tokens), "-n", str(gen_tokens), "-r", "1",
+         "-o", "json"], capture_output=True, text=True, check=True, timeout=600,
+    ).stdout
+    rows = json.loads(output[output.index("["):])
+    rates = {("pp" if row["n_prompt"] else "tg"): float(row["avg_ts"]) for row in rows}
+    return rates["pp"], rates["tg"]
+
+
+def summary(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.median(values):.1f} (min {min(values):.1f}, max {max(values):.1f})"
+
+
+def percent(ours: list[float], theirs: list[float]) -> str:
+    if not ours or not theirs:
+        return ""
+    return f"{100 * statistics.median(ours) / statistics.median(theirs):.0f}%"
+
+

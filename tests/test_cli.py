@@ -1,0 +1,149 @@
+"""The CLI end to end: real subprocesses talking to a real daemon over its Unix socket."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localai.cli.run import Chat
+from tests.conftest import Daemon
+
+
+def test_help_is_fast_and_imports_no_engine() -> None:
+    code = "import sys; from localai.cli import cli; print('llama_cpp' in sys.modules, 'fastapi' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "False"]
+    started = time.monotonic()
+    help_text = subprocess.run([sys.executable, "-m", "localai", "--help"], capture_output=True, text=True)
+    assert help_text.returncode == 0 and "serve" in help_text.stdout and "create" in help_text.stdout
+    assert time.monotonic() - started < 30  # generous: only catches an engine import, not a slow machine
+
+
+def test_run_one_shot_and_from_stdin(daemon: Daemon) -> None:
+    one_shot = daemon.cli("run", "smollm2", "Say", "hello")
+    assert one_shot.returncode == 0, one_shot.stderr
+    assert one_shot.stdout.strip()
+    piped = daemon.cli("run", "smollm2", "--verbose", input="What is 2+2?\n")
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout.strip() and "eval count" in piped.stderr
+
+
+def test_run_unknown_model(daemon: Daemon) -> None:
+    result = daemon.cli("run", "nothing-here", "hi")
+    assert result.returncode == 1
+    assert "not installed" in result.stderr and "localai pull nothing-here" in result.stderr
+
+
+def test_list_show_create_cp_rm_ps_stop(daemon: Daemon, tmp_path: Path) -> None:
+    listed = daemon.cli("list")
+    assert listed.returncode == 0 and "smollm2:135m" in listed.stdout and "Q4_1" in listed.stdout
+
+    assert "num_ctx" in daemon.cli("show", "smollm2", "--parameters").stdout
+    assert daemon.cli("show", "smollm2", "--modelfile").stdout.startswith("FROM /")
+    summary = daemon.cli("show", "smollm2").stdout
+    assert "8192" in summary and "llama" in summary
+
+    modelfile = tmp_path / "Modelfile"
+    modelfile.write_text('FROM smollm2\nPARAMETER temperature 0\nSYSTEM """You are a pirate."""\n')
+    created = daemon.cli("create", "pirate", "-f", str(modelfile))
+    assert created.returncode == 0, created.stderr
+    assert daemon.cli("show", "pirate", "--system").stdout.strip() == "You are a pirate."
+    assert "temperature" in daemon.cli("show", "pirate", "--parameters").stdout
+    assert daemon.cli("show", "pirate", "--template").returncode == 0
+    answer = daemon.cli("run", "pirate", "Hello")
+    assert answer.returncode == 0 and answer.stdout.strip()
+
+    assert daemon.cli("cp", "pirate", "parrot").returncode == 0
+    assert "parrot:latest" in daemon.cli("list").stdout
+    assert "pirate:latest" in daemon.cli("ps").stdout
+    assert daemon.cli("stop", "pirate").returncode == 0
+    assert "pirate:latest" not in daemon.cli("ps").stdout
+
+    assert daemon.cli("rm", "pirate", "parrot").returncode == 0
+    listed = daemon.cli("list").stdout
+    assert "pirate" not in listed and "parrot" not in listed
+    assert daemon.cli("rm", "pirate").returncode == 1
+
+
+def test_create_from_a_gguf_path_relative_to_the_modelfile(daemon: Daemon, tmp_path: Path,
+                                                           smollm2_path: Path) -> None:
+    (tmp_path / "model.gguf").symlink_to(smollm2_path)
+    (tmp_path / "Modelfile").write_text("FROM ./model.gguf\nPARAMETER num_ctx 2048\n")
+    created = daemon.cli("create", "local-file", "-f", str(tmp_path / "Modelfile"))
+    assert created.returncode == 0, created.stderr
+    assert daemon.cli("run", "local-file", "Hi").returncode == 0
+    assert daemon.cli("rm", "local-file").returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("FROM smollm2\nPARAMETER warmth 3\n", "line 2: unknown parameter 'warmth'"),
+        ("PARAMETER temperature 1\n", "no FROM line"),
+        ("FROM ./missing.gguf\n", "no such file"),
+        ("FROM no-such-model\n", "neither a GGUF file nor an installed model"),
+    ],
+)
+def test_bad_modelfiles_fail_clearly(daemon: Daemon, tmp_path: Path, text: str, message: str) -> None:
+    (tmp_path / "Modelfile").write_text(text)
+    result = daemon.cli("create", "broken", "-f", str(tmp_path / "Modelfile"))
+    assert result.returncode == 1 and message in result.stderr
+    assert "broken" not in daemon.cli("list").stdout
+    assert daemon.cli("list").returncode == 0  # the daemon is fine
+
+
+def test_missing_modelfile(daemon: Daemon, tmp_path: Path) -> None:
+    result = daemon.cli("create", "x", "-f", str(tmp_path / "nope"))
+    assert result.returncode == 1 and "cannot read" in result.stderr
+
+
+def test_run_starts_the_daemon_when_none_is_running(tmp_path: Path, smollm2_path: Path) -> None:
+    import os
+
+    from tests.conftest import free_port
+
+    home = tmp_path / "auto"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
+    env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{free_port()}"})
+    result = subprocess.run([sys.executable, "-m", "localai", "run", "smollm2", "Hi"], env=env,
+                            capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    try:
+        assert result.returncode == 0, result.stderr
+        assert (home / "localai.sock").exists() and result.stdout.strip()
+    finally:
+        pid = (home / "localai.pid").read_text()
+        os.kill(int(pid), 15)
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def stream(self, path: str, body: dict[str, Any]) -> Any:
+        self.bodies.append(body)
+        yield {"message": {"content": "ok"}, "done": False}
+        yield {"message": {"content": ""}, "done": True, "total_duration": 1, "prompt_eval_count": 1,
+               "prompt_eval_duration": 1, "eval_count": 1, "eval_duration": 1}
+
+
+def test_repl_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    client = FakeClient()
+    chat = Chat(client, "smollm2", None, verbose=False)
+    assert chat.command("/set parameter temperature 0.3")
+    assert chat.command("/set parameter nonsense 1")
+    assert chat.command("/set parameter top_k lots")
+    assert chat.command("/set system Be brief.")
+    chat.send("hi")
+    assert client.bodies[-1]["options"] == {"temperature": 0.3}
+    assert client.bodies[-1]["messages"][0] == {"role": "system", "content": "Be brief."}
+    chat.send("again")
+    assert [m["role"] for m in client.bodies[-1]["messages"]] == ["system", "user", "assistant", "user"]
+    assert chat.command("/clear") and chat.messages == []
+    assert not chat.command("/bye")
+    output = capsys.readouterr().out
+    assert "Unknown parameter 'nonsense'" in output and "top_k must be an integer" in output
