@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from localai import paths
 from localai.errors import ServerBusy
 from localai.registry import ModelRecord
 from localai.runner import Worker
@@ -57,6 +58,10 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "num_gpu": int(params.get("num_gpu", -1)),
         "use_mmap": bool(params.get("use_mmap", True)),
         "flash_attention": settings.flash_attention,
+        "model_sha256": record.sha256,
+        "template": record.template,
+        "cache_dir": str(paths.cache_dir()),
+        "cache_max_bytes": settings.cache_max_bytes,
     }
 
 

@@ -66,6 +66,9 @@ class Settings(BaseSettings):
         default_factory=list, description="Comma-separated browser origins allowed by CORS (none by default)."
     )
     api_key: str | None = Field(default=None, description="When set, TCP requests need it as a bearer token.")
+    cache_max_bytes: int = Field(
+        default=8 << 30, ge=0, description="Disk quota of the persisted prompt cache in bytes; 0 turns it off."
+    )
     load_timeout: float = Field(default=120.0, gt=0, description="Seconds a worker may take to load a model.")
     debug: bool = Field(default=False, description="Verbose logging in the daemon and workers.")
 

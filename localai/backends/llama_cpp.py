@@ -21,6 +21,7 @@ import llama_cpp as L
 
 from localai.backends.text import StopMatcher
 from localai.protocol import GenerateOp, ModelInfo, Sampling
+from localai.session_cache import MIN_TOKENS, CorruptEntry, SessionCache, fingerprint
 
 log = logging.getLogger("localai.worker")
 Emit = Callable[[dict[str, Any]], None]
@@ -48,6 +49,10 @@ class LoadOptions:
     use_mmap: bool = True
     flash_attention: bool = False
     kv_type: str = "f16"
+    model_sha256: str = ""
+    template: str | None = None
+    cache_dir: str | None = None
+    cache_max_bytes: int = 8 << 30
 
 
 @dataclass
@@ -66,6 +71,7 @@ class Request:
 
     id: str
     slot: Slot
+    session: str | None
     prompt: list[int]
     next_prompt: int
     cached: int
@@ -143,6 +149,24 @@ class LlamaCppEngine:
         self._piece = ctypes.create_string_buffer(256)
         self.bos_id = int(L.llama_vocab_bos(self.vocab))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self.cache: SessionCache | None = None
+        if options.cache_dir and options.cache_max_bytes > 0:
+            from pathlib import Path
+
+            self.cache = SessionCache(Path(options.cache_dir), self.fingerprint(), max_bytes=options.cache_max_bytes)
+
+    def fingerprint(self) -> str:
+        """Everything that must match for a saved sequence state to be valid in this context."""
+        import hashlib
+
+        template = self.options.template or (L.llama_model_chat_template(self.model, None) or b"").decode()
+        return fingerprint({
+            "model_sha256": self.options.model_sha256 or self.options.model_path,
+            "engine": f"llama-cpp-python {L.__version__}", "n_ctx": self.num_ctx,
+            "n_seq_max": self.options.n_parallel, "kv_unified": False, "type_k": self.options.kv_type,
+            "type_v": self.options.kv_type, "flash_attention": self.options.flash_attention,
+            "chat_template": hashlib.sha256(template.encode()).hexdigest(),
+        })
 
     # -- model facts -----------------------------------------------------------------------------
 
@@ -207,6 +231,8 @@ class LlamaCppEngine:
                     op = inbox.get(block=block)
                     block = False
                     if op is None:
+                        if self.cache is not None:
+                            self.cache.flush()
                         return
                     self._handle(op, emit)
             except queue.Empty:
@@ -253,6 +279,7 @@ class LlamaCppEngine:
             })
             return
         slot, common = self._choose_slot(free, prompt)
+        slot, common = self._restore_if_better(free, prompt, slot, common)
         if common >= len(prompt):
             common = len(prompt) - 1  # replay the last token to get fresh logits
         if not L.llama_memory_seq_rm(self.memory, slot.seq_id, common, -1):
@@ -265,7 +292,8 @@ class LlamaCppEngine:
         requested = op.get("max_tokens")
         max_tokens = room if requested is None or requested < 0 else min(requested, room)
         request = Request(
-            id=op["id"], slot=slot, prompt=prompt, next_prompt=common, cached=common, max_tokens=max_tokens,
+            id=op["id"], slot=slot, session=op.get("session"), prompt=prompt, next_prompt=common, cached=common,
+            max_tokens=max_tokens,
             sampler=self._sampler(op.get("sampling") or {}, op.get("grammar")),
             matcher=StopMatcher(op.get("stop") or []), ignore_eos=bool(op.get("ignore_eos")), started=started,
         )
@@ -273,6 +301,45 @@ class LlamaCppEngine:
         emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common})
         if max_tokens <= 0:
             self._finish(request, "length", emit)
+
+    def _restore_if_better(
+        self, free: list[Slot], prompt: list[int], slot: Slot, live_common: int
+    ) -> tuple[Slot, int]:
+        """Load the longest cached prefix from RAM/disk into the idlest free slot when it beats live KV."""
+        if self.cache is None:
+            return slot, live_common
+        entry, common = self.cache.best_prefix(prompt)
+        if entry is None or common < MIN_TOKENS or common <= live_common + 16:
+            self.cache.stats["misses"] += 1
+            return slot, live_common
+        target = min(free, key=lambda s: (s.last_used, len(s.tokens)))
+        try:
+            payload = self.cache.load(entry)
+        except CorruptEntry:
+            return slot, live_common
+        L.llama_memory_seq_rm(self.memory, target.seq_id, -1, -1)
+        buffer = (ctypes.c_uint8 * len(payload)).from_buffer_copy(payload)
+        if L.llama_state_seq_set_data(self.ctx, buffer, len(payload), target.seq_id) == 0:
+            log.warning("llama.cpp refused cache entry %s; recomputing", entry.id)
+            L.llama_memory_seq_rm(self.memory, target.seq_id, -1, -1)
+            target.tokens = []
+            self.cache.remove(entry.id)
+            return slot, (live_common if target is not slot else 0)
+        target.tokens = list(entry.tokens)
+        self.cache.stats["hits"] += 1
+        self.cache.stats["tokens_restored"] += common
+        return target, common
+
+    def _save(self, request: Request) -> None:
+        """Snapshot the sequence's KV state and queue it for the disk (after the response is done)."""
+        slot = request.slot
+        if self.cache is None or len(slot.tokens) < MIN_TOKENS:
+            return
+        size = L.llama_state_seq_get_size(self.ctx, slot.seq_id)
+        buffer = (ctypes.c_uint8 * size)()
+        written = L.llama_state_seq_get_data(self.ctx, buffer, size, slot.seq_id)
+        if written:
+            self.cache.save_async(list(slot.tokens), bytes(buffer)[:written], request.session)
 
     def _choose_slot(self, free: list[Slot], prompt: list[int]) -> tuple[Slot, int]:
         best, best_common = free[0], -1
@@ -408,6 +475,8 @@ class LlamaCppEngine:
                 "decode_ms": (now - prompt_done) * 1000.0,
             },
         })
+        if reason != "cancelled":
+            self._save(request)
         self._release(request)
 
     def _release(self, request: Request) -> None:

@@ -1,0 +1,101 @@
+from pathlib import Path
+
+import pytest
+
+from localai.session_cache import MIN_TOKENS, CorruptEntry, SessionCache, common_prefix, read_entry
+
+TOKENS = list(range(100, 100 + MIN_TOKENS + 20))
+
+
+def make(root: Path, **kwargs: int) -> SessionCache:
+    return SessionCache(root, "f" * 32, max_bytes=kwargs.get("max_bytes", 1 << 30), ram_bytes=0)
+
+
+def test_round_trip_and_longest_prefix(tmp_path: Path) -> None:
+    cache = make(tmp_path)
+    cache.save_async(TOKENS, b"state-a" * 100, "s1")
+    cache.save_async([*TOKENS[:40], 7, 7, 7], b"state-b" * 100, "s2")
+    cache.flush()
+    entry, common = cache.best_prefix([*TOKENS, 1, 2, 3])
+    assert entry is not None and common == len(TOKENS)
+    assert cache.load(entry) == b"state-a" * 100
+    # a new process sees the same entries
+    again = make(tmp_path)
+    entry, common = again.best_prefix([*TOKENS[:40], 7, 7, 9])
+    assert entry is not None and common == 42 and again.load(entry) == b"state-b" * 100
+
+
+def test_short_prefixes_are_not_stored(tmp_path: Path) -> None:
+    cache = make(tmp_path)
+    cache.save_async(TOKENS[: MIN_TOKENS - 1], b"x", None)
+    cache.flush()
+    assert cache.entries == {}
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
+def test_damaged_files_are_dropped_never_served(tmp_path: Path, damage: str) -> None:
+    cache = make(tmp_path)
+    cache.save_async(TOKENS, b"payload" * 1000, None)
+    cache.flush()
+    (entry,) = cache.entries.values()
+    data = bytearray(entry.path.read_bytes())
+    if damage == "flip":
+        data[-10] ^= 0xFF
+    elif damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data = bytearray(b"definitely not a cache file")
+    entry.path.write_bytes(bytes(data))
+    reopened = make(tmp_path)
+    found, _ = reopened.best_prefix(TOKENS)
+    if found is not None:  # header still readable: the payload check catches it
+        with pytest.raises(CorruptEntry):
+            reopened.load(found)
+    assert not list((tmp_path / ("f" * 32)).glob("*.kv"))
+    assert reopened.stats["corrupt"] == 1
+
+
+def test_foreign_fingerprint_is_never_read(tmp_path: Path) -> None:
+    cache = make(tmp_path)
+    cache.save_async(TOKENS, b"x" * 64, None)
+    cache.flush()
+    (entry,) = cache.entries.values()
+    with pytest.raises(CorruptEntry, match="another model"):
+        read_entry(entry.path, "0" * 32)
+    other = SessionCache(tmp_path, "0" * 32, max_bytes=1 << 30)
+    assert other.best_prefix(TOKENS) == (None, 0)
+
+
+def test_interrupted_write_leaves_no_entry(tmp_path: Path) -> None:
+    directory = tmp_path / ("f" * 32)
+    directory.mkdir(parents=True)
+    (directory / ".tmp-abc.kv").write_bytes(b"LAIKV001 half written")
+    cache = make(tmp_path)
+    assert cache.entries == {} and not list(directory.iterdir())
+
+
+def test_quota_evicts_least_recently_used(tmp_path: Path) -> None:
+    cache = make(tmp_path, max_bytes=25_000)
+    for index in range(3):
+        cache.save_async([index, *TOKENS], bytes(10_000), f"s{index}")
+        cache.flush()
+    assert len(cache.entries) == 2 and cache.stats["evictions"] == 1
+    assert {e.tokens[0] for e in cache.entries.values()} == {1, 2}
+
+
+def test_a_grown_conversation_supersedes_its_older_entry(tmp_path: Path) -> None:
+    cache = make(tmp_path)
+    cache.save_async(TOKENS, b"a" * 100, "s")
+    cache.flush()
+    cache.save_async([*TOKENS, 5, 6], b"b" * 100, "s")
+    cache.flush()
+    cache.save_async([*TOKENS, 9], b"c" * 100, "other")
+    cache.flush()
+    assert sorted(len(e.tokens) for e in cache.entries.values()) == [len(TOKENS) + 1, len(TOKENS) + 2]
+
+
+def test_common_prefix() -> None:
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix([5] * 1000 + [1], [5] * 1000 + [2]) == 1000
