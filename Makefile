@@ -38,8 +38,14 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
-bench: install
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(PIP) install --quiet -e '.[bench]'
+	touch $@
+
+## bench: prefill/decode through the API, then the interleaved agent trace against llama-cpp-python's server
+bench: $(VENV)/.installed-bench
 	$(BIN)/localai bench --model smollm2
+	$(BIN)/localai bench agents --llama-cpp-python
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -74,7 +74,7 @@ class SessionCache:
         self._ram: OrderedDict[str, bytes] = OrderedDict()
         self._ram_size = 0
         self._lock = threading.Lock()
-        self._writes: list[tuple[list[int], bytes, str | None]] = []
+        self._writes: list[tuple[Entry, bytes]] = []
         self._wake = threading.Condition(self._lock)
         self._writer = threading.Thread(target=self._write_loop, name="cache-writer", daemon=True)
         self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
@@ -124,11 +124,30 @@ class SessionCache:
     # -- saving ----------------------------------------------------------------------------------
 
     def save_async(self, tokens: list[int], payload: bytes, session: str | None) -> None:
-        """Queue an entry for writing; the caller's response is never delayed by the disk."""
+        """Index an entry now (RAM tier) and queue it for the disk; the caller never waits for the disk."""
         if len(tokens) < MIN_TOKENS:
             return
+        tokens = list(tokens)
+        with self._lock:
+            for entry in self.entries.values():
+                if entry.tokens == tokens:
+                    entry.last_used = time.time()
+                    return  # already stored
+        entry_id = uuid.uuid4().hex
+        entry = Entry(id=entry_id, tokens=tokens, size=len(payload), path=self.dir / f"{entry_id}.kv",
+                      session=session)
+        superseded = []
+        with self._lock:
+            for other in self.entries.values():
+                grown = len(other.tokens) < len(tokens) and tokens[: len(other.tokens)] == other.tokens
+                if grown and other.session == session:
+                    superseded.append(other.id)  # the same conversation, grown: the old entry adds nothing
+            self.entries[entry_id] = entry
+        self._remember(entry_id, payload)
+        for other_id in superseded:
+            self.remove(other_id)
         with self._wake:
-            self._writes.append((list(tokens), payload, session))
+            self._writes.append((entry, payload))
             self._wake.notify()
 
     def flush(self, timeout: float = 30.0) -> None:
@@ -145,37 +164,28 @@ class SessionCache:
             with self._wake:
                 while not self._writes:
                     self._wake.wait()
-                tokens, payload, session = self._writes.pop(0)
+                entry, payload = self._writes.pop(0)
                 self._writing = True
             try:
-                self._write(tokens, payload, session)
+                self._write(entry, payload)
             except Exception:
                 log.exception("cache write failed")
             finally:
                 with self._lock:
                     self._writing = False
 
-    def _write(self, tokens: list[int], payload: bytes, session: str | None) -> None:
+    def _write(self, entry: Entry, payload: bytes) -> None:
         with self._lock:
-            for entry in self.entries.values():
-                if entry.tokens == tokens:
-                    entry.last_used = time.time()
-                    return  # already stored
-        entry_id = uuid.uuid4().hex
-        path = self.dir / f"{entry_id}.kv"
-        write_entry(path, self.fingerprint, tokens, payload, session)
-        entry = Entry(id=entry_id, tokens=tokens, size=path.stat().st_size, path=path, session=session)
-        superseded = []
+            if entry.id not in self.entries:
+                return  # superseded or evicted before it reached the disk
+        write_entry(entry.path, self.fingerprint, entry.tokens, payload, entry.session)
+        entry.size = entry.path.stat().st_size
         with self._lock:
-            for other in self.entries.values():
-                grown = len(other.tokens) < len(tokens) and tokens[: len(other.tokens)] == other.tokens
-                if grown and other.session == session:
-                    superseded.append(other.id)  # the same conversation, grown: the old entry adds nothing
-            self.entries[entry_id] = entry
-        for other_id in superseded:
-            self.remove(other_id)
+            still_wanted = entry.id in self.entries
+        if not still_wanted:
+            entry.path.unlink(missing_ok=True)
+            return
         self.stats["bytes_written"] += entry.size
-        self._remember(entry_id, payload)
         self.enforce_quota()
 
     # -- retention -------------------------------------------------------------------------------

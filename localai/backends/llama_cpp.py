@@ -312,7 +312,7 @@ class LlamaCppEngine:
         if entry is None or common < MIN_TOKENS or common <= live_common + 16:
             self.cache.stats["misses"] += 1
             return slot, live_common
-        target = min(free, key=lambda s: (s.last_used, len(s.tokens)))
+        target = slot
         try:
             payload = self.cache.load(entry)
         except CorruptEntry:
@@ -324,7 +324,7 @@ class LlamaCppEngine:
             L.llama_memory_seq_rm(self.memory, target.seq_id, -1, -1)
             target.tokens = []
             self.cache.remove(entry.id)
-            return slot, (live_common if target is not slot else 0)
+            return slot, 0
         target.tokens = list(entry.tokens)
         self.cache.stats["hits"] += 1
         self.cache.stats["tokens_restored"] += common
@@ -342,12 +342,21 @@ class LlamaCppEngine:
             self.cache.save_async(list(slot.tokens), bytes(buffer)[:written], request.session)
 
     def _choose_slot(self, free: list[Slot], prompt: list[int]) -> tuple[Slot, int]:
-        best, best_common = free[0], -1
-        for slot in free:
-            common = _common_prefix(slot.tokens, prompt)
-            if common > best_common or (common == best_common and slot.last_used < best.last_used):
-                best, best_common = slot, common
-        return best, max(best_common, 0)
+        """The slot for a prompt, and how many of its tokens it already holds.
+
+        With a cache, a slot is reused only when all it holds is a prefix of the prompt (the same
+        conversation continuing, or an empty slot), so another session's live state is never trimmed;
+        otherwise the least recently used slot is taken (its state was saved after its last request).
+        Without a cache, the slot sharing the longest prefix wins.
+        """
+        scored = [(slot, _common_prefix(slot.tokens, prompt)) for slot in free]
+        if self.cache is not None:
+            keeping = [(slot, common) for slot, common in scored if common == len(slot.tokens)]
+            if keeping:
+                return max(keeping, key=lambda item: (item[1], -item[0].last_used))
+            lru = min(free, key=lambda slot: slot.last_used)
+            return lru, _common_prefix(lru.tokens, prompt)
+        return max(scored, key=lambda item: (item[1], -item[0].last_used))
 
     def _sampler(self, sampling: Sampling, grammar: str | None) -> Any:
         options: dict[str, Any] = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}

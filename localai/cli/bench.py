@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
+from typing import Any
+
 import click
 
 from localai.cli import cli, fail_cleanly
@@ -60,3 +63,64 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
         click.echo(f"{'llama-bench':<22}{measure.summary(theirs.prefill):<34}{measure.summary(theirs.decode):<34}")
         click.echo(f"{'localai / llama-bench':<22}{measure.percent(ours.prefill, theirs.prefill):<34}"
                    f"{measure.percent(ours.decode, theirs.decode):<34}")
+
+
+@bench.command("agents")
+@click.option("--model", "-m", default="smollm2", show_default=True)
+@click.option("--sessions", default=3, show_default=True)
+@click.option("--turns", default=6, show_default=True)
+@click.option("--reply-tokens", default=12, show_default=True)
+@click.option("--think-time", default=0.0, show_default=True, help="Seconds between requests (tool-call delay).")
+@click.option("--restart-at", default=3, show_default=True, help="Turn before which the restart variant restarts.")
+@click.option("--llama-cpp-python", "with_llama_cpp_python", is_flag=True,
+              help="Also run the trace against `python -m llama_cpp.server` on the same model file.")
+@click.option("--compare", multiple=True, metavar="NAME=URL",
+              help="Also run the trace against another OpenAI-compatible /v1 URL (e.g. llama-server).")
+@click.option("--seed", default=7, show_default=True)
+@fail_cleanly
+def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think_time: float, restart_at: int,
+                 with_llama_cpp_python: bool, compare: tuple[str, ...], seed: int) -> None:
+    """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume."""
+    import tempfile
+
+    from localai import bench_agents as trace
+    from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon
+
+    options: dict[str, Any] = {"sessions": sessions, "turns": turns, "reply_tokens": reply_tokens,
+                               "think_time": think_time, "seed": seed}
+    results = []
+    with tempfile.TemporaryDirectory(prefix="localai-bench-") as scratch:
+        daemon = ManagedDaemon(scratch + "/home")
+        with daemon:
+            daemon.warm_up(model)
+            model_path = daemon.model_path(model)
+            results.append(trace.run_trace("localai", daemon.base_url, model, **options))
+        restart = ManagedDaemon(scratch + "/restart-home")
+        with restart:
+            restart.warm_up(model)
+
+            def maybe_restart(turn: int) -> None:
+                if turn == restart_at:
+                    restart.restart()
+                    restart.warm_up(model)  # the model load is reported separately, not in the turn's TTFT
+
+            results.append(trace.run_trace("localai+restart", restart.base_url, model, before_turn=maybe_restart,
+                                           **options))
+        if with_llama_cpp_python:
+            with LlamaCppPythonServer(model_path) as server:
+                server.warm_up()
+                results.append(trace.run_trace("llama-cpp-python", server.base_url, model, **options))
+        for item in compare:
+            name, _, url = item.partition("=")
+            results.append(trace.run_trace(name, url, model, **options))
+    for line in trace.report(results):
+        click.echo(line)
+    ours, restarted = results[0], results[1]
+    later = range(1, turns)
+    click.echo(f"restart: turn {restart_at} TTFT {statistics.median(restarted.ttft(restart_at)):.3f} s vs "
+               f"{statistics.median(ours.ttft(restart_at)):.3f} s without restart "
+               f"({statistics.median(restarted.ttft(restart_at)) / statistics.median(ours.ttft(restart_at)):.2f}x); "
+               f"model load after restart {restart.last_load_seconds:.2f} s")
+    for other in results[2:]:
+        click.echo(f"localai vs {other.name}: median TTFT turns 1-{turns - 1} "
+                   f"{ours.median_ttft(later) / other.median_ttft(later):.2f}x")

@@ -1,0 +1,174 @@
+"""``localai bench agents``: replay a synthetic coding-agent trace against OpenAI-compatible servers.
+
+N sessions share a system prompt with tool schemas (about 1,100 tokens for smollm2's tokenizer) and are
+served round-robin; each turn appends the model's reply and a tool result (about 110 tokens). Reported
+per turn: time to first token (p50/p95 over sessions), tokens recomputed (prompt - cached, where the
+server reports cached tokens), and the overall hit ratio after each session's first request.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+TOOLS = [
+    {"name": "read_file", "description": "Read a file from the workspace and return its contents.",
+     "parameters": {"path": "string: path relative to the repository root",
+                    "start_line": "integer: first line to return", "end_line": "integer: last line"}},
+    {"name": "write_file", "description": "Create or overwrite a file with the given contents.",
+     "parameters": {"path": "string", "contents": "string: the full new contents of the file"}},
+    {"name": "edit_file", "description": "Replace an exact string in a file with another string.",
+     "parameters": {"path": "string", "old": "string: text to find", "new": "string: replacement"}},
+    {"name": "run_command", "description": "Run a shell command in the workspace and return its output.",
+     "parameters": {"command": "string", "timeout_seconds": "integer: default 120"}},
+    {"name": "search", "description": "Search the repository for a regular expression.",
+     "parameters": {"pattern": "string", "path": "string: folder to search", "max_results": "integer"}},
+    {"name": "list_directory", "description": "List the files and folders under a path.",
+     "parameters": {"path": "string", "recursive": "boolean"}},
+]
+RULES = [
+    "Read the relevant files before changing them.", "Keep changes small and focused on the task.",
+    "Run the tests after every change and report failures exactly.", "Never invent file contents.",
+    "Prefer editing existing code over adding new files.", "Explain each change in one sentence.",
+    "Ask before deleting anything.", "Use the project's existing style and naming.",
+]
+WORDS = [
+    "def", "class", "return", "import", "self", "value", "result", "error", "test", "file", "path", "line",
+    "module", "function", "config", "server", "client", "request", "response", "cache", "token", "model",
+    "session",
+]
+
+
+def system_prompt() -> str:
+    schemas = "\n".join(json.dumps(tool, sort_keys=True) for tool in TOOLS)
+    rules = "\n".join(f"- {rule}" for rule in RULES)
+    return (f"You are a coding agent working in a software repository.\nRules:\n{rules}\n"
+            f"You can call these tools by answering with JSON:\n{schemas}\n" * 3).strip()
+
+
+def tool_result(rng: random.Random, turn: int, words: int = 80) -> str:
+    body = " ".join(rng.choice(WORDS) for _ in range(words))
+    return f"Tool result for call {turn} (run_command): exit code 0\n{body}"
+
+
+@dataclass
+class Sample:
+    session: int
+    turn: int
+    ttft: float
+    prompt_tokens: int
+    cached_tokens: int | None
+
+
+@dataclass
+class TraceResult:
+    name: str
+    samples: list[Sample] = field(default_factory=list)
+
+    def turns(self) -> list[int]:
+        return sorted({s.turn for s in self.samples})
+
+    def ttft(self, turn: int) -> list[float]:
+        return [s.ttft for s in self.samples if s.turn == turn]
+
+    def recomputed(self, turn: int) -> float | None:
+        values = [s.prompt_tokens - s.cached_tokens for s in self.samples
+                  if s.turn == turn and s.cached_tokens is not None]
+        return statistics.mean(values) if values else None
+
+    def hit_ratio(self) -> float | None:
+        later = [s for s in self.samples if s.turn > 0 and s.cached_tokens is not None]
+        if not later:
+            return None
+        return sum(s.cached_tokens or 0 for s in later) / sum(s.prompt_tokens for s in later)
+
+    def median_ttft(self, turns: range) -> float:
+        return statistics.median([s.ttft for s in self.samples if s.turn in turns])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
+            reply_tokens: int) -> tuple[float, str, int, int | None]:
+    """Stream one chat request: (TTFT, reply text, prompt tokens, cached tokens or None)."""
+    body = {"model": model, "messages": messages, "max_tokens": reply_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "prompt_cache_key": session}
+    started = time.perf_counter()
+    first: float | None = None
+    parts: list[str] = []
+    usage: dict[str, Any] = {}
+    with http.stream("POST", "/chat/completions", json=body, headers={"X-Session-Id": session}) as response:
+        if response.status_code >= 400:
+            raise RuntimeError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')[:300]}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[6:])
+            if payload.get("usage"):
+                usage = payload["usage"]
+            for choice in payload.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content")
+                if text:
+                    first = first or time.perf_counter()
+                    parts.append(text)
+    ttft = (first or time.perf_counter()) - started
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return ttft, "".join(parts), int(usage.get("prompt_tokens", 0)), (int(cached) if cached is not None else None)
+
+
+def run_trace(name: str, base_url: str, model: str, *, sessions: int, turns: int, reply_tokens: int,
+              think_time: float, seed: int, before_turn: Callable[[int], None] | None = None) -> TraceResult:
+    rng = random.Random(seed)
+    system = system_prompt()
+    conversations = [[{"role": "system", "content": system},
+                      {"role": "user", "content": f"Task {i}: fix the failing test in module_{i}.py. "
+                                                  + tool_result(rng, 0, 40)}] for i in range(sessions)]
+    result = TraceResult(name)
+    with httpx.Client(base_url=base_url.rstrip("/"), timeout=600) as http:
+        for turn in range(turns):
+            if before_turn is not None:
+                before_turn(turn)
+            for index, messages in enumerate(conversations):
+                ttft, reply, prompt_tokens, cached = request(http, model, messages, f"bench-{seed}-{index}",
+                                                             reply_tokens)
+                result.samples.append(Sample(index, turn, ttft, prompt_tokens, cached))
+                messages.append({"role": "assistant", "content": reply})
+                messages.append({"role": "user", "content": tool_result(rng, turn + 1)})
+                if think_time:
+                    time.sleep(think_time)
+    return result
+
+
+def report(results: list[TraceResult]) -> list[str]:
+    lines = []
+    header = f"{'turn':<6}" + "".join(f"{r.name + ' TTFT p50/p95 s':<34}{'recomputed':<12}" for r in results)
+    lines.append(header)
+    for turn in results[0].turns():
+        row = f"{turn:<6}"
+        for result in results:
+            values = result.ttft(turn)
+            recomputed = result.recomputed(turn)
+            row += f"{statistics.median(values):>6.3f} / {percentile(values, 0.95):<6.3f}{'':19}"
+            row += f"{(f'{recomputed:.0f}' if recomputed is not None else 'n/a'):<12}"
+        lines.append(row)
+    for result in results:
+        ratio = result.hit_ratio()
+        turns = result.turns()
+        later = range(1, max(turns) + 1)
+        flat = statistics.median(result.ttft(max(turns))) / statistics.median(result.ttft(1)) if len(turns) > 1 else 0
+        lines.append(f"{result.name}: median TTFT turns 1-{max(turns)} {result.median_ttft(later):.3f} s; "
+                     f"last/first-later turn {flat:.2f}x; hit ratio after first request "
+                     f"{f'{100 * ratio:.1f}%' if ratio is not None else 'n/a (server reports no cached tokens)'}")
+    return lines
