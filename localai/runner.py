@@ -34,6 +34,7 @@ class Worker:
         self.process: asyncio.subprocess.Process | None = None
         self.alive = False
         self.on_exit: Callable[[Worker], None] | None = None
+        self.on_stats: Callable[[Worker, dict[str, Any]], None] | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
@@ -83,6 +84,10 @@ class Worker:
         try:
             while True:
                 message = await _read_frame(reader)
+                if message.get("ev") == "stats":
+                    if self.on_stats is not None:
+                        self.on_stats(self, message["cache"])
+                    continue
                 queue = self._queues.get(str(message.get("id")))
                 if queue is not None:
                     queue.put_nowait(message)

@@ -10,6 +10,9 @@ from typing import Any
 
 from localai import chat_template
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError
+from localai.fitting import Fit, FitMemory, conversation_key, next_cut
+from localai.fitting import apply as fitting_apply
+from localai.metrics import Metrics
 from localai.modelfile import FLOAT_PARAMETERS, INT_PARAMETERS, LOAD_PARAMETERS
 from localai.protocol import GenerateOp, Sampling
 from localai.registry import ModelRecord, Registry
@@ -32,7 +35,9 @@ class Generation:
     cached_tokens: int
     _frames: AsyncIterator[dict[str, Any]]
     _stack: contextlib.AsyncExitStack
+    fit: Fit | None = None
     _closed: bool = field(default=False)
+    _metrics: Metrics | None = None
 
     async def events(self) -> AsyncIterator[Event]:
         try:
@@ -41,7 +46,11 @@ class Generation:
                 if kind == "text":
                     yield TextDelta(frame["text"])
                 elif kind == "done":
-                    yield Finished(frame["finish_reason"], Usage(**frame["usage"]))
+                    usage = Usage(**frame["usage"])
+                    if self._metrics is not None:
+                        self._metrics.request_done(self.model, usage.prompt_tokens, usage.cached_tokens,
+                                                   usage.completion_tokens, frame["finish_reason"])
+                    yield Finished(frame["finish_reason"], usage)
                     return
                 elif kind == "error":
                     raise LocalAIError(frame.get("message", "generation failed"))
@@ -64,6 +73,7 @@ class Runtime:
         self.settings = settings
         self.registry = registry
         self.scheduler = scheduler
+        self.fit_memory = FitMemory()
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
@@ -77,21 +87,55 @@ class Runtime:
             loaded = await stack.enter_async_context(
                 self.scheduler.lease(record, keep_alive=request.keep_alive, overrides=_load_overrides(request))
             )
-            op = self._operation(record, loaded, request)
-            frames = loaded.worker.generate(op)
-            stack.push_async_callback(_close_quietly, frames)
-            first = await frames.__anext__()
-            if first.get("ev") == "error":
-                if first.get("kind") == "context_length":
-                    raise ContextLengthExceeded(first["message"], param="messages")
-                raise InvalidRequest(first.get("message", "the request was rejected"))
+            fitting = self._fitting_enabled(record, request)
+            fit: Fit | None = None
+            original = request.messages
+            key = conversation_key(record.name, request.session_id, original) if original else ""
+            dropped, cut_chars = (self.fit_memory.get(key), 0) if (fitting and original) else (0, 0)
+            while True:
+                if original is not None and (dropped or cut_chars):
+                    request.messages = fitting_apply(original, dropped, cut_chars)
+                op = self._operation(record, loaded, request)
+                frames = loaded.worker.generate(op)
+                first = await frames.__anext__()
+                if first.get("ev") != "error":
+                    stack.push_async_callback(_close_quietly, frames)
+                    break
+                await _close_quietly(frames)
+                if first.get("kind") != "context_length":
+                    raise InvalidRequest(first.get("message", "the request was rejected"))
+                step = None
+                if fitting and original is not None:
+                    n_ctx = int(first["n_ctx"])
+                    budget = n_ctx - min(request.max_tokens or 512, n_ctx // 4)
+                    step = next_cut(original, dropped, cut_chars, int(first["prompt_tokens"]), budget, n_ctx)
+                if step is None:
+                    hint = "" if fitting else " (fitting is off for this request or model)"
+                    raise ContextLengthExceeded(first["message"] + hint, param="messages")
+                dropped, cut_chars = step
+                fit = fit or Fit()
+                fit.attempts += 1
+            if original is not None and (dropped or cut_chars):
+                fit = fit or Fit()
+                fit.dropped, fit.shortened_chars = dropped, cut_chars
+                self.fit_memory.put(key, dropped)
+                log.warning("fitted a conversation for %s into its context: %s", record.name, fit.header())
+            request.messages = original
             return Generation(
+                fit=fit,
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
+                _metrics=self.scheduler.metrics,
             )
         except BaseException:
             await stack.aclose()
             raise
+
+    @staticmethod
+    def _fitting_enabled(record: ModelRecord, request: GenerationRequest) -> bool:
+        if request.fit_context is not None:
+            return request.fit_context
+        return bool(record.parameters.get("fit_context", True))
 
     async def count_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt is, as the model tokenizes it."""

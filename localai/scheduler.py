@@ -20,6 +20,7 @@ from typing import Any
 
 from localai import paths
 from localai.errors import ServerBusy
+from localai.metrics import Metrics
 from localai.registry import ModelRecord
 from localai.runner import Worker
 from localai.settings import Settings
@@ -68,8 +69,9 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
 class Scheduler:
     """Loads, shares and unloads workers."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics or Metrics()
         self.loaded: dict[str, LoadedModel] = {}
         self.waiting = 0
         self._load_lock = asyncio.Lock()
@@ -124,6 +126,7 @@ class Scheduler:
             await self._make_room()
             worker = Worker(record.name, "llama.cpp", options, debug=self.settings.debug)
             worker.on_exit = self._worker_exited
+            worker.on_stats = lambda w, stats: self.metrics.worker_cache_stats(id(w), w.name, stats)
             await worker.start(self.settings.load_timeout)
             assert worker.info is not None
             model = LoadedModel(

@@ -87,6 +87,7 @@ class GenerationRequest:
     load_options: dict[str, Any] = field(default_factory=dict)
     ignore_eos: bool = False
     raw: bool = False
+    fit_context: bool | None = None  # None: the model's setting (default on)
 
 
 @dataclass

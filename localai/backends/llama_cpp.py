@@ -487,6 +487,8 @@ class LlamaCppEngine:
         if reason != "cancelled":
             self._save(request)
         self._release(request)
+        if self.cache is not None:
+            emit({"ev": "stats", "cache": dict(self.cache.stats)})
 
     def _release(self, request: Request) -> None:
         L.llama_sampler_free(request.sampler)

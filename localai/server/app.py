@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from localai import __version__
 from localai.runtime import Runtime
@@ -36,6 +36,12 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> PlainTextResponse:
         return PlainTextResponse("localai is running")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        scheduler = runtime.scheduler
+        body = scheduler.metrics.render(len(scheduler.loaded), scheduler.waiting)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(openai.router)
     app.include_router(ollama.router)

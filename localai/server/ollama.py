@@ -210,9 +210,11 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
         messages.append(Message(message.role, [TextBlock(message.content)]))  # type: ignore[arg-type]
     sampling, load, num_predict, stop = request_options(body.options)
     started = time.perf_counter()
+    fit = body.options.get("fit_context")
     generation = await runtime_of(request).start(GenerationRequest(
         model=body.model, messages=messages, sampling=sampling, load_options=load, max_tokens=num_predict,
         stop=stop, keep_alive=keep_alive, session_id=session_id(request.headers),
+        fit_context=None if fit is None else bool(fit),
     ))
     return await _respond(generation, body.stream, body.model, started,
                           lambda text: {"message": {"role": "assistant", "content": text}})

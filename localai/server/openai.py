@@ -76,6 +76,9 @@ class SamplingFields(BaseModel):
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported.")
     prompt_cache_key: str | None = None
     ignore_eos: bool = False
+    fit_context: bool | None = Field(
+        default=None, description="Fit an over-long conversation into the context (default on; false: 400)."
+    )
 
     @field_validator("stop")
     @classmethod
@@ -94,7 +97,7 @@ class SamplingFields(BaseModel):
                 seed=self.seed, presence_penalty=self.presence_penalty,
                 frequency_penalty=self.frequency_penalty, repeat_penalty=self.repeat_penalty,
             ),
-            max_tokens=max_tokens, stop=stop, ignore_eos=self.ignore_eos,
+            max_tokens=max_tokens, stop=stop, ignore_eos=self.ignore_eos, fit_context=self.fit_context,
             session_id=session_id(request.headers, self.prompt_cache_key), **kwargs,
         )
 
@@ -150,6 +153,11 @@ async def collect(generation: Generation) -> tuple[str, Finished]:
     return "".join(parts), finished
 
 
+def fit_headers(generation: Generation) -> dict[str, str]:
+    """Tells the client when its conversation was shortened to fit the context."""
+    return {"X-LocalAI-Context-Fitted": generation.fit.header()} if generation.fit else {}
+
+
 def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
@@ -160,9 +168,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     generation = await runtime_of(request).start(body.generation(request, messages=messages))
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
+    headers = fit_headers(generation)
     if not body.stream:
         text, finished = await collect(generation)
-        return JSONResponse({
+        return JSONResponse(headers=headers, content={
             "id": completion_id, "object": "chat.completion", "created": created, "model": body.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "logprobs": None, "finish_reason": finish_reason(finished.reason)}],
@@ -191,7 +200,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         finally:
             await generation.aclose()
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", **headers})
 
 
 @router.post("/v1/completions", response_model=None)

@@ -77,3 +77,116 @@ def test_corrupt_cache_files_are_recomputed_not_served(tmp_path: Path, smollm2_p
         assert "dropping cache entry" in (tmp_path / "home" / "logs" / "workers.log").read_text()
     finally:
         daemon.stop()
+
+
+def long_conversation(turns: int) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for index in range(turns):
+        messages.append({"role": "user", "content": f"Step {index}: " + "read the file and report. " * 40})
+        messages.append({"role": "assistant", "content": f"Done with step {index}. " + "All fine. " * 30})
+    messages.append({"role": "user", "content": "FINAL QUESTION: what is 2+2?"})
+    return messages
+
+
+def test_an_over_long_conversation_is_fitted_keeps_the_last_message_and_keeps_caching(fresh_daemon: Daemon) -> None:
+    messages = long_conversation(40)  # about 14,000 tokens against an 8,192-token context
+    with fresh_daemon.http() as http:
+        first = http.post("/v1/chat/completions", json={"model": "smollm2", "messages": messages, "max_tokens": 8})
+        assert first.status_code == 200, first.text
+        fitted = first.headers["x-localai-context-fitted"]
+        assert "dropped_messages=" in fitted and "dropped_messages=0" not in fitted
+        assert first.json()["usage"]["prompt_tokens"] < 8192
+        # the next turn of the same conversation reuses the same cut, so its prefix is cached
+        messages += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "And 3+3?"}]
+        second = http.post("/v1/chat/completions", json={"model": "smollm2", "messages": messages, "max_tokens": 8})
+        assert second.status_code == 200
+        usage = second.json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] > usage["prompt_tokens"] * 0.8
+        # the last user message always survives: a model asked to repeat it can see it
+        echo = http.post("/v1/chat/completions", json={
+            "model": "smollm2", "max_tokens": 30, "temperature": 0,
+            "messages": [*long_conversation(40)[:-1], {"role": "user", "content": "Repeat exactly: PURPLE-ELEPHANT"}],
+        })
+        assert echo.status_code == 200 and echo.headers.get("x-localai-context-fitted")
+
+
+def test_fitting_off_gives_a_context_error_and_caching_still_works(fresh_daemon: Daemon) -> None:
+    with fresh_daemon.http() as http:
+        refused = http.post("/v1/chat/completions", json={
+            "model": "smollm2", "messages": long_conversation(40), "max_tokens": 8, "fit_context": False})
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == "context_length_exceeded" and "8192" in error["message"]
+        short = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}]
+        chat(fresh_daemon, short, fit_context=False)
+        again = chat(fresh_daemon, short, fit_context=False)
+        assert cached(again) > 100
+
+
+def test_fitting_can_be_turned_off_in_a_modelfile(fresh_daemon: Daemon) -> None:
+    with fresh_daemon.http() as http:
+        created = http.post("/api/create", json={"model": "strict", "modelfile":
+                                                 "FROM smollm2\nPARAMETER fit_context false\n"})
+        assert created.status_code == 200
+        refused = http.post("/v1/chat/completions", json={
+            "model": "strict", "messages": long_conversation(40), "max_tokens": 8})
+        assert refused.status_code == 400 and "fitting is off" in refused.json()["error"]["message"]
+
+
+def test_metrics_count_cache_work(fresh_daemon: Daemon) -> None:
+    shared = [{"role": "system", "content": SYSTEM}]
+    chat(fresh_daemon, [*shared, {"role": "user", "content": "A"}], prompt_cache_key="a")
+    chat(fresh_daemon, [*shared, {"role": "user", "content": "B"}], prompt_cache_key="b")
+    with fresh_daemon.http() as http:
+        text = http.get("/metrics").text
+
+    def value(name: str) -> float:
+        lines = [line for line in text.splitlines() if line.startswith(name) and not line.startswith("#")]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    assert value("localai_prompt_cache_hits_total") >= 1
+    assert value("localai_prompt_cache_tokens_restored_total") > 100
+    assert value("localai_prompt_tokens_cached_total") > 100
+    assert value("localai_prompt_tokens_computed_total") > 100
+    assert value("localai_requests_total") == 2
+    assert value("localai_loaded_models") == 1
+
+
+def test_three_interleaved_sessions_each_keep_their_own_history(fresh_daemon: Daemon) -> None:
+    conversations = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Task {i}"}]
+                     for i in range(3)]
+    for turn in range(3):
+        for index, messages in enumerate(conversations):
+            result = chat(fresh_daemon, messages, prompt_cache_key=f"s{index}")
+            if turn > 0:  # everything but the newest turn was cached, whatever ran in between
+                assert cached(result) >= result["usage"]["prompt_tokens"] - 40
+            messages += [{"role": "assistant", "content": result["choices"][0]["message"]["content"]},
+                         {"role": "user", "content": f"Next step {turn}"}]
+
+
+def test_a_worker_killed_during_a_cache_write_leaves_nothing_bad(tmp_path: Path, smollm2_path: Path) -> None:
+    import os
+    import signal
+
+    messages = [{"role": "system", "content": SYSTEM * 3}, {"role": "user", "content": "Hello"}]
+    daemon = start_daemon(tmp_path / "home")
+    try:
+        expected = chat(daemon, messages)
+        with daemon.http() as http:
+            pid = http.get("/api/ps").json()["models"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)  # right after the response: the entry is likely being written
+    finally:
+        daemon.stop()
+    cache_dir = tmp_path / "home" / "cache"
+    daemon = start_daemon(tmp_path / "home")
+    try:
+        again = chat(daemon, messages)
+        assert again["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
+        assert not list(cache_dir.rglob(".tmp-*"))
+        for path in cache_dir.rglob("*.kv"):  # whatever survived is whole
+            from localai.session_cache import read_entry
+
+            read_entry(path, path.parent.name)
+    finally:
+        daemon.stop()

@@ -1,0 +1,65 @@
+"""Prometheus metrics for ``GET /metrics``: prompt-cache effectiveness and serving state.
+
+Workers report cumulative cache statistics after each request; the daemon adds the increase since that
+worker's previous report to its own counters, so totals stay monotonic across worker restarts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+CACHE_STATS = {
+    "hits": "Requests that restored a prefix from the RAM or disk tier",
+    "misses": "Requests for which no stored prefix beat the live KV",
+    "tokens_restored": "Prompt tokens restored from the RAM or disk tier",
+    "bytes_read": "Bytes of KV state read from disk",
+    "bytes_written": "Bytes of KV state written to disk",
+    "evictions": "Entries evicted by the disk quota",
+    "corrupt": "Entries dropped because they were truncated, corrupt or foreign",
+}
+
+
+class Metrics:
+    """One registry per app, so several apps (tests) never share counters."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.cache = {
+            name: Counter(f"localai_prompt_cache_{name}", help_text, ["model"], registry=self.registry)
+            for name, help_text in CACHE_STATS.items()
+        }
+        self.prompt_tokens_cached = Counter(
+            "localai_prompt_tokens_cached", "Prompt tokens not computed (live KV or restored)", ["model"],
+            registry=self.registry)
+        self.prompt_tokens_computed = Counter(
+            "localai_prompt_tokens_computed", "Prompt tokens evaluated by the engine", ["model"],
+            registry=self.registry)
+        self.completion_tokens = Counter(
+            "localai_completion_tokens", "Tokens generated", ["model"], registry=self.registry)
+        self.requests = Counter(
+            "localai_requests", "Generation requests by outcome", ["model", "outcome"], registry=self.registry)
+        self.loaded_models = Gauge("localai_loaded_models", "Models with a live worker", registry=self.registry)
+        self.waiting = Gauge("localai_queue_waiting", "Requests waiting for a model", registry=self.registry)
+        self._last: dict[tuple[int, str], float] = {}
+
+    def worker_cache_stats(self, worker_id: int, model: str, stats: dict[str, Any]) -> None:
+        for name, counter in self.cache.items():
+            value = float(stats.get(name, 0))
+            previous = self._last.get((worker_id, name), 0.0)
+            if value > previous:
+                counter.labels(model).inc(value - previous)
+            self._last[(worker_id, name)] = value
+
+    def request_done(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
+                     outcome: str) -> None:
+        self.prompt_tokens_cached.labels(model).inc(cached_tokens)
+        self.prompt_tokens_computed.labels(model).inc(max(0, prompt_tokens - cached_tokens))
+        self.completion_tokens.labels(model).inc(completion_tokens)
+        self.requests.labels(model, outcome).inc()
+
+    def render(self, loaded: int, waiting: int) -> bytes:
+        self.loaded_models.set(loaded)
+        self.waiting.set(waiting)
+        return bytes(generate_latest(self.registry))

@@ -1,0 +1,46 @@
+from localai.fitting import FitMemory, apply, conversation_key, next_cut, protected_bounds
+from localai.schema import Message, TextBlock
+
+
+def msg(role: str, text: str) -> Message:
+    return Message(role, [TextBlock(text)])  # type: ignore[arg-type]
+
+
+CONVERSATION = [msg("system", "rules " * 50), msg("user", "u1 " * 100), msg("assistant", "a1 " * 100),
+                msg("user", "u2 " * 100), msg("assistant", "a2 " * 100), msg("user", "LAST question"),
+                msg("tool", "result after the last user message")]
+
+
+def test_protected_bounds_keep_system_and_the_tail_from_the_last_user_message() -> None:
+    assert protected_bounds(CONVERSATION) == (1, 5)
+
+
+def test_dropping_removes_the_oldest_middle_messages_only() -> None:
+    fitted = apply(CONVERSATION, 2, 0)
+    assert [m.text()[:2] for m in fitted] == ["ru", "u2", "a2", "LA", "re"]
+    everything = apply(CONVERSATION, 99, 0)
+    assert [m.role for m in everything] == ["system", "user", "tool"]
+    assert everything[1].text() == "LAST question"
+
+
+def test_next_cut_drops_with_slack_then_shortens() -> None:
+    step = next_cut(CONVERSATION, 0, 0, prompt_tokens=1000, budget=800, n_ctx=1000)
+    assert step is not None and step[0] >= 1 and step[1] == 0
+    step = next_cut(CONVERSATION, 4, 0, prompt_tokens=900, budget=800, n_ctx=1000)
+    assert step is not None and step[0] == 4 and step[1] > 0
+    shortened = apply(CONVERSATION, 4, step[1])
+    assert "omitted by localai" in shortened[0].text()
+    assert shortened[1].text() == "LAST question"
+    assert next_cut([msg("user", "tiny")], 0, 0, prompt_tokens=900, budget=800, n_ctx=1000) is None
+
+
+def test_the_cut_is_remembered_per_conversation() -> None:
+    memory = FitMemory(capacity=2)
+    key = conversation_key("m", None, CONVERSATION)
+    assert key == conversation_key("m", None, [*CONVERSATION, msg("user", "more")])
+    assert key != conversation_key("m", "session-1", CONVERSATION)
+    memory.put(key, 3)
+    assert memory.get(key) == 3
+    memory.put("b", 1)
+    memory.put("c", 1)
+    assert memory.get(key) == 0  # evicted beyond capacity
