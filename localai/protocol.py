@@ -44,6 +44,7 @@ class GenerateOp(TypedDict):
     session: NotRequired[str | None]
     ignore_eos: NotRequired[bool]
     grammar: NotRequired[str | None]
+    system_prefix: NotRequired[str | None]
 
 
 class CancelOp(TypedDict):

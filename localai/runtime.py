@@ -155,6 +155,28 @@ class Runtime:
             template, messages, bos_token=info["bos_token"], eos_token=info["eos_token"]
         )
 
+    def _system_prefix(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
+                       prompt: str) -> str | None:
+        """The rendered system-and-tools segment, when it is a prefix of the prompt (cached as shared)."""
+        if not request.messages:
+            return None
+        leading = []
+        for message in request.messages:
+            if message.role not in ("system", "developer"):
+                break
+            leading.append(message)
+        if not leading:
+            return None
+        info = loaded.worker.info
+        assert info is not None
+        try:
+            text = chat_template.render(record.template or info["chat_template"],
+                                        _template_messages(record, leading), bos_token=info["bos_token"],
+                                        eos_token=info["eos_token"], add_generation_prompt=False)
+        except LocalAIError:
+            return None
+        return text if text and prompt.startswith(text) else None
+
     def _operation(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> GenerateOp:
         params = record.parameters
         sampling: dict[str, Any] = {k: v for k, v in params.items() if k in SAMPLING_KEYS}
@@ -164,8 +186,10 @@ class Runtime:
         max_tokens = request.max_tokens
         if max_tokens is None and isinstance(params.get("num_predict"), int) and int(params["num_predict"]) >= 0:  # type: ignore[arg-type]
             max_tokens = int(params["num_predict"])  # type: ignore[arg-type]
+        prompt = self.render_prompt(record, loaded, request)
         return GenerateOp(
-            op="generate", id=new_request_id(), prompt=self.render_prompt(record, loaded, request),
+            op="generate", id=new_request_id(), prompt=prompt, system_prefix=self._system_prefix(
+                record, loaded, request, prompt),
             max_tokens=max_tokens, stop=stop, sampling=sampling,  # type: ignore[typeddict-item]
             session=request.session_id, ignore_eos=request.ignore_eos,
         )

@@ -56,6 +56,7 @@ class Entry:
     path: Path
     session: str | None = None
     last_used: float = field(default_factory=time.time)
+    kind: str = "history"  # or "system": a shared system-prompt-and-tools prefix, evicted last
 
 
 class CorruptEntry(Exception):
@@ -123,7 +124,11 @@ class SessionCache:
 
     # -- saving ----------------------------------------------------------------------------------
 
-    def save_async(self, tokens: list[int], payload: bytes, session: str | None) -> None:
+    def has(self, tokens: list[int]) -> bool:
+        with self._lock:
+            return any(entry.tokens == tokens for entry in self.entries.values())
+
+    def save_async(self, tokens: list[int], payload: bytes, session: str | None, kind: str = "history") -> None:
         """Index an entry now (RAM tier) and queue it for the disk; the caller never waits for the disk."""
         if len(tokens) < MIN_TOKENS:
             return
@@ -135,12 +140,12 @@ class SessionCache:
                     return  # already stored
         entry_id = uuid.uuid4().hex
         entry = Entry(id=entry_id, tokens=tokens, size=len(payload), path=self.dir / f"{entry_id}.kv",
-                      session=session)
+                      session=session, kind=kind)
         superseded = []
         with self._lock:
             for other in self.entries.values():
                 grown = len(other.tokens) < len(tokens) and tokens[: len(other.tokens)] == other.tokens
-                if grown and other.session == session:
+                if grown and other.session == session and other.kind == kind == "history":
                     superseded.append(other.id)  # the same conversation, grown: the old entry adds nothing
             self.entries[entry_id] = entry
         self._remember(entry_id, payload)
@@ -178,7 +183,7 @@ class SessionCache:
         with self._lock:
             if entry.id not in self.entries:
                 return  # superseded or evicted before it reached the disk
-        write_entry(entry.path, self.fingerprint, entry.tokens, payload, entry.session)
+        write_entry(entry.path, self.fingerprint, entry.tokens, payload, entry.session, entry.kind)
         entry.size = entry.path.stat().st_size
         with self._lock:
             still_wanted = entry.id in self.entries
@@ -191,12 +196,19 @@ class SessionCache:
     # -- retention -------------------------------------------------------------------------------
 
     def enforce_quota(self) -> None:
+        """Evict until under quota: history before system prefixes, least recently used first, never pinned."""
+        from localai.cache_admin import load_pins, pinned_until
+
+        pins = load_pins(self.dir.parent)
         with self._lock:
             total = sum(entry.size for entry in self.entries.values())
             victims: list[str] = []
-            for entry in sorted(self.entries.values(), key=lambda e: e.last_used):
+            order = sorted(self.entries.values(), key=lambda e: (e.kind == "system", e.last_used))
+            for entry in order:
                 if total <= self.max_bytes:
                     break
+                if pinned_until(pins, entry.id, entry.session) is not None:
+                    continue
                 victims.append(entry.id)
                 total -= entry.size
         for victim in victims:
@@ -236,7 +248,8 @@ class SessionCache:
                 continue
             stat = path.stat()
             self.entries[path.stem] = Entry(id=path.stem, tokens=tokens, size=stat.st_size, path=path,
-                                            session=header.get("session"), last_used=stat.st_mtime)
+                                            session=header.get("session"), last_used=stat.st_mtime,
+                                            kind=str(header.get("kind", "history")))
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -253,11 +266,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return low
 
 
-def write_entry(path: Path, fingerprint_hex: str, tokens: list[int], payload: bytes, session: str | None) -> None:
+def write_entry(path: Path, fingerprint_hex: str, tokens: list[int], payload: bytes, session: str | None,
+                kind: str = "history") -> None:
     token_bytes = array.array("i", tokens).tobytes()
     header = json.dumps({
         "fingerprint": fingerprint_hex, "n_tokens": len(tokens), "payload_bytes": len(payload),
-        "checksum": _checksum(token_bytes, payload), "session": session, "created": time.time(),
+        "checksum": _checksum(token_bytes, payload), "session": session, "created": time.time(), "kind": kind,
     }).encode()
     temp = path.with_name(f".tmp-{path.name}")
     try:

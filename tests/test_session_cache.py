@@ -99,3 +99,32 @@ def test_common_prefix() -> None:
     assert common_prefix([1, 2], [1, 2, 3]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([5] * 1000 + [1], [5] * 1000 + [2]) == 1000
+
+
+def test_quota_keeps_pinned_entries_and_an_expired_pin_is_evictable(tmp_path: Path) -> None:
+    import time
+
+    from localai import cache_admin
+
+    cache = make(tmp_path, max_bytes=25_000)
+    cache.save_async([0, *TOKENS], bytes(10_000), "keep")
+    cache.flush()
+    cache_admin.add_pin(session="keep", entry=None, ttl=3600, root=tmp_path)
+    for index in (1, 2):
+        cache.save_async([index, *TOKENS], bytes(10_000), f"s{index}")
+        cache.flush()
+    assert {e.session for e in cache.entries.values()} == {"keep", "s2"}  # s1 went, the pinned one stayed
+    cache_admin.save_pins([cache_admin.Pin(session="keep", entry=None, expires_at=time.time() - 1)], tmp_path)
+    cache.save_async([3, *TOKENS], bytes(10_000), "s3")
+    cache.flush()
+    assert "keep" not in {e.session for e in cache.entries.values()}
+
+
+def test_system_prefixes_outrank_history_in_eviction(tmp_path: Path) -> None:
+    cache = make(tmp_path, max_bytes=25_000)
+    cache.save_async([9, *TOKENS], bytes(10_000), None, kind="system")
+    cache.flush()
+    for index in (1, 2):
+        cache.save_async([index, *TOKENS], bytes(10_000), f"s{index}")
+        cache.flush()
+    assert sorted(e.kind for e in cache.entries.values()) == ["history", "system"]

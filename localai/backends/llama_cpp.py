@@ -85,6 +85,7 @@ class Request:
     pending_token: int | None = None
     unsent: str = ""
     sent_at: float = 0.0
+    snapshot_at: int | None = None  # prompt length of the system segment, to save as a shared entry
 
 
 _LOG_CALLBACK: Any = None
@@ -297,6 +298,7 @@ class LlamaCppEngine:
             sampler=self._sampler(op.get("sampling") or {}, op.get("grammar")),
             matcher=StopMatcher(op.get("stop") or []), ignore_eos=bool(op.get("ignore_eos")), started=started,
         )
+        request.snapshot_at = self._system_boundary(op.get("system_prefix"), prompt, common)
         self.requests[request.id] = request
         emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common})
         if max_tokens <= 0:
@@ -330,6 +332,18 @@ class LlamaCppEngine:
         self.cache.stats["tokens_restored"] += common
         return target, common
 
+    def _system_boundary(self, prefix_text: str | None, prompt: list[int], common: int) -> int | None:
+        """Where the system-and-tools segment ends, when prefill will cross it and it is not stored yet."""
+        if self.cache is None or not prefix_text:
+            return None
+        prefix = self.tokenize(prefix_text)
+        boundary = len(prefix)
+        if boundary < MIN_TOKENS or boundary <= common or boundary >= len(prompt) - 1:
+            return None
+        if prompt[:boundary] != prefix or self.cache.has(prefix):
+            return None
+        return boundary
+
     def _save(self, request: Request) -> None:
         """Snapshot the sequence's KV state and queue it for the disk (after the response is done)."""
         slot = request.slot
@@ -340,6 +354,17 @@ class LlamaCppEngine:
         written = L.llama_state_seq_get_data(self.ctx, buffer, size, slot.seq_id)
         if written:
             self.cache.save_async(list(slot.tokens), bytes(buffer)[:written], request.session)
+
+    def _snapshot_system(self, request: Request) -> None:
+        request.snapshot_at = None
+        slot = request.slot
+        if self.cache is None:
+            return
+        size = L.llama_state_seq_get_size(self.ctx, slot.seq_id)
+        buffer = (ctypes.c_uint8 * size)()
+        written = L.llama_state_seq_get_data(self.ctx, buffer, size, slot.seq_id)
+        if written:
+            self.cache.save_async(list(slot.tokens), bytes(buffer)[:written], None, kind="system")
 
     def _choose_slot(self, free: list[Slot], prompt: list[int]) -> tuple[Slot, int]:
         """The slot for a prompt, and how many of its tokens it already holds.
@@ -412,6 +437,8 @@ class LlamaCppEngine:
             # The last prompt token always goes in a step of its own, so its logits come from the same
             # kernel path whether the prefix was cached or not: greedy output does not depend on caching.
             end = last_index if start < last_index else len(request.prompt)
+            if request.snapshot_at is not None and start < request.snapshot_at:
+                end = min(end, request.snapshot_at)  # stop at the system segment's end to snapshot it
             chunk = request.prompt[start:min(start + room, end)]
             base = len(request.slot.tokens)
             for offset, token in enumerate(chunk):
@@ -436,6 +463,8 @@ class LlamaCppEngine:
             elif request.next_prompt < len(request.prompt):
                 request.slot.tokens.append(request.prompt[request.next_prompt])
                 request.next_prompt += 1
+                if request.next_prompt == request.snapshot_at:
+                    self._snapshot_system(request)
                 if not wants_logits:
                     continue
                 request.prompt_done = now

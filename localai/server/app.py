@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from localai import __version__
 from localai.runtime import Runtime
-from localai.server import ollama, openai
+from localai.server import cache, ollama, openai
 from localai.server.errors import install_error_handlers
 from localai.server.security import GuardMiddleware, is_loopback_host
 from localai.settings import Settings
@@ -45,6 +45,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
 
     app.include_router(openai.router)
     app.include_router(ollama.router)
+    app.include_router(cache.router)
     if settings.origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"], allow_headers=["*"],

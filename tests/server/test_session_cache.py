@@ -190,3 +190,18 @@ def test_a_worker_killed_during_a_cache_write_leaves_nothing_bad(tmp_path: Path,
             read_entry(path, path.parent.name)
     finally:
         daemon.stop()
+
+
+def test_system_prompt_is_stored_as_its_own_shared_entry_and_the_api_manages_pins(fresh_daemon: Daemon) -> None:
+    chat(fresh_daemon, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "One"}],
+         prompt_cache_key="first")
+    with fresh_daemon.http() as http:
+        listing = http.get("/api/cache").json()
+        kinds = {e["kind"] for e in listing["entries"]}
+        assert kinds == {"system", "history"}
+        pinned = http.post("/api/cache/pin", json={"session": "first", "ttl": "10m"})
+        assert pinned.status_code == 200 and pinned.json()["session"] == "first"
+        assert any(e["pinned_until"] for e in http.get("/api/cache").json()["entries"])
+        bad = http.post("/api/cache/pin", json={"ttl": "10m"})
+        assert bad.status_code == 400
+        assert http.request("DELETE", "/api/cache/pin", json={"session": "first"}).json()["removed"] is True

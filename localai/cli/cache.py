@@ -1,0 +1,128 @@
+"""``localai cache ls|stats|pin|unpin|rm|prune``: works on $LOCALAI_HOME/cache directly (no daemon needed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import click
+
+from localai.cli import cli, fail_cleanly
+
+
+@cli.group()
+def cache() -> None:
+    """Inspect and manage the persisted prompt cache."""
+
+
+@cache.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@fail_cleanly
+def ls(as_json: bool) -> None:
+    """List cache entries."""
+    from dataclasses import asdict
+
+    from localai import cache_admin
+    from localai.cli.models import _table, ago, human_size
+
+    entries = cache_admin.list_entries()
+    if as_json:
+        click.echo(json.dumps([asdict(e) for e in entries], indent=2))
+        return
+    _table(["ID", "KIND", "TOKENS", "SIZE", "SESSION", "LAST USED", "PINNED UNTIL"], [
+        [e.id[:12], e.kind, str(e.tokens), human_size(e.bytes), e.session or "", ago(_iso(e.last_used)),
+         _iso(e.pinned_until) if e.pinned_until else ""] for e in entries
+    ])
+
+
+@cache.command()
+@fail_cleanly
+def stats() -> None:
+    """Totals: entries, bytes, tokens, pins."""
+    from localai import cache_admin
+    from localai.cli.models import human_size
+
+    totals = cache_admin.stats()
+    for key, value in totals.items():
+        click.echo(f"{key:<14}{human_size(value) if key == 'bytes' else value}")
+
+
+@cache.command()
+@click.option("--session", default=None, help="Pin every entry of this session id.")
+@click.option("--entry", default=None, help="Pin one entry (a prefix), by id or id prefix from `cache ls`.")
+@click.option("--ttl", default="1h", show_default=True, help="How long the pin holds (30m, 2h, seconds).")
+@fail_cleanly
+def pin(session: str | None, entry: str | None, ttl: str) -> None:
+    """Keep a session's entries, or one prefix, out of eviction for a while."""
+    from localai import cache_admin
+    from localai.errors import InvalidRequest
+    from localai.settings import parse_duration
+
+    try:
+        seconds = parse_duration(ttl)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="ttl") from exc
+    created = cache_admin.add_pin(session=session, entry=_full_id(entry), ttl=seconds)
+    click.echo(f"pinned {'session ' + session if session else 'entry ' + str(created.entry)} until "
+               f"{_iso(created.expires_at)}")
+
+
+@cache.command()
+@click.option("--session", default=None)
+@click.option("--entry", default=None)
+@fail_cleanly
+def unpin(session: str | None, entry: str | None) -> None:
+    """Remove a pin."""
+    from localai import cache_admin
+
+    removed = cache_admin.remove_pin(session=session, entry=_full_id(entry))
+    click.echo("unpinned" if removed else "no such pin")
+
+
+@cache.command()
+@click.argument("entry", required=False)
+@click.option("--session", default=None, help="Remove every entry of this session.")
+@fail_cleanly
+def rm(entry: str | None, session: str | None) -> None:
+    """Remove an entry (by id) or a session's entries."""
+    from localai import cache_admin
+
+    count = cache_admin.remove_entries(entry=_full_id(entry), session=session)
+    click.echo(f"removed {count} entr{'y' if count == 1 else 'ies'}")
+
+
+@cache.command()
+@click.option("--older-than", default=None, help="Also remove unpinned entries unused for this long (e.g. 7d=168h).")
+@click.option("--max-bytes", type=int, default=None, help="Evict down to this size (default: LOCALAI_CACHE_MAX_BYTES).")
+@fail_cleanly
+def prune(older_than: str | None, max_bytes: int | None) -> None:
+    """Evict unpinned entries: old ones, then least recently used until under the quota."""
+    from localai import cache_admin
+    from localai.errors import InvalidRequest
+    from localai.settings import Settings, parse_duration
+
+    try:
+        older = parse_duration(older_than) if older_than else None
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="older-than") from exc
+    limit = max_bytes if max_bytes is not None else Settings().cache_max_bytes
+    click.echo(f"removed {cache_admin.prune(max_bytes=limit, older_than=older)} entries")
+
+
+def _iso(stamp: float | None) -> str:
+    if stamp is None:
+        return ""
+    return dt.datetime.fromtimestamp(stamp, dt.UTC).isoformat(timespec="seconds")
+
+
+def _full_id(prefix: str | None) -> str | None:
+    """Entries can be named by a unique prefix of their id, as `cache ls` prints them."""
+    if not prefix:
+        return None
+    from localai import cache_admin
+    from localai.errors import InvalidRequest
+
+    matches = [e.id for e in cache_admin.list_entries() if e.id.startswith(prefix)]
+    if len(matches) > 1:
+        raise InvalidRequest(f"entry id prefix '{prefix}' is ambiguous", param="entry")
+    return matches[0] if matches else prefix

@@ -1,0 +1,62 @@
+"""``/api/cache``: the persisted prompt cache's entries, statistics, pins, removal and pruning."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+
+from localai import cache_admin
+from localai.errors import InvalidRequest
+from localai.settings import Settings, parse_duration
+
+router = APIRouter()
+
+
+class PinBody(BaseModel):
+    session: str | None = Field(default=None, description="Pin every entry of this session.")
+    entry: str | None = Field(default=None, description="Pin one entry (a prefix), by id.")
+    ttl: str | float = Field(default="1h", description="How long the pin holds: seconds or 30m/1h.")
+
+
+class PruneBody(BaseModel):
+    older_than: str | float | None = None
+    max_bytes: int | None = Field(default=None, ge=0)
+
+
+def seconds(value: str | float, field: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param=field) from exc
+
+
+@router.get("/api/cache")
+async def list_cache() -> dict[str, Any]:
+    return {"stats": cache_admin.stats(), "entries": [asdict(e) for e in cache_admin.list_entries()]}
+
+
+@router.post("/api/cache/pin")
+async def pin(body: PinBody) -> dict[str, Any]:
+    created = cache_admin.add_pin(session=body.session, entry=body.entry, ttl=seconds(body.ttl, "ttl"))
+    return asdict(created)
+
+
+@router.delete("/api/cache/pin")
+async def unpin(body: PinBody) -> dict[str, Any]:
+    return {"removed": cache_admin.remove_pin(session=body.session, entry=body.entry)}
+
+
+@router.delete("/api/cache/{entry_id}")
+async def remove(entry_id: str) -> dict[str, Any]:
+    return {"removed": cache_admin.remove_entries(entry=entry_id)}
+
+
+@router.post("/api/cache/prune")
+async def prune(body: PruneBody, request: Request) -> dict[str, Any]:
+    settings: Settings = request.app.state.settings
+    older = seconds(body.older_than, "older_than") if body.older_than is not None else None
+    limit = body.max_bytes if body.max_bytes is not None else settings.cache_max_bytes
+    return {"removed": cache_admin.prune(max_bytes=limit, older_than=older)}

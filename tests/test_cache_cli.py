@@ -1,0 +1,56 @@
+"""``localai cache`` on a real cache directory (no daemon needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from localai import paths
+from localai.session_cache import SessionCache
+
+TOKENS = list(range(500, 600))
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localai", "cache", *args], capture_output=True, text=True)
+
+
+def fill(home: Path) -> None:
+    cache = SessionCache(paths.cache_dir(), "a" * 32, max_bytes=1 << 30)
+    cache.save_async(TOKENS, bytes(5000), "alpha")
+    cache.save_async([1, *TOKENS], bytes(7000), "beta")
+    cache.save_async([2, *TOKENS], bytes(3000), None, kind="system")
+    cache.flush()
+
+
+def test_ls_stats_pin_rm_prune(isolated_home: Path) -> None:
+    fill(isolated_home)
+    listed = json.loads(cli("ls", "--json").stdout)
+    assert len(listed) == 3 and {e["kind"] for e in listed} == {"history", "system"}
+    assert "alpha" in cli("ls").stdout
+    stats = cli("stats").stdout
+    assert "entries       3" in stats and "sessions      2" in stats
+
+    assert cli("pin", "--session", "beta", "--ttl", "2h").returncode == 0
+    pinned = [e["session"] for e in json.loads(cli("ls", "--json").stdout) if e["pinned_until"]]
+    assert pinned == ["beta"]
+    removed = cli("prune", "--max-bytes", "0")
+    assert removed.returncode == 0 and "removed 2 entries" in removed.stdout
+    remaining = json.loads(cli("ls", "--json").stdout)
+    assert [e["session"] for e in remaining] == ["beta"]  # pinned survives
+
+    assert cli("unpin", "--session", "beta").stdout.strip() == "unpinned"
+    assert "removed 1 entry" in cli("rm", remaining[0]["id"][:8]).stdout
+    assert json.loads(cli("ls", "--json").stdout) == []
+
+
+def test_bad_input(isolated_home: Path) -> None:
+    assert cli("pin", "--ttl", "1h").returncode == 1  # neither session nor entry
+    bad_ttl = cli("pin", "--session", "x", "--ttl", "soon")
+    assert bad_ttl.returncode == 1 and "invalid duration" in bad_ttl.stderr
+    assert cli("rm").returncode == 1
+    (paths.cache_dir()).mkdir(parents=True, exist_ok=True)
+    (paths.cache_dir() / "pins.json").write_text("{not json")
+    assert cli("ls").returncode == 0  # a broken pins file is ignored, not fatal
