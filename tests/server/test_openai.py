@@ -132,17 +132,23 @@ def test_malformed_json_is_400_and_the_daemon_stays_healthy(daemon: Daemon) -> N
         assert http.get("/health").status_code == 200
 
 
-def test_prompt_over_the_context_is_400_with_both_numbers(sdk: openai.OpenAI) -> None:
+def test_prompt_over_the_context_is_400_with_both_numbers(sdk: openai.OpenAI, daemon: Daemon) -> None:
+    too_long = [{"role": "user", "content": "word " * 9000}]
     with pytest.raises(openai.BadRequestError) as error:
         sdk.chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": "word " * 9000}], max_tokens=4,  # type: ignore[arg-type]
+            model="smollm2", messages=too_long, max_tokens=4, extra_body={"fit_context": False},  # type: ignore[arg-type]
         )
     body = error.value.body
     assert isinstance(body, dict) and body["code"] == "context_length_exceeded"
     assert "8192" in body["message"] and "9" in body["message"].split("prompt is ")[1][:1]
-    # and the model keeps serving
-    ok = sdk.chat.completions.create(model="smollm2", messages=PROMPT, max_tokens=2)  # type: ignore[arg-type]
-    assert ok.choices[0].finish_reason in ("stop", "length")
+    # by default an over-long prompt is fitted (shortened in its middle) and answered, saying so in a header;
+    # a 1,024-token copy of smollm2 keeps the prefill short
+    with daemon.http() as http:
+        http.post("/api/create", json={"model": "smollm2-1k", "modelfile": "FROM smollm2\nPARAMETER num_ctx 1024\n"})
+    long = [{"role": "user", "content": "word " * 3000}]
+    fitted = sdk.chat.completions.with_raw_response.create(model="smollm2-1k", messages=long, max_tokens=2)  # type: ignore[arg-type]
+    assert "shortened_chars=" in fitted.headers["x-localai-context-fitted"]
+    assert fitted.parse().choices[0].finish_reason in ("stop", "length")
 
 
 def test_unix_socket_serves_the_same_api(daemon: Daemon) -> None:

@@ -88,25 +88,35 @@ def long_conversation(turns: int) -> list[dict[str, str]]:
     return messages
 
 
+def small_context_model(daemon: Daemon, name: str = "small", extra: str = "") -> str:
+    """A 2,048-token copy of smollm2, so fitted prompts stay quick to prefill on a CPU."""
+    with daemon.http() as http:
+        created = http.post("/api/create", json={"model": name,
+                                                 "modelfile": f"FROM smollm2\nPARAMETER num_ctx 2048\n{extra}"})
+    assert created.status_code == 200, created.text
+    return name
+
+
 def test_an_over_long_conversation_is_fitted_keeps_the_last_message_and_keeps_caching(fresh_daemon: Daemon) -> None:
-    messages = long_conversation(40)  # about 14,000 tokens against an 8,192-token context
+    model = small_context_model(fresh_daemon)
+    messages = long_conversation(12)  # about 4,500 tokens against a 2,048-token context
     with fresh_daemon.http() as http:
-        first = http.post("/v1/chat/completions", json={"model": "smollm2", "messages": messages, "max_tokens": 8})
+        first = http.post("/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": 8})
         assert first.status_code == 200, first.text
         fitted = first.headers["x-localai-context-fitted"]
         assert "dropped_messages=" in fitted and "dropped_messages=0" not in fitted
-        assert first.json()["usage"]["prompt_tokens"] < 8192
+        assert first.json()["usage"]["prompt_tokens"] < 2048
         # the next turn of the same conversation reuses the same cut, so its prefix is cached
         messages += [{"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
                      {"role": "user", "content": "And 3+3?"}]
-        second = http.post("/v1/chat/completions", json={"model": "smollm2", "messages": messages, "max_tokens": 8})
+        second = http.post("/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": 8})
         assert second.status_code == 200
         usage = second.json()["usage"]
         assert usage["prompt_tokens_details"]["cached_tokens"] > usage["prompt_tokens"] * 0.8
         # the last user message always survives: a model asked to repeat it can see it
         echo = http.post("/v1/chat/completions", json={
-            "model": "smollm2", "max_tokens": 30, "temperature": 0,
-            "messages": [*long_conversation(40)[:-1], {"role": "user", "content": "Repeat exactly: PURPLE-ELEPHANT"}],
+            "model": model, "max_tokens": 30, "temperature": 0,
+            "messages": [*long_conversation(12)[:-1], {"role": "user", "content": "Repeat exactly: PURPLE-ELEPHANT"}],
         })
         assert echo.status_code == 200 and echo.headers.get("x-localai-context-fitted")
 
@@ -114,10 +124,11 @@ def test_an_over_long_conversation_is_fitted_keeps_the_last_message_and_keeps_ca
 def test_fitting_off_gives_a_context_error_and_caching_still_works(fresh_daemon: Daemon) -> None:
     with fresh_daemon.http() as http:
         refused = http.post("/v1/chat/completions", json={
-            "model": "smollm2", "messages": long_conversation(40), "max_tokens": 8, "fit_context": False})
+            "model": small_context_model(fresh_daemon), "messages": long_conversation(12), "max_tokens": 8,
+            "fit_context": False})
         assert refused.status_code == 400
         error = refused.json()["error"]
-        assert error["code"] == "context_length_exceeded" and "8192" in error["message"]
+        assert error["code"] == "context_length_exceeded" and "2048" in error["message"]
         short = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}]
         chat(fresh_daemon, short, fit_context=False)
         again = chat(fresh_daemon, short, fit_context=False)
@@ -125,12 +136,10 @@ def test_fitting_off_gives_a_context_error_and_caching_still_works(fresh_daemon:
 
 
 def test_fitting_can_be_turned_off_in_a_modelfile(fresh_daemon: Daemon) -> None:
+    model = small_context_model(fresh_daemon, "strict", "PARAMETER fit_context false\n")
     with fresh_daemon.http() as http:
-        created = http.post("/api/create", json={"model": "strict", "modelfile":
-                                                 "FROM smollm2\nPARAMETER fit_context false\n"})
-        assert created.status_code == 200
         refused = http.post("/v1/chat/completions", json={
-            "model": "strict", "messages": long_conversation(40), "max_tokens": 8})
+            "model": model, "messages": long_conversation(12), "max_tokens": 8})
         assert refused.status_code == 400 and "fitting is off" in refused.json()["error"]["message"]
 
 
