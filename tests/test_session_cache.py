@@ -69,7 +69,7 @@ def test_foreign_fingerprint_is_never_read(tmp_path: Path) -> None:
 def test_interrupted_write_leaves_no_entry(tmp_path: Path) -> None:
     directory = tmp_path / ("f" * 32)
     directory.mkdir(parents=True)
-    (directory / ".tmp-abc.kv").write_bytes(b"LAIKV001 half written")
+    (directory / ".tmp-abc.kv").write_bytes(b"LAIKV002 half written")
     cache = make(tmp_path)
     assert cache.entries == {} and not list(directory.iterdir())
 

@@ -353,7 +353,7 @@ class LlamaCppEngine:
         buffer = (ctypes.c_uint8 * size)()
         written = L.llama_state_seq_get_data(self.ctx, buffer, size, slot.seq_id)
         if written:
-            self.cache.save_async(list(slot.tokens), bytes(buffer)[:written], request.session)
+            self.cache.save_async(list(slot.tokens), ctypes.string_at(buffer, written), request.session)
 
     def _snapshot_system(self, request: Request) -> None:
         request.snapshot_at = None
@@ -364,7 +364,7 @@ class LlamaCppEngine:
         buffer = (ctypes.c_uint8 * size)()
         written = L.llama_state_seq_get_data(self.ctx, buffer, size, slot.seq_id)
         if written:
-            self.cache.save_async(list(slot.tokens), bytes(buffer)[:written], None, kind="system")
+            self.cache.save_async(list(slot.tokens), ctypes.string_at(buffer, written), None, kind="system")
 
     def _choose_slot(self, free: list[Slot], prompt: list[int]) -> tuple[Slot, int]:
         """The slot for a prompt, and how many of its tokens it already holds.
