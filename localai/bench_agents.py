@@ -101,7 +101,19 @@ def percentile(values: list[float], q: float) -> float:
 
 def request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
             reply_tokens: int) -> tuple[float, str, int, int | None]:
-    """Stream one chat request: (TTFT, reply text, prompt tokens, cached tokens or None)."""
+    """Stream one chat request: (TTFT, reply text, prompt tokens, cached tokens or None).
+
+    A keep-alive connection that the server closed just before reuse is retried once (nothing was sent
+    back, so nothing was processed); llama-server closes idle connections that way.
+    """
+    try:
+        return _request(http, model, messages, session, reply_tokens)
+    except httpx.RemoteProtocolError:
+        return _request(http, model, messages, session, reply_tokens)
+
+
+def _request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
+             reply_tokens: int) -> tuple[float, str, int, int | None]:
     body = {"model": model, "messages": messages, "max_tokens": reply_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "prompt_cache_key": session}
     started = time.perf_counter()
