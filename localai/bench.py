@@ -14,7 +14,9 @@ import random
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -32,6 +34,17 @@ class SpeedResult:
     prompt_tokens: list[int] = field(default_factory=list)
 
 
+def sse_events(http: httpx.Client, path: str, body: dict[str, Any],
+               headers: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
+    """The JSON events of a streamed OpenAI-style response (``data: [DONE]`` ends it)."""
+    with http.stream("POST", path, json=body, headers=headers) as response:
+        if response.status_code >= 400:
+            raise RuntimeError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')[:300]}")
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
 def _stream_completion(
     http: httpx.Client, model: str, prompt: str, max_tokens: int
 ) -> tuple[float, float, float, int, int]:
@@ -41,20 +54,14 @@ def _stream_completion(
     start = time.perf_counter()
     first = last = 0.0
     usage: dict[str, int] = {}
-    with http.stream("POST", "/completions", json=body) as response:
-        if response.status_code >= 400:
-            raise RuntimeError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')}")
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            payload = json.loads(line[6:])
-            if payload.get("usage"):
-                usage = payload["usage"]
-            choices = payload.get("choices") or []
-            if choices and choices[0].get("text"):
-                now = time.perf_counter()
-                first = first or now
-                last = now
+    for payload in sse_events(http, "/completions", body):
+        if payload.get("usage"):
+            usage = payload["usage"]
+        choices = payload.get("choices") or []
+        if choices and choices[0].get("text"):
+            now = time.perf_counter()
+            first = first or now
+            last = now
     return start, first, last, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from localai.bench import sse_events
+
 TOOLS = [
     {"name": "read_file", "description": "Read a file from the workspace and return its contents.",
      "parameters": {"path": "string: path relative to the repository root",
@@ -120,20 +122,14 @@ def _request(http: httpx.Client, model: str, messages: list[dict[str, str]], ses
     first: float | None = None
     parts: list[str] = []
     usage: dict[str, Any] = {}
-    with http.stream("POST", "/chat/completions", json=body, headers={"X-Session-Id": session}) as response:
-        if response.status_code >= 400:
-            raise RuntimeError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')[:300]}")
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            payload = json.loads(line[6:])
-            if payload.get("usage"):
-                usage = payload["usage"]
-            for choice in payload.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content")
-                if text:
-                    first = first or time.perf_counter()
-                    parts.append(text)
+    for payload in sse_events(http, "/chat/completions", body, headers={"X-Session-Id": session}):
+        if payload.get("usage"):
+            usage = payload["usage"]
+        for choice in payload.get("choices") or []:
+            text = (choice.get("delta") or {}).get("content")
+            if text:
+                first = first or time.perf_counter()
+                parts.append(text)
     ttft = (first or time.perf_counter()) - started
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")

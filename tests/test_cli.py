@@ -147,3 +147,9 @@ def test_repl_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert not chat.command("/bye")
     output = capsys.readouterr().out
     assert "Unknown parameter 'nonsense'" in output and "top_k must be an integer" in output
+
+
+def test_bench_agents_rejects_a_restart_outside_the_trace() -> None:
+    result = subprocess.run([sys.executable, "-m", "localai", "bench", "agents", "--turns", "2"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--restart-at" in result.stderr

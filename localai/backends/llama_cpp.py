@@ -280,7 +280,7 @@ class LlamaCppEngine:
             })
             return
         slot, common = self._choose_slot(free, prompt)
-        slot, common = self._restore_if_better(free, prompt, slot, common)
+        slot, common = self._restore_if_better(prompt, slot, common)
         if common >= len(prompt):
             common = len(prompt) - 1  # replay the last token to get fresh logits
         if not L.llama_memory_seq_rm(self.memory, slot.seq_id, common, -1):
@@ -304,33 +304,30 @@ class LlamaCppEngine:
         if max_tokens <= 0:
             self._finish(request, "length", emit)
 
-    def _restore_if_better(
-        self, free: list[Slot], prompt: list[int], slot: Slot, live_common: int
-    ) -> tuple[Slot, int]:
-        """Load the longest cached prefix from RAM/disk into the idlest free slot when it beats live KV."""
+    def _restore_if_better(self, prompt: list[int], slot: Slot, live_common: int) -> tuple[Slot, int]:
+        """Load the longest cached prefix from RAM/disk into the chosen slot when it beats its live KV."""
         if self.cache is None:
             return slot, live_common
         entry, common = self.cache.best_prefix(prompt)
         if entry is None or common < MIN_TOKENS or common <= live_common + 16:
             self.cache.stats["misses"] += 1
             return slot, live_common
-        target = slot
         try:
             payload = self.cache.load(entry)
         except CorruptEntry:
             return slot, live_common
-        L.llama_memory_seq_rm(self.memory, target.seq_id, -1, -1)
+        L.llama_memory_seq_rm(self.memory, slot.seq_id, -1, -1)
         buffer = (ctypes.c_uint8 * len(payload)).from_buffer_copy(payload)
-        if L.llama_state_seq_set_data(self.ctx, buffer, len(payload), target.seq_id) == 0:
+        if L.llama_state_seq_set_data(self.ctx, buffer, len(payload), slot.seq_id) == 0:
             log.warning("llama.cpp refused cache entry %s; recomputing", entry.id)
-            L.llama_memory_seq_rm(self.memory, target.seq_id, -1, -1)
-            target.tokens = []
+            L.llama_memory_seq_rm(self.memory, slot.seq_id, -1, -1)
+            slot.tokens = []
             self.cache.remove(entry.id)
             return slot, 0
-        target.tokens = list(entry.tokens)
+        slot.tokens = list(entry.tokens)
         self.cache.stats["hits"] += 1
         self.cache.stats["tokens_restored"] += common
-        return target, common
+        return slot, common
 
     def _system_boundary(self, prefix_text: str | None, prompt: list[int], common: int) -> int | None:
         """Where the system-and-tools segment ends, when prefill will cross it and it is not stored yet."""
@@ -344,27 +341,30 @@ class LlamaCppEngine:
             return None
         return boundary
 
+    def _sequence_state(self, seq_id: int) -> bytes:
+        """One sequence's serialized KV state (empty if llama.cpp could not write it)."""
+        size = L.llama_state_seq_get_size(self.ctx, seq_id)
+        buffer = (ctypes.c_uint8 * size)()
+        written = L.llama_state_seq_get_data(self.ctx, buffer, size, seq_id)
+        return ctypes.string_at(buffer, written) if written else b""
+
     def _save(self, request: Request) -> None:
         """Snapshot the sequence's KV state and queue it for the disk (after the response is done)."""
         slot = request.slot
         if self.cache is None or len(slot.tokens) < MIN_TOKENS:
             return
-        size = L.llama_state_seq_get_size(self.ctx, slot.seq_id)
-        buffer = (ctypes.c_uint8 * size)()
-        written = L.llama_state_seq_get_data(self.ctx, buffer, size, slot.seq_id)
-        if written:
-            self.cache.save_async(list(slot.tokens), ctypes.string_at(buffer, written), request.session)
+        state = self._sequence_state(slot.seq_id)
+        if state:
+            self.cache.save_async(list(slot.tokens), state, request.session)
 
     def _snapshot_system(self, request: Request) -> None:
         request.snapshot_at = None
         slot = request.slot
         if self.cache is None:
             return
-        size = L.llama_state_seq_get_size(self.ctx, slot.seq_id)
-        buffer = (ctypes.c_uint8 * size)()
-        written = L.llama_state_seq_get_data(self.ctx, buffer, size, slot.seq_id)
-        if written:
-            self.cache.save_async(list(slot.tokens), ctypes.string_at(buffer, written), None, kind="system")
+        state = self._sequence_state(slot.seq_id)
+        if state:
+            self.cache.save_async(list(slot.tokens), state, None, kind="system")
 
     def _choose_slot(self, free: list[Slot], prompt: list[int]) -> tuple[Slot, int]:
         """The slot for a prompt, and how many of its tokens it already holds.

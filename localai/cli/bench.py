@@ -83,6 +83,11 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
     """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume."""
     import tempfile
 
+    if turns < 2 or sessions < 1:
+        raise click.BadParameter("needs at least 2 turns and 1 session", param_hint="--turns/--sessions")
+    if not 0 < restart_at < turns:
+        raise click.BadParameter(f"must be between 1 and {turns - 1} (--turns {turns})", param_hint="--restart-at")
+
     from localai import bench_agents as trace
     from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon
 
