@@ -42,15 +42,14 @@ class Metrics:
             "localai_requests", "Generation requests by outcome", ["model", "outcome"], registry=self.registry)
         self.loaded_models = Gauge("localai_loaded_models", "Models with a live worker", registry=self.registry)
         self.waiting = Gauge("localai_queue_waiting", "Requests waiting for a model", registry=self.registry)
-        self._last: dict[tuple[int, str], float] = {}
 
-    def worker_cache_stats(self, worker_id: int, model: str, stats: dict[str, Any]) -> None:
+    def worker_cache_stats(self, model: str, reported: dict[str, float], stats: dict[str, Any]) -> None:
+        """Count a worker's cumulative stats; ``reported`` is that worker's previous report, updated here."""
         for name, counter in self.cache.items():
             value = float(stats.get(name, 0))
-            previous = self._last.get((worker_id, name), 0.0)
-            if value > previous:
-                counter.labels(model).inc(value - previous)
-            self._last[(worker_id, name)] = value
+            if value > reported.get(name, 0.0):
+                counter.labels(model).inc(value - reported.get(name, 0.0))
+            reported[name] = value
 
     def request_done(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
                      outcome: str) -> None:

@@ -35,6 +35,7 @@ class Worker:
         self.alive = False
         self.on_exit: Callable[[Worker], None] | None = None
         self.on_stats: Callable[[Worker, dict[str, Any]], None] | None = None
+        self.reported_cache_stats: dict[str, float] = {}  # the last cumulative stats counted into metrics
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}

@@ -93,9 +93,10 @@ class Runtime:
             key = conversation_key(record.name, request.session_id, original) if original else ""
             dropped, cut_chars = (self.fit_memory.get(key), 0) if (fitting and original) else (0, 0)
             while True:
+                messages = original
                 if original is not None and (dropped or cut_chars):
-                    request.messages = fitting_apply(original, dropped, cut_chars)
-                op = self._operation(record, loaded, request)
+                    messages = fitting_apply(original, dropped, cut_chars)
+                op = self._operation(record, loaded, request, messages)
                 frames = loaded.worker.generate(op)
                 first = await frames.__anext__()
                 if first.get("ev") != "error":
@@ -120,7 +121,6 @@ class Runtime:
                 fit.dropped, fit.shortened_chars = dropped, cut_chars
                 self.fit_memory.put(key, dropped)
                 log.warning("fitted a conversation for %s into its context: %s", record.name, fit.header())
-            request.messages = original
             return Generation(
                 fit=fit,
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
@@ -141,27 +141,28 @@ class Runtime:
         """How many tokens the request's prompt is, as the model tokenizes it."""
         record = self.registry.get(request.model)
         async with self.scheduler.lease(record, keep_alive=request.keep_alive) as loaded:
-            prompt = self.render_prompt(record, loaded, request)
+            prompt = self.render_prompt(record, loaded, request.messages, request.prompt)
             return len(await loaded.worker.tokenize(prompt))
 
-    def render_prompt(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> str:
-        if request.messages is None:
-            return request.prompt or ""
+    def render_prompt(self, record: ModelRecord, loaded: LoadedModel, messages: list[Message] | None,
+                      raw_prompt: str | None = None) -> str:
+        """The prompt text: ``messages`` through the chat template, or the raw completion prompt."""
+        if messages is None:
+            return raw_prompt or ""
         info = loaded.worker.info
         assert info is not None
         template = record.template or info["chat_template"]
-        messages = _template_messages(record, request.messages)
         return chat_template.render(
-            template, messages, bos_token=info["bos_token"], eos_token=info["eos_token"]
+            template, _template_messages(record, messages), bos_token=info["bos_token"], eos_token=info["eos_token"]
         )
 
-    def _system_prefix(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
+    def _system_prefix(self, record: ModelRecord, loaded: LoadedModel, messages: list[Message] | None,
                        prompt: str) -> str | None:
         """The rendered system-and-tools segment, when it is a prefix of the prompt (cached as shared)."""
-        if not request.messages:
+        if not messages:
             return None
         leading = []
-        for message in request.messages:
+        for message in messages:
             if message.role not in ("system", "developer"):
                 break
             leading.append(message)
@@ -177,7 +178,8 @@ class Runtime:
             return None
         return text if text and prompt.startswith(text) else None
 
-    def _operation(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> GenerateOp:
+    def _operation(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
+                   messages: list[Message] | None) -> GenerateOp:
         params = record.parameters
         sampling: dict[str, Any] = {k: v for k, v in params.items() if k in SAMPLING_KEYS}
         sampling.update(request.sampling.as_dict())
@@ -186,10 +188,10 @@ class Runtime:
         max_tokens = request.max_tokens
         if max_tokens is None and isinstance(params.get("num_predict"), int) and int(params["num_predict"]) >= 0:  # type: ignore[arg-type]
             max_tokens = int(params["num_predict"])  # type: ignore[arg-type]
-        prompt = self.render_prompt(record, loaded, request)
+        prompt = self.render_prompt(record, loaded, messages, request.prompt)
         return GenerateOp(
-            op="generate", id=new_request_id(), prompt=prompt, system_prefix=self._system_prefix(
-                record, loaded, request, prompt),
+            op="generate", id=new_request_id(), prompt=prompt,
+            system_prefix=self._system_prefix(record, loaded, messages, prompt),
             max_tokens=max_tokens, stop=stop, sampling=sampling,  # type: ignore[typeddict-item]
             session=request.session_id, ignore_eos=request.ignore_eos,
         )

@@ -126,7 +126,7 @@ class Scheduler:
             await self._make_room()
             worker = Worker(record.name, "llama.cpp", options, debug=self.settings.debug)
             worker.on_exit = self._worker_exited
-            worker.on_stats = lambda w, stats: self.metrics.worker_cache_stats(id(w), w.name, stats)
+            worker.on_stats = lambda w, stats: self.metrics.worker_cache_stats(w.name, w.reported_cache_stats, stats)
             await worker.start(self.settings.load_timeout)
             assert worker.info is not None
             model = LoadedModel(

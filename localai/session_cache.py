@@ -76,6 +76,7 @@ class SessionCache:
         self._ram_size = 0
         self._lock = threading.Lock()
         self._writes: list[tuple[Entry, bytes]] = []
+        self._writing = False  # the writer holds an entry it has taken off the queue
         self._wake = threading.Condition(self._lock)
         self._writer = threading.Thread(target=self._write_loop, name="cache-writer", daemon=True)
         self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
@@ -160,7 +161,7 @@ class SessionCache:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                if not self._writes and not getattr(self, "_writing", False):
+                if not self._writes and not self._writing:
                     return
             time.sleep(0.01)
 

@@ -79,6 +79,12 @@ class Daemon:
         path = self.home / "daemon.log"
         return path.read_text() if path.exists() else ""
 
+    def __enter__(self) -> Daemon:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

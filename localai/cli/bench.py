@@ -40,7 +40,7 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
         client.ensure_running()
         http = httpx.Client(transport=httpx.HTTPTransport(uds=str(paths.socket_path())),
                             base_url="http://localhost/v1", timeout=600)
-        model_path = client.request("POST", "/api/show", {"model": model})["modelfile"].split("\n")[0][5:]
+        model_path = client.request("POST", "/api/show", {"model": model})["path"]
     else:
         http = httpx.Client(base_url=base_url.rstrip("/"), timeout=600)
         model_path = None

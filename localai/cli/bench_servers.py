@@ -78,7 +78,7 @@ class ManagedDaemon:
 
     def model_path(self, model: str) -> str:
         response = httpx.post(f"http://127.0.0.1:{self.port}/api/show", json={"model": model}, timeout=30)
-        return str(response.json()["modelfile"].split("\n")[0][5:])
+        return str(response.json()["path"])
 
     def __enter__(self) -> ManagedDaemon:
         self.start()

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from localai import __version__
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.modelfile import LOAD_PARAMETERS, Modelfile, coerce_parameter, parse
-from localai.registry import ModelRecord, normalize
+from localai.registry import ModelRecord
 from localai.runtime import Generation, sampling_from_options
 from localai.schema import Finished, GenerationRequest, Message, SamplingOptions, TextBlock, TextDelta
 from localai.server.openai import runtime_of
@@ -273,6 +273,7 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         "model_info": {"general.architecture": record.family,
                        f"{record.family}.context_length": record.context_length},
         "capabilities": ["completion"], "modified_at": record.modified_at,
+        "path": record.path,  # localai extension: the weights file (benchmarks run llama.cpp tools on it)
     }
 
 
@@ -282,7 +283,7 @@ async def delete(body: ModelRef, request: Request) -> JSONResponse:
     name = body.model_name()
     record = runtime.registry.get(name)
     removed = runtime.registry.remove(name)
-    if normalize(name) == record.name or record.name in removed:
+    if record.name in removed:  # removing only an alias leaves the model loaded
         await runtime.scheduler.unload(record.name)
     return JSONResponse({"deleted": removed})
 

@@ -83,8 +83,7 @@ def test_client_disconnect_stops_the_generation(fresh_daemon: Daemon) -> None:
 
 
 def test_full_queue_answers_503_with_retry_after(tmp_path: Path, smollm2_path: Path) -> None:
-    daemon = start_daemon(tmp_path / "d", max_queue="1", num_parallel="1")
-    try:
+    with start_daemon(tmp_path / "d", max_queue="1", num_parallel="1") as daemon:
         body = {**LONG, "max_tokens": 300}
         with daemon.http() as http, concurrent.futures.ThreadPoolExecutor(4) as pool:
             http.post("/api/generate", json={"model": "smollm2"})
@@ -94,35 +93,26 @@ def test_full_queue_answers_503_with_retry_after(tmp_path: Path, smollm2_path: P
         assert busy and all(r.headers["retry-after"] for r in busy)
         assert busy[0].json()["error"]["code"] == "server_busy"
         assert any(r.status_code == 200 for r in responses)
-    finally:
-        daemon.stop()
 
 
 def test_keep_alive_zero_unloads_and_max_loaded_models_evicts(tmp_path: Path, smollm2_path: Path) -> None:
-    daemon = start_daemon(tmp_path / "d", max_loaded_models="1")
-    try:
-        with daemon.http() as http:
-            assert http.post("/api/copy", json={"source": "smollm2", "destination": "other"}).status_code == 200
-            http.post("/api/generate", json={"model": "smollm2"})
-            assert [m["name"] for m in loaded(daemon)] == ["smollm2:135m"]
-            http.post("/api/generate", json={"model": "other"})
-            assert [m["name"] for m in loaded(daemon)] == ["other:latest"]  # the idle one made room
-            reply = http.post("/api/generate", json={"model": "other", "prompt": "Hi", "stream": False,
-                                                      "options": {"num_predict": 2}, "keep_alive": 0})
-            assert reply.status_code == 200 and reply.json()["done"] is True
-            assert wait_for(lambda: loaded(daemon) == [])
-    finally:
-        daemon.stop()
+    with start_daemon(tmp_path / "d", max_loaded_models="1") as daemon, daemon.http() as http:
+        assert http.post("/api/copy", json={"source": "smollm2", "destination": "other"}).status_code == 200
+        http.post("/api/generate", json={"model": "smollm2"})
+        assert [m["name"] for m in loaded(daemon)] == ["smollm2:135m"]
+        http.post("/api/generate", json={"model": "other"})
+        assert [m["name"] for m in loaded(daemon)] == ["other:latest"]  # the idle one made room
+        reply = http.post("/api/generate", json={"model": "other", "prompt": "Hi", "stream": False,
+                                                  "options": {"num_predict": 2}, "keep_alive": 0})
+        assert reply.status_code == 200 and reply.json()["done"] is True
+        assert wait_for(lambda: loaded(daemon) == [])
 
 
 def test_keep_alive_expires(tmp_path: Path, smollm2_path: Path) -> None:
-    daemon = start_daemon(tmp_path / "d", keep_alive="1s")
-    try:
+    with start_daemon(tmp_path / "d", keep_alive="1s") as daemon:
         with daemon.http() as http:
             http.post("/api/generate", json={"model": "smollm2"})
         assert wait_for(lambda: loaded(daemon) == [], timeout=20)
-    finally:
-        daemon.stop()
 
 
 def test_foreign_host_header_is_403(daemon: Daemon) -> None:
@@ -135,8 +125,7 @@ def test_foreign_host_header_is_403(daemon: Daemon) -> None:
 
 
 def test_api_key_is_required_on_tcp_but_not_on_the_socket(tmp_path: Path, smollm2_path: Path) -> None:
-    daemon = start_daemon(tmp_path / "d", api_key="sekret", origins="http://app.test")
-    try:
+    with start_daemon(tmp_path / "d", api_key="sekret", origins="http://app.test") as daemon:
         with daemon.http() as http:
             assert http.get("/v1/models").status_code == 401
             assert http.get("/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -151,8 +140,6 @@ def test_api_key_is_required_on_tcp_but_not_on_the_socket(tmp_path: Path, smollm
             assert "access-control-allow-origin" not in other.headers
         with daemon.unix() as unix:
             assert unix.get("/v1/models").status_code == 200
-    finally:
-        daemon.stop()
 
 
 def test_no_cors_headers_without_configured_origins(daemon: Daemon) -> None:

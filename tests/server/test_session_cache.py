@@ -25,24 +25,15 @@ def cached(result: dict[str, Any]) -> int:
 
 def test_resume_after_restart_is_cached_and_gives_the_same_greedy_output(tmp_path: Path, smollm2_path: Path) -> None:
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a linked list?"}]
-    daemon = start_daemon(tmp_path / "home")
-    try:
+    with start_daemon(tmp_path / "home") as daemon:
         first = chat(daemon, turn1)
-    finally:
-        daemon.stop()
     turn2 = [*turn1, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
              {"role": "user", "content": "And a queue?"}]
-    daemon = start_daemon(tmp_path / "home")  # a new daemon and worker: only the disk remembers
-    try:
+    with start_daemon(tmp_path / "home") as daemon:  # a new daemon and worker: only the disk remembers
         resumed = chat(daemon, turn2)
-    finally:
-        daemon.stop()
     assert cached(resumed) >= first["usage"]["prompt_tokens"] - 1
-    baseline = start_daemon(tmp_path / "nocache", cache_max_bytes="0")
-    try:
+    with start_daemon(tmp_path / "nocache", cache_max_bytes="0") as baseline:
         fresh = chat(baseline, turn2)
-    finally:
-        baseline.stop()
     assert cached(fresh) == 0
     assert resumed["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
 
@@ -58,25 +49,19 @@ def test_a_second_session_reuses_the_shared_system_prompt(fresh_daemon: Daemon) 
 
 def test_corrupt_cache_files_are_recomputed_not_served(tmp_path: Path, smollm2_path: Path) -> None:
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello"}]
-    daemon = start_daemon(tmp_path / "home")
-    try:
+    with start_daemon(tmp_path / "home") as daemon:
         expected = chat(daemon, messages)
-    finally:
-        daemon.stop()
     files = list((tmp_path / "home" / "cache").rglob("*.kv"))
     assert files
     for path in files:
         data = bytearray(path.read_bytes())
         data[-100] ^= 0xFF
         path.write_bytes(bytes(data))
-    daemon = start_daemon(tmp_path / "home")
-    try:
+    with start_daemon(tmp_path / "home") as daemon:
         again = chat(daemon, messages)
         assert cached(again) == 0
         assert again["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
         assert "dropping cache entry" in (tmp_path / "home" / "logs" / "workers.log").read_text()
-    finally:
-        daemon.stop()
 
 
 def long_conversation(turns: int) -> list[dict[str, str]]:
@@ -179,17 +164,13 @@ def test_a_worker_killed_during_a_cache_write_leaves_nothing_bad(tmp_path: Path,
     import signal
 
     messages = [{"role": "system", "content": SYSTEM * 3}, {"role": "user", "content": "Hello"}]
-    daemon = start_daemon(tmp_path / "home")
-    try:
+    with start_daemon(tmp_path / "home") as daemon:
         expected = chat(daemon, messages)
         with daemon.http() as http:
             pid = http.get("/api/ps").json()["models"][0]["pid"]
         os.kill(pid, signal.SIGKILL)  # right after the response: the entry is likely being written
-    finally:
-        daemon.stop()
     cache_dir = tmp_path / "home" / "cache"
-    daemon = start_daemon(tmp_path / "home")
-    try:
+    with start_daemon(tmp_path / "home") as daemon:
         again = chat(daemon, messages)
         assert again["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
         assert not list(cache_dir.rglob(".tmp-*"))
@@ -197,8 +178,6 @@ def test_a_worker_killed_during_a_cache_write_leaves_nothing_bad(tmp_path: Path,
             from localai.session_cache import read_entry
 
             read_entry(path, path.parent.name)
-    finally:
-        daemon.stop()
 
 
 def test_system_prompt_is_stored_as_its_own_shared_entry_and_the_api_manages_pins(fresh_daemon: Daemon) -> None:
