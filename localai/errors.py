@@ -33,11 +33,16 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
-class ModelNotFound(LocalAIError):
-    """The named model is not installed."""
+class NotFound(LocalAIError):
+    """A named thing (a stored response, ...) does not exist."""
 
     status_code = 404
     error_type = "not_found_error"
+
+
+class ModelNotFound(NotFound):
+    """The named model is not installed."""
+
     code = "model_not_found"
 
 

@@ -32,6 +32,23 @@ class Sampling(TypedDict, total=False):
     seed: int
 
 
+class ToolSpec(TypedDict):
+    """A tool as a grammar needs it: its name and the JSON schema of its arguments."""
+
+    name: str
+    parameters: dict[str, Any]
+
+
+class Constraint(TypedDict, total=False):
+    """What the output must be: JSON (any object, or valid against ``schema``) or a tool call."""
+
+    type: Literal["json_object", "json_schema", "tool_call"]
+    schema: dict[str, Any]
+    tools: list[ToolSpec]
+    format: Literal["hermes", "llama3", "mistral"]
+    lazy: bool  # tool_call only: constrain from the moment a call starts, text before it is free
+
+
 class GenerateOp(TypedDict):
     """Daemon → worker: evaluate a prompt and stream the completion."""
 
@@ -43,7 +60,7 @@ class GenerateOp(TypedDict):
     sampling: Sampling
     session: NotRequired[str | None]
     ignore_eos: NotRequired[bool]
-    grammar: NotRequired[str | None]
+    constraint: NotRequired[Constraint | None]
     system_prefix: NotRequired[str | None]
 
 
@@ -60,6 +77,15 @@ class TokenizeOp(TypedDict):
     op: Literal["tokenize"]
     id: str
     text: str
+
+
+class EmbedOp(TypedDict):
+    """Daemon → worker: embed texts in the separate embedding context (chat sequences are untouched)."""
+
+    op: Literal["embed"]
+    id: str
+    texts: list[str]
+    truncate: bool
 
 
 class ModelInfo(TypedDict):

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from localai import paths, protocol
-from localai.errors import WorkerCrashed, WorkerLoadFailed
+from localai.errors import InvalidRequest, WorkerCrashed, WorkerLoadFailed
 from localai.protocol import GenerateOp, ModelInfo
 
 log = logging.getLogger("localai.runner")
@@ -153,6 +153,22 @@ class Worker:
             if message is _CRASHED:
                 raise WorkerCrashed(f"the worker serving '{self.name}' crashed")
             return list(message["tokens"])
+        finally:
+            self._queues.pop(request_id, None)
+
+    async def embed(self, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
+        """Vectors for ``texts`` from the worker's embedding context, and the tokens evaluated."""
+        request_id = f"emb-{next(_ids)}"
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._queues[request_id] = queue
+        try:
+            await self._send({"op": "embed", "id": request_id, "texts": texts, "truncate": truncate})
+            message = await queue.get()
+            if message is _CRASHED:
+                raise WorkerCrashed(f"the worker serving '{self.name}' crashed")
+            if message.get("ev") == "error":
+                raise InvalidRequest(message.get("message", "embedding failed"), param="input")
+            return [list(v) for v in message["vectors"]], int(message["prompt_tokens"])
         finally:
             self._queues.pop(request_id, None)
 

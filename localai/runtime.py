@@ -8,18 +8,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from localai import chat_template
+from localai import prompt as prompting
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError
 from localai.fitting import Fit, FitMemory, conversation_key, next_cut
 from localai.fitting import apply as fitting_apply
 from localai.metrics import Metrics
 from localai.modelfile import FLOAT_PARAMETERS, INT_PARAMETERS, LOAD_PARAMETERS
-from localai.protocol import GenerateOp, Sampling
+from localai.protocol import Constraint, GenerateOp, Sampling
 from localai.registry import ModelRecord, Registry
 from localai.runner import new_request_id
 from localai.scheduler import LoadedModel, Scheduler
-from localai.schema import Event, Finished, GenerationRequest, Message, TextDelta, Usage
+from localai.schema import Event, Finished, GenerationRequest, Message, TextDelta, ToolChoice, Usage
 from localai.settings import Settings
+from localai.tool_calls import OutputParser
 
 log = logging.getLogger("localai.runtime")
 SAMPLING_KEYS = frozenset(Sampling.__annotations__)
@@ -36,21 +37,34 @@ class Generation:
     _frames: AsyncIterator[dict[str, Any]]
     _stack: contextlib.AsyncExitStack
     fit: Fit | None = None
+    parser: OutputParser | None = None  # tool calls and reasoning, when the request can have them
     _closed: bool = field(default=False)
     _metrics: Metrics | None = None
 
     async def events(self) -> AsyncIterator[Event]:
+        """Text, reasoning and tool-call events, then ``Finished`` (reason ``tool_calls`` when calls were made)."""
+        parser = self.parser
         try:
             async for frame in self._frames:
                 kind = frame.get("ev")
                 if kind == "text":
-                    yield TextDelta(frame["text"])
+                    if parser is None:
+                        yield TextDelta(frame["text"])
+                    else:
+                        for event in parser.feed(frame["text"]):
+                            yield event
                 elif kind == "done":
+                    reason = frame["finish_reason"]
+                    if parser is not None:
+                        for event in parser.finish():
+                            yield event
+                        if parser.calls and reason == "stop":
+                            reason = "tool_calls"
                     usage = Usage(**frame["usage"])
                     if self._metrics is not None:
                         self._metrics.request_done(self.model, usage.prompt_tokens, usage.cached_tokens,
-                                                   usage.completion_tokens, frame["finish_reason"])
-                    yield Finished(frame["finish_reason"], usage)
+                                                   usage.completion_tokens, reason)
+                    yield Finished(reason, usage, frame.get("stop_sequence"))
                     return
                 elif kind == "error":
                     raise LocalAIError(frame.get("message", "generation failed"))
@@ -103,6 +117,10 @@ class Runtime:
                     stack.push_async_callback(_close_quietly, frames)
                     break
                 await _close_quietly(frames)
+                if first.get("kind") == "constraint":
+                    constraint = op.get("constraint") or {}
+                    raise InvalidRequest(first.get("message", "the output constraint cannot be built"),
+                                         param="tools" if constraint.get("type") == "tool_call" else "response_format")
                 if first.get("kind") != "context_length":
                     raise InvalidRequest(first.get("message", "the request was rejected"))
                 step = None
@@ -122,7 +140,7 @@ class Runtime:
                 self.fit_memory.put(key, dropped)
                 log.warning("fitted a conversation for %s into its context: %s", record.name, fit.header())
             return Generation(
-                fit=fit,
+                fit=fit, parser=self._parser(record, loaded, request),
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
                 _metrics=self.scheduler.metrics,
@@ -141,23 +159,35 @@ class Runtime:
         """How many tokens the request's prompt is, as the model tokenizes it."""
         record = self.registry.get(request.model)
         async with self.scheduler.lease(record, keep_alive=request.keep_alive) as loaded:
-            prompt = self.render_prompt(record, loaded, request.messages, request.prompt)
+            prompt = self.render_prompt(record, loaded, request, request.messages)
             return len(await loaded.worker.tokenize(prompt))
 
-    def render_prompt(self, record: ModelRecord, loaded: LoadedModel, messages: list[Message] | None,
-                      raw_prompt: str | None = None) -> str:
-        """The prompt text: ``messages`` through the chat template, or the raw completion prompt."""
-        if messages is None:
-            return raw_prompt or ""
+    async def embed(self, model: str, texts: list[str], *, truncate: bool = True,
+                    keep_alive: float | None = None) -> tuple[list[list[float]], int]:
+        """L2-normalised embeddings of ``texts`` and the tokens evaluated (a separate context in the worker)."""
+        record = self.registry.get(model)
+        async with self.scheduler.lease(record, keep_alive=keep_alive) as loaded:
+            return await loaded.worker.embed(texts, truncate=truncate)
+
+    @staticmethod
+    def template(record: ModelRecord, loaded: LoadedModel) -> prompting.Template:
         info = loaded.worker.info
         assert info is not None
-        template = record.template or info["chat_template"]
-        return chat_template.render(
-            template, _template_messages(record, messages), bos_token=info["bos_token"], eos_token=info["eos_token"]
-        )
+        return prompting.Template(record.template or info["chat_template"], info["bos_token"], info["eos_token"])
 
-    def _system_prefix(self, record: ModelRecord, loaded: LoadedModel, messages: list[Message] | None,
-                       prompt: str) -> str | None:
+    def render_prompt(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
+                      messages: list[Message] | None) -> str:
+        """The prompt text: ``messages`` (and tools) through the chat template, or the raw completion prompt."""
+        if messages is None:
+            return request.prompt or ""
+        template = self.template(record, loaded)
+        shaped = prompting.template_messages(messages, template, request.tools, default_system=record.system,
+                                             extra_messages=[{"role": m["role"], "content": m["content"]}
+                                                             for m in record.messages])
+        return prompting.render(template, shaped, request.tools, reasoning=request.reasoning)
+
+    def _system_prefix(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
+                       messages: list[Message] | None, prompt: str) -> str | None:
         """The rendered system-and-tools segment, when it is a prefix of the prompt (cached as shared)."""
         if not messages:
             return None
@@ -166,17 +196,45 @@ class Runtime:
             if message.role not in ("system", "developer"):
                 break
             leading.append(message)
-        if not leading:
+        if not leading and not request.tools:
             return None
-        info = loaded.worker.info
-        assert info is not None
+        template = self.template(record, loaded)
+        shaped = prompting.template_messages(leading, template, request.tools, default_system=record.system)
         try:
-            text = chat_template.render(record.template or info["chat_template"],
-                                        _template_messages(record, leading), bos_token=info["bos_token"],
-                                        eos_token=info["eos_token"], add_generation_prompt=False)
+            text = prompting.render(template, shaped, request.tools, add_generation_prompt=False,
+                                    reasoning=request.reasoning)
         except LocalAIError:
             return None
         return text if text and prompt.startswith(text) else None
+
+    def _parser(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> OutputParser | None:
+        thinks = self.template(record, loaded).thinks and request.reasoning is not False and not request.raw
+        tools = request.parses_tool_calls() and request.messages is not None
+        if not tools and not thinks:
+            return None
+        return OutputParser(tools=tools, reasoning=thinks, tool_names={tool.name for tool in request.tools})
+
+    def _constraint(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> Constraint | None:
+        """The grammar the output must follow: a forced or lazy tool call, or the response format."""
+        choice: ToolChoice = request.tool_choice
+        if request.tools and choice.mode in ("required", "function"):
+            tools = request.tools
+            if choice.mode == "function":
+                tools = [tool for tool in request.tools if tool.name == choice.name]
+                if not tools:
+                    raise InvalidRequest(f"tool_choice names '{choice.name}', which is not among the tools",
+                                         param="tool_choice")
+            return Constraint(type="tool_call", format=self.template(record, loaded).tool_format,
+                              tools=[{"name": t.name, "parameters": t.parameters} for t in tools])
+        if request.response_format is not None:
+            if request.response_format.type == "json_schema":
+                return Constraint(type="json_schema", schema=request.response_format.schema or {})
+            return Constraint(type="json_object")
+        if request.tools and choice.mode == "auto" and self.template(record, loaded).tool_format == "hermes":
+            # Free text, but once the model opens <tool_call> the call must be well formed.
+            return Constraint(type="tool_call", format="hermes", lazy=True,
+                              tools=[{"name": t.name, "parameters": t.parameters} for t in request.tools])
+        return None
 
     def _operation(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
                    messages: list[Message] | None) -> GenerateOp:
@@ -188,29 +246,14 @@ class Runtime:
         max_tokens = request.max_tokens
         if max_tokens is None and isinstance(params.get("num_predict"), int) and int(params["num_predict"]) >= 0:  # type: ignore[arg-type]
             max_tokens = int(params["num_predict"])  # type: ignore[arg-type]
-        prompt = self.render_prompt(record, loaded, messages, request.prompt)
+        prompt = self.render_prompt(record, loaded, request, messages)
         return GenerateOp(
             op="generate", id=new_request_id(), prompt=prompt,
-            system_prefix=self._system_prefix(record, loaded, messages, prompt),
+            system_prefix=self._system_prefix(record, loaded, request, messages, prompt),
             max_tokens=max_tokens, stop=stop, sampling=sampling,  # type: ignore[typeddict-item]
             session=request.session_id, ignore_eos=request.ignore_eos,
+            constraint=self._constraint(record, loaded, request),
         )
-
-
-def _template_messages(record: ModelRecord, messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them, with the Modelfile's SYSTEM and MESSAGEs applied."""
-    rendered: list[dict[str, Any]] = []
-    has_system = any(m.role in ("system", "developer") for m in messages)
-    if record.system and not has_system:
-        rendered.append({"role": "system", "content": record.system})
-    rendered.extend({"role": m["role"], "content": m["content"]} for m in record.messages)
-    for message in messages:
-        role = "system" if message.role == "developer" else message.role
-        entry: dict[str, Any] = {"role": role, "content": message.text()}
-        if message.name:
-            entry["name"] = message.name
-        rendered.append(entry)
-    return rendered
 
 
 def _load_overrides(request: GenerationRequest) -> dict[str, Any]:

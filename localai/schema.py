@@ -37,6 +37,8 @@ class ToolCallBlock:
 class ToolResultBlock:
     tool_call_id: str
     content: str
+    name: str | None = None  # the function that produced it, when the dialect says (Ollama's tool_name)
+    is_error: bool = False
     type: Literal["tool_result"] = "tool_result"
 
 
@@ -73,6 +75,31 @@ class SamplingOptions:
 
 
 @dataclass
+class Tool:
+    """A function the model may call: its name, what it does, and a JSON schema of its arguments."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+@dataclass
+class ToolChoice:
+    """``auto`` (the model decides), ``none``, ``required`` (some call), or ``function`` (``name`` only)."""
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
+
+
+@dataclass
+class ResponseFormat:
+    """Structured output: any JSON object, or JSON valid against ``schema``."""
+
+    type: Literal["json_object", "json_schema"]
+    schema: dict[str, Any] | None = None
+
+
+@dataclass
 class GenerationRequest:
     """A chat (``messages``) or raw completion (``prompt``) request, whatever the dialect."""
 
@@ -88,6 +115,13 @@ class GenerationRequest:
     ignore_eos: bool = False
     raw: bool = False
     fit_context: bool | None = None  # None: the model's setting (default on)
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    response_format: ResponseFormat | None = None
+    reasoning: bool | None = None  # None: the model's default; False asks a thinking model not to think
+
+    def parses_tool_calls(self) -> bool:
+        return bool(self.tools) and self.tool_choice.mode != "none"
 
 
 @dataclass
@@ -110,10 +144,56 @@ class TextDelta:
 
 
 @dataclass
+class ReasoningDelta:
+    text: str
+    type: Literal["reasoning"] = "reasoning"
+
+
+@dataclass
+class ToolCallStart:
+    """A tool call begins: its position among this response's calls, its id and the function's name."""
+
+    index: int
+    id: str
+    name: str
+    type: Literal["tool_call_start"] = "tool_call_start"
+
+
+@dataclass
+class ToolCallDelta:
+    """More of a tool call's arguments (JSON text); the deltas of one call concatenate to its arguments."""
+
+    index: int
+    arguments: str
+    type: Literal["tool_call_delta"] = "tool_call_delta"
+
+
+@dataclass
+class ToolCallEnd:
+    """A tool call is complete; ``arguments`` is the whole JSON text."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+    type: Literal["tool_call_end"] = "tool_call_end"
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        import json
+
+        try:
+            value = json.loads(self.arguments or "{}")
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclass
 class Finished:
     reason: FinishReason
     usage: Usage
+    stop_sequence: str | None = None  # which stop string ended the text, when one did
     type: Literal["finished"] = "finished"
 
 
-Event = TextDelta | Finished
+Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | Finished

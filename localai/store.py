@@ -42,6 +42,16 @@ def m002_file_hashes(db: sqlite_utils.Database) -> None:
     )
 
 
+@migration
+def m003_responses(db: sqlite_utils.Database) -> None:
+    """Stored Responses API results, so ``previous_response_id`` can continue a conversation."""
+    db["responses"].create(  # type: ignore[union-attr]
+        {"id": str, "created_at": int, "model": str, "previous_response_id": str, "conversation": str,
+         "response": str},
+        pk="id",
+    )
+
+
 def open_database(path: Path) -> sqlite_utils.Database:
     """Open (creating if needed) the database and bring it to the newest schema."""
     path.parent.mkdir(parents=True, exist_ok=True)

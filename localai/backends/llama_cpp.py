@@ -19,8 +19,10 @@ from typing import Any
 
 import llama_cpp as L
 
+from localai.backends.grammars import GrammarError, grammar_for
+from localai.backends.llama_embed import EmbeddingContext
 from localai.backends.text import StopMatcher
-from localai.protocol import GenerateOp, ModelInfo, Sampling
+from localai.protocol import Constraint, EmbedOp, GenerateOp, ModelInfo, Sampling
 from localai.session_cache import MIN_TOKENS, CorruptEntry, SessionCache, fingerprint
 
 log = logging.getLogger("localai.worker")
@@ -151,6 +153,7 @@ class LlamaCppEngine:
         self.bos_id = int(L.llama_vocab_bos(self.vocab))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.cache: SessionCache | None = None
+        self.embedder: EmbeddingContext | None = None  # created on the first embedding request
         if options.cache_dir and options.cache_max_bytes > 0:
             from pathlib import Path
 
@@ -253,6 +256,20 @@ class LlamaCppEngine:
             self.waiting = [item for item in self.waiting if item["id"] != op["id"]]
         elif kind == "tokenize":
             emit({"ev": "tokens", "id": op["id"], "tokens": self.tokenize(op["text"])})
+        elif kind == "embed":
+            self._embed(op, emit)  # type: ignore[arg-type]
+
+    def _embed(self, op: EmbedOp, emit: Emit) -> None:
+        try:
+            if self.embedder is None:
+                self.embedder = EmbeddingContext(self.model, self.vocab, n_ctx=self.num_ctx,
+                                                 n_threads=self.options.n_threads)
+            tokens = [self.tokenize(text) for text in op["texts"]]
+            vectors, counted = self.embedder.embed(tokens, truncate=op["truncate"])
+        except ValueError as exc:
+            emit({"ev": "error", "id": op["id"], "kind": "invalid", "message": str(exc)})
+            return
+        emit({"ev": "embeddings", "id": op["id"], "vectors": vectors, "prompt_tokens": counted})
 
     def _admit(self, emit: Emit) -> None:
         while self.waiting:
@@ -262,6 +279,8 @@ class LlamaCppEngine:
             op = self.waiting.pop(0)
             try:
                 self._start(op, free, emit)
+            except GrammarError as exc:
+                emit({"ev": "error", "id": op["id"], "kind": "constraint", "message": str(exc)})
             except Exception as exc:  # a bad request must not take the worker down
                 log.exception("request %s failed to start", op.get("id"))
                 emit({"ev": "error", "id": op["id"], "kind": "invalid", "message": str(exc)})
@@ -279,6 +298,7 @@ class LlamaCppEngine:
                 "prompt_tokens": len(prompt), "n_ctx": self.num_ctx,
             })
             return
+        sampler = self._sampler(op.get("sampling") or {}, op.get("constraint"))  # may refuse: before any slot
         slot, common = self._choose_slot(free, prompt)
         slot, common = self._restore_if_better(prompt, slot, common)
         if common >= len(prompt):
@@ -295,7 +315,7 @@ class LlamaCppEngine:
         request = Request(
             id=op["id"], slot=slot, session=op.get("session"), prompt=prompt, next_prompt=common, cached=common,
             max_tokens=max_tokens,
-            sampler=self._sampler(op.get("sampling") or {}, op.get("grammar")),
+            sampler=sampler,
             matcher=StopMatcher(op.get("stop") or []), ignore_eos=bool(op.get("ignore_eos")), started=started,
         )
         request.snapshot_at = self._system_boundary(op.get("system_prefix"), prompt, common)
@@ -383,15 +403,26 @@ class LlamaCppEngine:
             return lru, _common_prefix(lru.tokens, prompt)
         return max(scored, key=lambda item: (item[1], -item[0].last_used))
 
-    def _sampler(self, sampling: Sampling, grammar: str | None) -> Any:
+    def _grammar_sampler(self, constraint: Constraint | None) -> Any:
+        grammar = grammar_for(constraint)
+        if grammar is None:
+            return None
+        if grammar.triggers:
+            patterns = (ctypes.c_char_p * len(grammar.triggers))(*(t.encode() for t in grammar.triggers))
+            sampler = L.llama_sampler_init_grammar_lazy_patterns(
+                self.vocab, grammar.text.encode(), b"root", patterns, len(grammar.triggers), None, 0)
+        else:
+            sampler = L.llama_sampler_init_grammar(self.vocab, grammar.text.encode(), b"root")
+        if not sampler:
+            raise GrammarError("the grammar built for this request could not be parsed by llama.cpp")
+        return sampler
+
+    def _sampler(self, sampling: Sampling, constraint: Constraint | None) -> Any:
         options: dict[str, Any] = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
+        grammar_sampler = self._grammar_sampler(constraint)
         params = L.llama_sampler_chain_default_params()
         chain = L.llama_sampler_chain_init(params)
-        if grammar:
-            grammar_sampler = L.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
-            if not grammar_sampler:
-                L.llama_sampler_free(chain)
-                raise ValueError("the grammar could not be compiled")
+        if grammar_sampler:
             L.llama_sampler_chain_add(chain, grammar_sampler)
         if (options["repeat_penalty"] != 1.0 or options["presence_penalty"] or options["frequency_penalty"]):
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
@@ -505,7 +536,7 @@ class LlamaCppEngine:
         now = time.perf_counter()
         prompt_done = request.prompt_done or now
         emit({
-            "ev": "done", "id": request.id, "finish_reason": reason,
+            "ev": "done", "id": request.id, "finish_reason": reason, "stop_sequence": request.matcher.matched,
             "usage": {
                 "prompt_tokens": len(request.prompt), "completion_tokens": request.generated,
                 "cached_tokens": request.cached,

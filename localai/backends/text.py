@@ -13,6 +13,7 @@ class StopMatcher:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, piece: bytes) -> str:
         """Add a token's bytes; return the text that is now safe to emit (stops at a stop string)."""
@@ -24,7 +25,7 @@ class StopMatcher:
         for stop in self._stop:
             index = self._pending.find(stop)
             if index != -1 and (earliest == -1 or index < earliest):
-                earliest = index
+                earliest, self.matched = index, stop
         if earliest != -1:
             self.stopped = True
             text, self._pending = self._pending[:earliest], ""

@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from localai import __version__
 from localai.runtime import Runtime
-from localai.server import cache, ollama, openai
+from localai.server import anthropic, cache, ollama, openai, responses
 from localai.server.errors import install_error_handlers
-from localai.server.security import GuardMiddleware, is_loopback_host
+from localai.server.security import GuardMiddleware, JsonBodyMiddleware, is_loopback_host
 from localai.settings import Settings
 
 
@@ -44,12 +44,15 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.include_router(openai.router)
+    app.include_router(responses.router)
+    app.include_router(anthropic.router)
     app.include_router(ollama.router)
     app.include_router(cache.router)
     if settings.origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"], allow_headers=["*"],
         )
+    app.add_middleware(JsonBodyMiddleware)
     host, _ = settings.bind
     app.add_middleware(GuardMiddleware, loopback_only=is_loopback_host(host), api_key=settings.api_key)
     return app

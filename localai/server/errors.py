@@ -19,11 +19,26 @@ def is_ollama_path(path: str) -> bool:
     return path.startswith("/api/")
 
 
+def is_anthropic_path(path: str) -> bool:
+    return path.startswith("/v1/messages")
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's error type for an HTTP status."""
+    return {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+            503: "overloaded_error"}.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
 def error_body(path: str, message: str, kind: str, status: int, *, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
-    """The error object in the dialect of ``path``: Ollama's ``{"error": str}`` or OpenAI's shape."""
+    """The error object in the dialect of ``path``: Ollama's ``{"error": str}``, Anthropic's or OpenAI's shape."""
     if is_ollama_path(path):
         return {"error": message}
+    if is_anthropic_path(path):
+        if param and param not in message:
+            message = f"{param}: {message}"
+        return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 

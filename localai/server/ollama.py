@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
+import functools
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +18,27 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localai import __version__
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
+from localai.gguf_meta import read_metadata
 from localai.modelfile import LOAD_PARAMETERS, Modelfile, coerce_parameter, parse
 from localai.registry import ModelRecord
 from localai.runtime import Generation, sampling_from_options
-from localai.schema import Finished, GenerationRequest, Message, SamplingOptions, TextBlock, TextDelta
-from localai.server.openai import runtime_of
+from localai.schema import (
+    Block,
+    Finished,
+    GenerationRequest,
+    Message,
+    ReasoningBlock,
+    ReasoningDelta,
+    ResponseFormat,
+    SamplingOptions,
+    TextBlock,
+    TextDelta,
+    ToolCallBlock,
+    ToolCallEnd,
+    ToolResultBlock,
+)
+from localai.server.common import collect, parse_arguments, runtime_of
+from localai.server.openai import ToolDef, tools_of, truncated_vector
 from localai.server.sessions import session_id
 from localai.settings import parse_duration
 
@@ -39,10 +58,26 @@ class ModelRef(BaseModel):
         return value
 
 
+class OllamaFunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] | str | None = None
+
+
+class OllamaToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str | None = None
+    function: OllamaFunctionCall
+
+
 class OllamaMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
     content: str = ""
+    thinking: str | None = None
+    images: list[str] | None = None
+    tool_calls: list[OllamaToolCall] | None = None
+    tool_name: str | None = None
 
 
 class GenerateBody(BaseModel):
@@ -55,16 +90,31 @@ class GenerateBody(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     keep_alive: str | float | None = None
     format: Any = None
+    think: bool | str | None = None
+    images: list[str] | None = None
 
 
 class ChatBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
     messages: list[OllamaMessage] = Field(default_factory=list)
+    tools: list[ToolDef] | None = None
     stream: bool = True
     options: dict[str, Any] = Field(default_factory=dict)
     keep_alive: str | float | None = None
     format: Any = None
+    think: bool | str | None = None
+
+
+class EmbedBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    input: str | list[str] = ""
+    prompt: str | None = None  # the older /api/embeddings field
+    truncate: bool = True
+    options: dict[str, Any] = Field(default_factory=dict)
+    keep_alive: str | float | None = None
+    dimensions: int | None = Field(default=None, ge=1)
 
 
 class CopyBody(BaseModel):
@@ -107,9 +157,23 @@ def request_options(options: dict[str, Any]) -> tuple[SamplingOptions, dict[str,
     )
 
 
-def _check_format(value: Any) -> None:
-    if value not in (None, ""):
-        raise InvalidRequest("'format' (structured output) is not supported yet", param="format")
+def response_format(value: Any) -> ResponseFormat | None:
+    """Ollama's ``format``: ``"json"`` or a JSON schema object."""
+    if value in (None, ""):
+        return None
+    if value == "json":
+        return ResponseFormat("json_object")
+    if isinstance(value, dict):
+        return ResponseFormat("json_schema", value)
+    raise InvalidRequest("'format' must be \"json\" or a JSON schema object", param="format")
+
+
+def thinking(value: bool | str | None) -> bool | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value not in ("", "false", "none")
+    return value
 
 
 def now_iso() -> str:
@@ -128,27 +192,39 @@ def _final(model: str, finished: Finished, started: float) -> dict[str, Any]:
     }
 
 
+def _tool_calls_json(calls: list[ToolCallEnd]) -> list[dict[str, Any]]:
+    return [{"id": call.id, "function": {"index": call.index, "name": call.name,
+                                         "arguments": call.parsed_arguments()}} for call in calls]
+
+
 async def _respond(generation: Generation, body_stream: bool, model: str, started: float,
-                   piece: Any) -> JSONResponse | StreamingResponse:
+                   piece: Callable[..., dict[str, Any]]) -> JSONResponse | StreamingResponse:
+    """``piece(text, thinking=..., tool_calls=...)`` shapes each line's payload for chat or generate."""
     if not body_stream:
-        parts: list[str] = []
-        finished: Finished | None = None
-        async for event in generation.events():
-            if isinstance(event, TextDelta):
-                parts.append(event.text)
-            elif isinstance(event, Finished):
-                finished = event
-        assert finished is not None
-        return JSONResponse({**piece("".join(parts)), **_final(model, finished, started)})
+        result = await collect(generation)
+        extra: dict[str, Any] = {}
+        if result.reasoning:
+            extra["thinking"] = result.reasoning
+        if result.calls:
+            extra["tool_calls"] = _tool_calls_json(result.calls)
+        return JSONResponse({**piece(result.text, **extra), **_final(model, result.finished, started)})
+
+    def line(payload: dict[str, Any]) -> bytes:
+        return (json.dumps(payload, ensure_ascii=False) + "\n").encode()
 
     async def stream() -> AsyncIterator[bytes]:
         try:
             async for event in generation.events():
                 if isinstance(event, TextDelta):
-                    line = {"model": model, "created_at": now_iso(), **piece(event.text), "done": False}
-                else:
-                    line = {**piece(""), **_final(model, event, started)}
-                yield (json.dumps(line, ensure_ascii=False) + "\n").encode()
+                    yield line({"model": model, "created_at": now_iso(), **piece(event.text), "done": False})
+                elif isinstance(event, ReasoningDelta):
+                    yield line({"model": model, "created_at": now_iso(), **piece("", thinking=event.text),
+                                "done": False})
+                elif isinstance(event, ToolCallEnd):  # Ollama sends each call whole
+                    yield line({"model": model, "created_at": now_iso(),
+                                **piece("", tool_calls=_tool_calls_json([event])), "done": False})
+                elif isinstance(event, Finished):
+                    yield line({**piece(""), **_final(model, event, started)})
         except LocalAIError as exc:
             yield (json.dumps({"error": exc.message}) + "\n").encode()
         finally:
@@ -173,7 +249,9 @@ async def _load_or_unload(request: Request, model: str, keep_alive: float | None
 
 @router.post("/api/generate", response_model=None)
 async def generate(body: GenerateBody, request: Request) -> JSONResponse | StreamingResponse:
-    _check_format(body.format)
+    format_ = response_format(body.format)
+    if body.images:
+        raise InvalidRequest("images are not supported (text models only)", param="images")
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not body.prompt and not body.system:
         return await _load_or_unload(request, body.model, keep_alive, "load", {"response": ""})
@@ -189,35 +267,103 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
     generation_request.max_tokens, generation_request.stop = num_predict, stop
     generation_request.keep_alive = keep_alive
     generation_request.session_id = session_id(request.headers)
+    generation_request.response_format = format_
+    generation_request.reasoning = thinking(body.think)
     generation = await runtime_of(request).start(generation_request)
-    return await _respond(generation, body.stream, body.model, started, lambda text: {"response": text})
+
+    def piece(text: str, thinking: str | None = None, **_: Any) -> dict[str, Any]:
+        return {"response": text, **({"thinking": thinking} if thinking else {})}
+
+    return await _respond(generation, body.stream, body.model, started, piece)
 
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
+def chat_messages(body: ChatBody) -> list[Message]:
+    """Ollama messages (no call ids: results pair with the earliest open call of the same function)."""
+    messages: list[Message] = []
+    open_calls: list[tuple[str, str]] = []
+    for index, message in enumerate(body.messages):
+        param = f"messages.{index}"
+        if message.role not in ROLES:
+            raise InvalidRequest(f"unknown role '{message.role}' (use system, user, assistant or tool)",
+                                 param=f"{param}.role")
+        if message.images:
+            raise InvalidRequest("images are not supported (text models only)", param=f"{param}.images")
+        if message.role == "tool":
+            match = next((c for c in open_calls if not message.tool_name or c[1] == message.tool_name), None)
+            if match is not None:
+                open_calls.remove(match)
+            call_id = match[0] if match else f"call_{index}"
+            messages.append(Message("tool", [ToolResultBlock(call_id, message.content,
+                                                             name=message.tool_name or (match[1] if match else None))]))
+            continue
+        blocks: list[Block] = []
+        if message.thinking:
+            blocks.append(ReasoningBlock(message.thinking))
+        if message.content or not message.tool_calls:
+            blocks.append(TextBlock(message.content))
+        for call_index, call in enumerate(message.tool_calls or []):
+            call_id = call.id or f"call_{index}_{call_index}"
+            arguments = parse_arguments(call.function.arguments, f"{param}.tool_calls.{call_index}.function.arguments")
+            blocks.append(ToolCallBlock(call_id, call.function.name, arguments))
+            open_calls.append((call_id, call.function.name))
+        messages.append(Message(message.role, blocks))  # type: ignore[arg-type]
+    return messages
+
+
 @router.post("/api/chat", response_model=None)
 async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResponse:
-    _check_format(body.format)
+    format_ = response_format(body.format)
     keep_alive = keep_alive_seconds(body.keep_alive)
     empty = {"message": {"role": "assistant", "content": ""}}
     if not body.messages:
         return await _load_or_unload(request, body.model, keep_alive, "load", empty)
-    messages = []
-    for index, message in enumerate(body.messages):
-        if message.role not in ROLES:
-            raise InvalidRequest(f"unknown role '{message.role}'", param=f"messages.{index}.role")
-        messages.append(Message(message.role, [TextBlock(message.content)]))  # type: ignore[arg-type]
+    messages = chat_messages(body)
     sampling, load, num_predict, stop = request_options(body.options)
     started = time.perf_counter()
     fit = body.options.get("fit_context")
     generation = await runtime_of(request).start(GenerationRequest(
         model=body.model, messages=messages, sampling=sampling, load_options=load, max_tokens=num_predict,
         stop=stop, keep_alive=keep_alive, session_id=session_id(request.headers),
-        fit_context=None if fit is None else bool(fit),
+        fit_context=None if fit is None else bool(fit), tools=tools_of(body.tools),
+        response_format=format_, reasoning=thinking(body.think),
     ))
-    return await _respond(generation, body.stream, body.model, started,
-                          lambda text: {"message": {"role": "assistant", "content": text}})
+
+    def piece(text: str, thinking: str | None = None, tool_calls: list[Any] | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            message["thinking"] = thinking
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        return {"message": message}
+
+    return await _respond(generation, body.stream, body.model, started, piece)
+
+
+@router.post("/api/embed")
+async def embed(body: EmbedBody, request: Request) -> dict[str, Any]:
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    if not texts or any(not text for text in texts):
+        raise InvalidRequest("'input' needs at least one non-empty text", param="input")
+    started = time.perf_counter()
+    vectors, tokens = await runtime_of(request).embed(
+        body.model, texts, truncate=body.truncate, keep_alive=keep_alive_seconds(body.keep_alive))
+    if body.dimensions is not None:
+        vectors = [truncated_vector(v, body.dimensions) for v in vectors]
+    return {"model": body.model, "embeddings": vectors, "total_duration": int((time.perf_counter() - started) * 1e9),
+            "load_duration": 0, "prompt_eval_count": tokens}
+
+
+@router.post("/api/embeddings")
+async def embeddings_legacy(body: EmbedBody, request: Request) -> dict[str, Any]:
+    """The older single-text endpoint: ``prompt`` in, ``embedding`` out."""
+    text = body.prompt if body.prompt is not None else (body.input if isinstance(body.input, str) else "")
+    if not text:
+        return {"embedding": []}
+    vectors, _ = await runtime_of(request).embed(body.model, [text], keep_alive=keep_alive_seconds(body.keep_alive))
+    return {"embedding": vectors[0]}
 
 
 @router.get("/api/version")
@@ -258,6 +404,26 @@ async def ps(request: Request) -> dict[str, Any]:
     return {"models": models}
 
 
+@functools.lru_cache(maxsize=64)
+def _gguf_template(path: str, mtime_ns: int) -> str | None:
+    try:
+        return read_metadata(Path(path)).chat_template
+    except (OSError, ValueError):
+        return None
+
+
+async def capabilities(record: ModelRecord) -> list[str]:
+    """What the model can do, as Ollama clients read it: completion, tools, thinking."""
+    template = record.template
+    if template is None and record.path:
+        with contextlib.suppress(OSError):
+            template = await asyncio.to_thread(_gguf_template, record.path, Path(record.path).stat().st_mtime_ns)
+    found = ["completion", "tools"]  # tools work with every template (described in the prompt when not native)
+    if template and "<think>" in template:
+        found.append("thinking")
+    return found
+
+
 @router.post("/api/show")
 async def show(body: ModelRef, request: Request) -> dict[str, Any]:
     record = runtime_of(request).registry.get(body.model_name())
@@ -272,7 +438,7 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         "system": record.system or "", "license": record.license or "", "details": details(record),
         "model_info": {"general.architecture": record.family,
                        f"{record.family}.context_length": record.context_length},
-        "capabilities": ["completion"], "modified_at": record.modified_at,
+        "capabilities": await capabilities(record), "modified_at": record.modified_at,
         "path": record.path,  # localai extension: the weights file (benchmarks run llama.cpp tools on it)
     }
 

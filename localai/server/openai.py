@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import json
+import base64
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -13,8 +14,36 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
-from localai.runtime import Generation, Runtime
-from localai.schema import Finished, GenerationRequest, Message, SamplingOptions, TextBlock, TextDelta, Usage
+from localai.schema import (
+    Block,
+    Finished,
+    GenerationRequest,
+    Message,
+    ReasoningBlock,
+    ReasoningDelta,
+    ResponseFormat,
+    SamplingOptions,
+    TextBlock,
+    TextDelta,
+    Tool,
+    ToolCallBlock,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolChoice,
+    ToolResultBlock,
+    Usage,
+)
+from localai.server.common import (
+    SSE_HEADERS,
+    check_tool_results,
+    check_tool_schema,
+    collect,
+    fit_headers,
+    parse_arguments,
+    runtime_of,
+    sse,
+)
 from localai.server.sessions import session_id
 
 router = APIRouter()
@@ -26,28 +55,134 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+def content_text(content: str | list[ContentPart] | None, param: str) -> str:
+    """The text of a message's content: a string or text parts (images and audio are not supported)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for index, part in enumerate(content):
+        if part.type not in ("text", "input_text", "output_text"):
+            raise InvalidRequest(f"content part type '{part.type}' is not supported (text only)",
+                                 param=f"{param}.{index}.type")
+        texts.append(part.text or "")
+    return "".join(texts)
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str = Field(min_length=1)
+    type: str = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
     def to_message(self, index: int) -> Message:
-        if self.content is None:
-            text = ""
-        elif isinstance(self.content, str):
-            text = self.content
-        else:
-            texts = []
-            for part_index, part in enumerate(self.content):
-                if part.type not in ("text", "input_text", "output_text"):
-                    raise InvalidRequest(
-                        f"content part type '{part.type}' is not supported (text only)",
-                        param=f"messages.{index}.content.{part_index}.type",
-                    )
-                texts.append(part.text or "")
-            text = "".join(texts)
-        return Message(role=self.role, content=[TextBlock(text)], name=self.name)
+        param = f"messages.{index}"
+        text = content_text(self.content, f"{param}.content")
+        if self.role == "tool":
+            if not self.tool_call_id:
+                raise InvalidRequest("a tool message needs 'tool_call_id'", param=f"{param}.tool_call_id")
+            return Message("tool", [ToolResultBlock(self.tool_call_id, text, name=self.name)])
+        blocks: list[Block] = []
+        if self.reasoning_content:
+            blocks.append(ReasoningBlock(self.reasoning_content))
+        if text or not self.tool_calls:
+            blocks.append(TextBlock(text))
+        for call_index, call in enumerate(self.tool_calls or []):
+            arguments = parse_arguments(call.function.arguments,
+                                        f"{param}.tool_calls.{call_index}.function.arguments")
+            blocks.append(ToolCallBlock(call.id, call.function.name, arguments))
+        return Message(self.role, blocks, name=self.name if self.role != "assistant" else None)
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str = "function"
+    function: FunctionDef | None = None
+
+
+class NamedFunction(BaseModel):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormatSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    def to_format(self) -> ResponseFormat | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return ResponseFormat("json_object")
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise InvalidRequest("response_format json_schema needs 'json_schema.schema'",
+                                 param="response_format.json_schema")
+        return ResponseFormat("json_schema", self.json_schema.schema_)
+
+
+def tools_of(tools: list[ToolDef] | None, param: str = "tools") -> list[Tool]:
+    """Function tools (other tool types are ignored: there is nothing local to run them)."""
+    result: list[Tool] = []
+    for index, tool in enumerate(tools or []):
+        if tool.type != "function":
+            continue
+        if tool.function is None:
+            raise InvalidRequest("a function tool needs 'function'", param=f"{param}.{index}.function")
+        parsed = Tool(tool.function.name, tool.function.description or "",
+                      tool.function.parameters or {"type": "object", "properties": {}})
+        check_tool_schema(parsed, f"{param}.{index}.function.parameters")
+        result.append(parsed)
+    return result
+
+
+def tool_choice_of(value: str | NamedToolChoice | None) -> ToolChoice:
+    if value is None or value == "auto":
+        return ToolChoice("auto")
+    if value == "none":
+        return ToolChoice("none")
+    if value == "required":
+        return ToolChoice("required")
+    if isinstance(value, NamedToolChoice):
+        return ToolChoice("function", value.function.name)
+    raise InvalidRequest(f"tool_choice must be none, auto, required or a named function, not {value!r}",
+                         param="tool_choice")
 
 
 class StreamOptions(BaseModel):
@@ -104,6 +239,10 @@ class SamplingFields(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormatSpec | None = None
+    reasoning_effort: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -118,11 +257,6 @@ class CompletionRequest(SamplingFields):
         return value
 
 
-def runtime_of(request: Request) -> Runtime:
-    runtime: Runtime = request.app.state.runtime
-    return runtime
-
-
 def usage_json(usage: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
@@ -130,52 +264,47 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
 
 
-def sse(data: dict[str, Any] | str) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return f"data: {payload}\n\n".encode()
-
-
 def sse_error(error: LocalAIError) -> bytes:
     return sse({"error": {"message": error.message, "type": error.error_type, "param": error.param,
                           "code": error.code}})
 
 
-async def collect(generation: Generation) -> tuple[str, Finished]:
-    parts: list[str] = []
-    finished: Finished | None = None
-    async for event in generation.events():
-        if isinstance(event, TextDelta):
-            parts.append(event.text)
-        elif isinstance(event, Finished):
-            finished = event
-    if finished is None:
-        raise LocalAIError("the generation ended without finishing")
-    return "".join(parts), finished
-
-
-def fit_headers(generation: Generation) -> dict[str, str]:
-    """Tells the client when its conversation was shortened to fit the context."""
-    return {"X-LocalAI-Context-Fitted": generation.fit.header()} if generation.fit else {}
-
-
 def finish_reason(reason: str) -> str:
-    return "length" if reason == "length" else "stop"
+    return reason if reason in ("length", "tool_calls") else "stop"
+
+
+def tool_calls_json(calls: list[ToolCallEnd]) -> list[dict[str, Any]]:
+    return [{"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in calls]
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     messages = [message.to_message(index) for index, message in enumerate(body.messages)]
-    generation = await runtime_of(request).start(body.generation(request, messages=messages))
+    check_tool_results(messages)
+    generation_request = body.generation(request, messages=messages)
+    generation_request.tools = tools_of(body.tools)
+    generation_request.tool_choice = tool_choice_of(body.tool_choice)
+    generation_request.response_format = body.response_format.to_format() if body.response_format else None
+    if body.reasoning_effort in ("none", "minimal"):
+        generation_request.reasoning = False
+    generation = await runtime_of(request).start(generation_request)
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     headers = fit_headers(generation)
     if not body.stream:
-        text, finished = await collect(generation)
+        result = await collect(generation)
+        message: dict[str, Any] = {"role": "assistant", "content": result.text if result.text or not result.calls
+                                   else None}
+        if result.reasoning:
+            message["reasoning_content"] = result.reasoning
+        if result.calls:
+            message["tool_calls"] = tool_calls_json(result.calls)
         return JSONResponse(headers=headers, content={
             "id": completion_id, "object": "chat.completion", "created": created, "model": body.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason(finished.reason)}],
-            "usage": usage_json(finished.usage), "system_fingerprint": None,
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish_reason(result.finished.reason)}],
+            "usage": usage_json(result.finished.usage), "system_fingerprint": None,
         })
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -189,6 +318,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
             async for event in generation.events():
                 if isinstance(event, TextDelta):
                     yield sse(chunk({"content": event.text}))
+                elif isinstance(event, ReasoningDelta):
+                    yield sse(chunk({"reasoning_content": event.text}))
+                elif isinstance(event, ToolCallStart):
+                    yield sse(chunk({"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
+                                                     "function": {"name": event.name, "arguments": ""}}]}))
+                elif isinstance(event, ToolCallDelta):
+                    yield sse(chunk({"tool_calls": [{"index": event.index,
+                                                     "function": {"arguments": event.arguments}}]}))
                 elif isinstance(event, Finished):
                     yield sse(chunk({}, finish_reason(event.reason)))
                     if include_usage:
@@ -200,8 +337,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         finally:
             await generation.aclose()
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", **headers})
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
 
 @router.post("/v1/completions", response_model=None)
@@ -212,12 +348,12 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     created = int(time.time())
     prefix = prompt if body.echo else ""
     if not body.stream:
-        text, finished = await collect(generation)
+        result = await collect(generation)
         return JSONResponse({
             "id": completion_id, "object": "text_completion", "created": created, "model": body.model,
-            "choices": [{"index": 0, "text": prefix + text, "logprobs": None,
-                         "finish_reason": finish_reason(finished.reason)}],
-            "usage": usage_json(finished.usage),
+            "choices": [{"index": 0, "text": prefix + result.text, "logprobs": None,
+                         "finish_reason": finish_reason(result.finished.reason)}],
+            "usage": usage_json(result.finished.usage),
         })
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -243,7 +379,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         finally:
             await generation.aclose()
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 def model_json(name: str, modified_at: str) -> dict[str, Any]:
@@ -265,3 +401,43 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
         exc.param = "model_id"
         raise
     return model_json(model_id, record.modified_at)
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    input: str | list[str] = Field(description="Text or texts (token arrays are not supported).")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not value:
+            raise ValueError("at least one input is required")
+        return value
+
+
+def truncated_vector(vector: list[float], dimensions: int) -> list[float]:
+    """The first ``dimensions`` values, normalised again (Matryoshka-style shortening)."""
+    if dimensions > len(vector):
+        raise InvalidRequest(f"the model's embeddings have {len(vector)} dimensions", param="dimensions")
+    head = vector[:dimensions]
+    norm = sum(v * v for v in head) ** 0.5 or 1.0
+    return [v / norm for v in head]
+
+
+@router.post("/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    vectors, tokens = await runtime_of(request).embed(body.model, texts)
+    if body.dimensions is not None:
+        vectors = [truncated_vector(v, body.dimensions) for v in vectors]
+    data = []
+    for index, vector in enumerate(vectors):
+        value: list[float] | str = vector
+        if body.encoding_format == "base64":
+            value = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        data.append({"object": "embedding", "index": index, "embedding": value})
+    return {"object": "list", "data": data, "model": body.model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}

@@ -63,6 +63,29 @@ class GuardMiddleware:
         await self.app(scope, receive, send)
 
 
+class JsonBodyMiddleware:
+    """Reads POST bodies as JSON even without a JSON content type, as Ollama does (``curl -d`` sends a form type).
+
+    Only for requests without an ``Origin`` header: a browser page may send text/plain cross-origin without
+    a preflight, so coercing its body would open the API to any website.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "DELETE"):
+            headers = [(k, v) for k, v in scope["headers"]]
+            names = {k.lower() for k, _ in headers}
+            content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+            if b"origin" not in names and (not content_type
+                                           or content_type.startswith(b"application/x-www-form-urlencoded")):
+                headers = [(k, v) for k, v in headers if k.lower() != b"content-type"]
+                headers.append((b"content-type", b"application/json"))
+                scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)
+
+
 async def _refuse(scope: Scope, send: Send, status: int, kind: str, message: str) -> None:
     from localai.server.errors import error_body
 

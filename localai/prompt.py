@@ -1,0 +1,190 @@
+"""A conversation and its tools, rendered to prompt text through the model's chat template.
+
+Rendering is deterministic: tool schemas are serialized with sorted keys and messages in a fixed
+shape, so the same conversation always yields the same tokens and the prefix cache keeps hitting.
+Templates that know about tools (they mention ``tools``) get them natively; for the others the
+tools are described in the system message and the model is asked to answer in the Hermes
+``<tool_call>`` format, which ``localai.tool_calls`` parses.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from localai import chat_template
+from localai.errors import InvalidRequest
+from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
+
+ToolFormat = Literal["hermes", "llama3", "mistral"]
+
+TOOLS_PREAMBLE = (
+    "# Tools\n\n"
+    "You can call the functions described below, inside <tools></tools>, when they help with the request.\n"
+    "<tools>\n{tools}\n</tools>\n\n"
+    "To call a function, answer with a JSON object holding its name and arguments inside <tool_call></tool_call>:\n"
+    '<tool_call>\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n</tool_call>'
+)
+
+
+@dataclass(frozen=True)
+class Template:
+    """A chat template and the model facts rendering needs."""
+
+    source: str | None
+    bos_token: str = ""
+    eos_token: str = ""
+
+    @property
+    def native_tools(self) -> bool:
+        """The template renders ``tools`` and assistant ``tool_calls`` itself."""
+        return bool(self.source) and "tools" in self.source and "tool_call" in self.source  # type: ignore[operator]
+
+    @property
+    def thinks(self) -> bool:
+        """The model emits ``<think>`` reasoning (Qwen3, DeepSeek-R1 and their kin)."""
+        return bool(self.source) and "<think>" in self.source  # type: ignore[operator]
+
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model writes a tool call (what the output parser and grammar expect)."""
+        source = self.source or ""
+        if not self.native_tools or "<tool_call>" in source:
+            return "hermes"
+        if "[TOOL_CALLS]" in source:
+            return "mistral"
+        if "<|python_tag|>" in source or "ipython" in source:
+            return "llama3"
+        return "hermes"
+
+
+def canonical(value: Any) -> Any:
+    """``value`` with every mapping's keys sorted, so equal schemas serialize identically."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def tool_json(tool: Tool) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": tool.name, "description": tool.description, "parameters": canonical(tool.parameters)}}
+
+
+def describe_tools(tools: list[Tool]) -> str:
+    """The system-message section that teaches a template without tool support to call ``tools``."""
+    lines = "\n".join(json.dumps(tool_json(tool), ensure_ascii=False) for tool in tools)
+    return TOOLS_PREAMBLE.format(tools=lines)
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call as a Hermes-format model writes it."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def template_messages(messages: list[Message], template: Template, tools: list[Tool], *,
+                      default_system: str | None = None,
+                      extra_messages: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Messages in the shape chat templates expect.
+
+    Leading system and developer messages merge into one system message (several templates accept
+    only one, first). Without native tool support, tool calls become ``<tool_call>`` text and tool
+    results user turns wrapped in ``<tool_response>``.
+    """
+    native = template.native_tools
+    leading: list[str] = []
+    index = 0
+    while index < len(messages) and messages[index].role in ("system", "developer"):
+        leading.append(messages[index].text())
+        index += 1
+    system = "\n\n".join(part for part in leading if part) or (default_system if not leading else "")
+    if tools and not native:
+        system = (system + "\n\n" if system else "") + describe_tools(tools)
+    rendered: list[dict[str, Any]] = []
+    if system or leading:
+        rendered.append({"role": "system", "content": system})
+    rendered.extend(extra_messages or [])
+    names: dict[str, str] = {}
+    for message in messages[index:]:
+        rendered.extend(_message(message, native, names))
+    return rendered
+
+
+def _message(message: Message, native: bool, names: dict[str, str]) -> list[dict[str, Any]]:
+    role = "system" if message.role == "developer" else message.role
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCallBlock] = []
+    results: list[ToolResultBlock] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ReasoningBlock):
+            reasoning.append(block.text)
+        elif isinstance(block, ToolCallBlock):
+            calls.append(block)
+            names[block.id] = block.name
+        elif isinstance(block, ToolResultBlock):
+            results.append(block)
+    out: list[dict[str, Any]] = []
+    for result in results:
+        name = result.name or names.get(result.tool_call_id, "")
+        if native:
+            out.append({"role": "tool", "content": result.content, "tool_call_id": result.tool_call_id, "name": name})
+        else:
+            out.append({"role": "user", "content": f"<tool_response>\n{result.content}\n</tool_response>"})
+    text = "".join(texts)
+    if results and not text and not calls:
+        return out
+    entry: dict[str, Any] = {"role": "user" if role == "tool" else role, "content": text}
+    if message.name:
+        entry["name"] = message.name
+    if reasoning:
+        entry["reasoning_content"] = "".join(reasoning)
+    if calls:
+        if native:
+            entry["tool_calls"] = [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call in calls
+            ]
+        else:
+            entry["content"] = "\n".join([*([text] if text else []), *(call_text(c.name, c.arguments) for c in calls)])
+    out.append(entry)
+    return out
+
+
+def render(template: Template, messages: list[dict[str, Any]], tools: list[Tool], *,
+           add_generation_prompt: bool = True, reasoning: bool | None = None) -> str:
+    """Prompt text for already-shaped ``messages``. A template that rejects a system message in the
+    middle of a conversation gets it folded into the next user turn instead."""
+    extra: dict[str, Any] = {}
+    if tools and template.native_tools:
+        extra["tools"] = [tool_json(tool) for tool in tools]
+    if reasoning is not None and template.thinks:
+        extra["enable_thinking"] = reasoning
+    try:
+        return chat_template.render(template.source, messages, bos_token=template.bos_token,
+                                    eos_token=template.eos_token, add_generation_prompt=add_generation_prompt,
+                                    **extra)
+    except InvalidRequest:
+        folded = fold_late_system(messages)
+        if folded == messages:
+            raise
+        return chat_template.render(template.source, folded, bos_token=template.bos_token,
+                                    eos_token=template.eos_token, add_generation_prompt=add_generation_prompt,
+                                    **extra)
+
+
+def fold_late_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System messages after the first turn, merged into the following user message."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for position, message in enumerate(messages):
+        if message["role"] == "system" and position > 0:
+            pending.append(str(message["content"]))
+            continue
+        if pending and message["role"] == "user":
+            message = {**message, "content": "\n\n".join([*pending, str(message["content"])])}
+            pending = []
+        out.append(message)
+    if pending:
+        out.append({"role": "user", "content": "\n\n".join(pending)})
+    return out

@@ -1,0 +1,311 @@
+"""Anthropic Messages API: ``POST /v1/messages`` (Claude Code's only protocol) and ``/v1/messages/count_tokens``.
+
+Accepted and ignored: ``cache_control`` on any block (localai caches every prefix anyway),
+``context_management``, ``output_config``, ``metadata``, ``service_tier``, ``container``,
+``mcp_servers``, ``anthropic-beta`` / ``anthropic-version`` headers, thinking ``budget_tokens``,
+``disable_parallel_tool_use``, and Anthropic-defined tools (``bash_…``, ``web_search_…``: a
+``type`` other than ``custom``) which have nothing local to run them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from localai.errors import InvalidRequest, LocalAIError
+from localai.schema import (
+    Block,
+    Finished,
+    GenerationRequest,
+    Message,
+    ReasoningBlock,
+    ReasoningDelta,
+    SamplingOptions,
+    TextBlock,
+    TextDelta,
+    Tool,
+    ToolCallBlock,
+    ToolCallDelta,
+    ToolCallStart,
+    ToolChoice,
+    ToolResultBlock,
+)
+from localai.server.common import (
+    SSE_HEADERS,
+    check_tool_results,
+    check_tool_schema,
+    collect,
+    fit_headers,
+    runtime_of,
+    sse,
+)
+from localai.server.errors import anthropic_error_type
+from localai.server.sessions import session_id
+
+router = APIRouter()
+
+IGNORED_BLOCKS = frozenset({"redacted_thinking", "server_tool_use", "web_search_tool_result", "container_upload",
+                            "search_result", "mcp_tool_use", "mcp_tool_result"})
+
+
+class ContentBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+    thinking: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[dict[str, Any]] | None = None
+    is_error: bool = False
+
+
+class AnthropicMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[ContentBlock]
+
+
+class SystemBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str = "text"
+    text: str = ""
+
+
+class AnthropicTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    type: str | None = None
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+
+
+class AnthropicToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+
+
+class ThinkingConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+class MessagesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    system: str | list[SystemBlock] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+
+    def generation(self, request: Request) -> GenerationRequest:
+        messages = self.internal_messages()
+        tools = self.internal_tools()
+        choice = ToolChoice("auto")
+        if self.tool_choice is not None:
+            mode = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[self.tool_choice.type]
+            if mode == "function" and not self.tool_choice.name:
+                raise InvalidRequest("tool_choice of type 'tool' needs 'name'", param="tool_choice.name")
+            choice = ToolChoice(mode, self.tool_choice.name)  # type: ignore[arg-type]
+        reasoning = None
+        if self.thinking is not None:
+            reasoning = self.thinking.type != "disabled"
+        return GenerationRequest(
+            model=self.model, messages=messages, max_tokens=self.max_tokens, stop=self.stop_sequences,
+            sampling=SamplingOptions(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k),
+            session_id=session_id(request.headers), tools=tools, tool_choice=choice, reasoning=reasoning,
+        )
+
+    def internal_messages(self) -> list[Message]:
+        messages: list[Message] = []
+        if self.system:
+            text = self.system if isinstance(self.system, str) else "\n\n".join(b.text for b in self.system if b.text)
+            messages.append(Message("system", [TextBlock(text)]))
+        for index, message in enumerate(self.messages):
+            param = f"messages.{index}"
+            if message.role not in ("user", "assistant", "system"):
+                raise InvalidRequest(f"unknown role '{message.role}' (use user or assistant)", param=f"{param}.role")
+            if isinstance(message.content, str):
+                messages.append(Message(message.role, [TextBlock(message.content)]))  # type: ignore[arg-type]
+                continue
+            blocks: list[Block] = []
+            results: list[Block] = []
+            for block_index, block in enumerate(message.content):
+                blocks_param = f"{param}.content.{block_index}"
+                if block.type == "text":
+                    blocks.append(TextBlock(block.text or ""))
+                elif block.type == "thinking":
+                    blocks.append(ReasoningBlock(block.thinking or ""))
+                elif block.type == "tool_use":
+                    if not block.id or not block.name:
+                        raise InvalidRequest("a tool_use block needs 'id' and 'name'", param=blocks_param)
+                    blocks.append(ToolCallBlock(block.id, block.name, block.input or {}))
+                elif block.type == "tool_result":
+                    if not block.tool_use_id:
+                        raise InvalidRequest("a tool_result block needs 'tool_use_id'", param=blocks_param)
+                    results.append(ToolResultBlock(block.tool_use_id, _result_text(block.content, blocks_param),
+                                                   is_error=block.is_error))
+                elif block.type in ("image", "document"):
+                    raise InvalidRequest(f"'{block.type}' content is not supported (text models only)",
+                                         param=f"{blocks_param}.type")
+                elif block.type not in IGNORED_BLOCKS:
+                    raise InvalidRequest(f"unknown content block type '{block.type}'", param=f"{blocks_param}.type")
+            if results:  # tool results come first in a user turn; any text follows as its own message
+                messages.append(Message("tool", results))
+                if blocks:
+                    messages.append(Message(message.role, blocks))  # type: ignore[arg-type]
+            else:
+                messages.append(Message(message.role, blocks))  # type: ignore[arg-type]
+        check_tool_results(messages)
+        return messages
+
+    def internal_tools(self) -> list[Tool]:
+        tools = []
+        for index, tool in enumerate(self.tools or []):
+            if tool.type not in (None, "custom"):
+                continue  # an Anthropic-hosted tool (web search, computer use...): nothing local runs it
+            parsed = Tool(tool.name, tool.description or "", tool.input_schema or {"type": "object", "properties": {}})
+            check_tool_schema(parsed, f"tools.{index}.input_schema")
+            tools.append(parsed)
+        return tools
+
+
+def _result_text(content: str | list[dict[str, Any]] | None, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for index, part in enumerate(content):
+        if part.get("type") == "text":
+            texts.append(str(part.get("text", "")))
+        elif part.get("type") in ("image", "document"):
+            raise InvalidRequest("images in tool results are not supported", param=f"{param}.content.{index}")
+    return "\n".join(texts)
+
+
+def stop_reason(finished: Finished, stops: list[str] | None) -> tuple[str, str | None]:
+    if finished.reason == "tool_calls":
+        return "tool_use", None
+    if finished.reason == "length":
+        return "max_tokens", None
+    if finished.stop_sequence and stops and finished.stop_sequence in stops:
+        return "stop_sequence", finished.stop_sequence
+    return "end_turn", None
+
+
+def usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """Anthropic counts cache reads apart from (not inside) input_tokens."""
+    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
+            "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
+
+
+@router.post("/v1/messages", response_model=None)
+async def messages(body: MessagesRequest, request: Request) -> JSONResponse | StreamingResponse:
+    generation = await runtime_of(request).start(body.generation(request))
+    message_id = f"msg_{uuid.uuid4().hex[:24]}"
+    headers = fit_headers(generation)
+    if not body.stream:
+        result = await collect(generation)
+        content: list[dict[str, Any]] = []
+        if result.reasoning:
+            content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
+        if result.text or not result.calls:
+            content.append({"type": "text", "text": result.text})
+        content.extend({"type": "tool_use", "id": c.id, "name": c.name, "input": c.parsed_arguments()}
+                       for c in result.calls)
+        reason, sequence = stop_reason(result.finished, body.stop_sequences)
+        usage = result.finished.usage
+        return JSONResponse(headers=headers, content={
+            "id": message_id, "type": "message", "role": "assistant", "model": body.model, "content": content,
+            "stop_reason": reason, "stop_sequence": sequence,
+            "usage": usage_json(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens),
+        })
+
+    async def stream() -> AsyncIterator[bytes]:
+        index = -1
+        open_kind: str | None = None
+
+        def start_block(block: dict[str, Any]) -> bytes:
+            nonlocal index, open_kind
+            index += 1
+            open_kind = block["type"]
+            return sse({"type": "content_block_start", "index": index, "content_block": block},
+                       "content_block_start")
+
+        def stop_block() -> bytes:
+            nonlocal open_kind
+            open_kind = None
+            return sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+
+        try:
+            yield sse({"type": "message_start", "message": {
+                "id": message_id, "type": "message", "role": "assistant", "model": body.model, "content": [],
+                "stop_reason": None, "stop_sequence": None,
+                "usage": usage_json(generation.prompt_tokens, generation.cached_tokens, 0)}}, "message_start")
+            yield sse({"type": "ping"}, "ping")
+            last_ping = time.monotonic()
+            async for event in generation.events():
+                if isinstance(event, TextDelta | ReasoningDelta):
+                    kind = "text" if isinstance(event, TextDelta) else "thinking"
+                    if open_kind != kind:
+                        if open_kind is not None:
+                            yield stop_block()
+                        yield start_block({"type": "text", "text": ""} if kind == "text"
+                                          else {"type": "thinking", "thinking": "", "signature": ""})
+                    delta = ({"type": "text_delta", "text": event.text} if kind == "text"
+                             else {"type": "thinking_delta", "thinking": event.text})
+                    yield sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta")
+                elif isinstance(event, ToolCallStart):
+                    if open_kind is not None:
+                        yield stop_block()
+                    yield start_block({"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
+                elif isinstance(event, ToolCallDelta):
+                    yield sse({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "input_json_delta", "partial_json": event.arguments}},
+                              "content_block_delta")
+                elif isinstance(event, Finished):
+                    if open_kind is not None:
+                        yield stop_block()
+                    reason, sequence = stop_reason(event, body.stop_sequences)
+                    usage = event.usage
+                    yield sse({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                               "usage": usage_json(usage.prompt_tokens, usage.cached_tokens,
+                                                   usage.completion_tokens)}, "message_delta")
+                    yield sse({"type": "message_stop"}, "message_stop")
+                if time.monotonic() - last_ping > 10:
+                    yield sse({"type": "ping"}, "ping")
+                    last_ping = time.monotonic()
+        except LocalAIError as exc:
+            error = {"type": anthropic_error_type(exc.status_code), "message": exc.message}
+            yield sse({"type": "error", "error": error}, "error")
+        finally:
+            await generation.aclose()
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+
+
+class CountTokensRequest(MessagesRequest):
+    max_tokens: int | None = None
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, int]:
+    """The real token count of the prompt as the model's template and tokenizer make it."""
+    return {"input_tokens": await runtime_of(request).count_tokens(body.generation(request))}
+

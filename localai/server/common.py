@@ -1,0 +1,116 @@
+"""What every dialect shares: the runtime handle, collecting a generation, SSE framing, tool checks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from localai.errors import InvalidRequest, LocalAIError
+from localai.runtime import Generation, Runtime
+from localai.schema import (
+    Finished,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    Tool,
+    ToolCallBlock,
+    ToolCallEnd,
+    ToolResultBlock,
+)
+
+
+def runtime_of(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+@dataclass
+class Collected:
+    """A whole (non-streamed) generation: its text, reasoning, tool calls and how it ended."""
+
+    text: str
+    reasoning: str
+    calls: list[ToolCallEnd]
+    finished: Finished
+    order: list[str] = field(default_factory=list)  # "reasoning", "text", "call": the order they began
+
+
+async def collect(generation: Generation) -> Collected:
+    text: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCallEnd] = []
+    order: list[str] = []
+    finished: Finished | None = None
+    async for event in generation.events():
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+            if "text" not in order:
+                order.append("text")
+        elif isinstance(event, ReasoningDelta):
+            reasoning.append(event.text)
+            if "reasoning" not in order:
+                order.append("reasoning")
+        elif isinstance(event, ToolCallEnd):
+            calls.append(event)
+            order.append("call")
+        elif isinstance(event, Finished):
+            finished = event
+    if finished is None:
+        raise LocalAIError("the generation ended without finishing")
+    return Collected("".join(text), "".join(reasoning), calls, finished, order)
+
+
+def sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
+    """One server-sent event; ``event`` names it (Anthropic and Responses streams do)."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def fit_headers(generation: Generation) -> dict[str, str]:
+    """Tells the client when its conversation was shortened to fit the context."""
+    return {"X-LocalAI-Context-Fitted": generation.fit.header()} if generation.fit else {}
+
+
+def parse_arguments(text: str | dict[str, Any] | None, param: str) -> dict[str, Any]:
+    """A tool call's arguments from the JSON text (or object) a client sent back."""
+    if text is None or text == "":
+        return {}
+    if isinstance(text, dict):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"the tool call's arguments are not valid JSON: {exc}", param=param) from exc
+    if not isinstance(value, dict):
+        raise InvalidRequest("the tool call's arguments must be a JSON object", param=param)
+    return value
+
+
+def check_tool_schema(tool: Tool, param: str) -> None:
+    if not isinstance(tool.parameters, dict):
+        raise InvalidRequest(f"the parameters of tool '{tool.name}' must be a JSON schema object", param=param)
+    kind = tool.parameters.get("type", "object")
+    if kind != "object":
+        raise InvalidRequest(f"the parameters of tool '{tool.name}' must describe an object, not {kind!r}",
+                             param=param)
+
+
+def check_tool_results(messages: list[Message], param: str = "messages") -> None:
+    """Every tool result must answer a call made earlier in the conversation (as OpenAI and Anthropic require)."""
+    called: set[str] = set()
+    for index, message in enumerate(messages):
+        for block in message.content:
+            if isinstance(block, ToolCallBlock):
+                called.add(block.id)
+            elif isinstance(block, ToolResultBlock) and block.tool_call_id not in called:
+                raise InvalidRequest(
+                    f"a tool result answers call '{block.tool_call_id}', which no earlier assistant message made",
+                    param=f"{param}.{index}",
+                )

@@ -1,0 +1,442 @@
+"""OpenAI Responses API: ``POST /v1/responses`` (Codex's only protocol) and ``GET /v1/responses/{id}``.
+
+With ``store`` (the default, as at OpenAI) each response is kept in SQLite, so a later request can
+continue it with ``previous_response_id`` instead of resending the conversation.
+
+Accepted and ignored: ``include``, ``parallel_tool_calls``, ``truncation``, ``metadata``, ``user``,
+``safety_identifier``, ``client_metadata``, ``service_tier``, ``text.verbosity``, ``reasoning.summary``,
+``top_logprobs``, and tool types other than ``function`` and ``namespace`` (``web_search``,
+``image_generation``, ``file_search``, ``custom``...), which have nothing local to run them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from localai.errors import InvalidRequest, LocalAIError, NotFound
+from localai.schema import (
+    Finished,
+    GenerationRequest,
+    Message,
+    ReasoningBlock,
+    ReasoningDelta,
+    ResponseFormat,
+    SamplingOptions,
+    TextBlock,
+    TextDelta,
+    Tool,
+    ToolCallBlock,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    ToolChoice,
+    ToolResultBlock,
+)
+from localai.server.common import (
+    SSE_HEADERS,
+    check_tool_results,
+    check_tool_schema,
+    fit_headers,
+    parse_arguments,
+    runtime_of,
+    sse,
+)
+from localai.server.sessions import session_id
+
+router = APIRouter()
+IGNORED_ITEMS = frozenset({"item_reference", "web_search_call", "image_generation_call", "file_search_call",
+                           "compaction", "mcp_list_tools"})
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]] = ""
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = None
+    background: bool = False
+
+
+# -- input ----------------------------------------------------------------------------------------
+
+def _text_of(content: Any, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest("content must be a string or a list of parts", param=param)
+    texts = []
+    for index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text", "reasoning_text", "summary_text"):
+            texts.append(str(part.get("text", "")))
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise InvalidRequest(f"'{kind}' content is not supported (text models only)", param=f"{param}.{index}")
+        elif kind != "refusal":
+            raise InvalidRequest(f"unknown content part type {kind!r}", param=f"{param}.{index}.type")
+    return "".join(texts)
+
+
+def input_messages(items: list[dict[str, Any]], param: str = "input") -> list[Message]:
+    """Responses input items as messages; an assistant turn's reasoning, text and calls join one message."""
+    messages: list[Message] = []
+
+    def assistant() -> Message:
+        if not messages or messages[-1].role != "assistant":
+            messages.append(Message("assistant", []))
+        return messages[-1]
+
+    for index, item in enumerate(items):
+        where = f"{param}.{index}"
+        if not isinstance(item, dict):
+            raise InvalidRequest("each input item must be an object", param=where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise InvalidRequest(f"unknown role {role!r} (use user, assistant, system or developer)",
+                                     param=f"{where}.role")
+            text = _text_of(item.get("content"), f"{where}.content")
+            if role == "assistant":
+                assistant().content.append(TextBlock(text))
+            else:
+                messages.append(Message(role, [TextBlock(text)]))
+        elif kind == "function_call":
+            call_id, name = item.get("call_id"), item.get("name")
+            if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
+                raise InvalidRequest("a function_call item needs 'call_id' and 'name'", param=where)
+            arguments = parse_arguments(item.get("arguments"), f"{where}.arguments")
+            assistant().content.append(ToolCallBlock(call_id, name, arguments))
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise InvalidRequest("a function_call_output item needs 'call_id'", param=where)
+            output = item.get("output", "")
+            text = output if isinstance(output, str) else _text_of(output, f"{where}.output")
+            if messages and messages[-1].role == "tool":
+                messages[-1].content.append(ToolResultBlock(call_id, text))
+            else:
+                messages.append(Message("tool", [ToolResultBlock(call_id, text)]))
+        elif kind == "reasoning":
+            text = _text_of(item.get("content"), f"{where}.content") or str(item.get("encrypted_content") or "")
+            if text:
+                assistant().content.append(ReasoningBlock(text))
+        elif kind not in IGNORED_ITEMS:
+            raise InvalidRequest(f"unknown input item type {kind!r}", param=f"{where}.type")
+    return messages
+
+
+def tools_of(tools: list[dict[str, Any]] | None) -> list[Tool]:
+    """Function tools; ``namespace`` tools are flattened to ``namespace.name``; other types are ignored."""
+    result: list[Tool] = []
+
+    def add(tool: dict[str, Any], where: str, prefix: str = "") -> None:
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest("a function tool needs 'name'", param=f"{where}.name")
+        parameters = tool.get("parameters") or {"type": "object", "properties": {}}
+        parsed = Tool(prefix + name, str(tool.get("description") or ""), parameters)
+        check_tool_schema(parsed, f"{where}.parameters")
+        result.append(parsed)
+
+    for index, tool in enumerate(tools or []):
+        where = f"tools.{index}"
+        kind = tool.get("type")
+        if kind == "function":
+            add(tool, where)
+        elif kind == "namespace":
+            for inner_index, inner in enumerate(tool.get("tools") or []):
+                if isinstance(inner, dict) and inner.get("type", "function") == "function":
+                    add(inner, f"{where}.tools.{inner_index}", prefix=f"{tool.get('name')}.")
+    return result
+
+
+def tool_choice_of(value: str | dict[str, Any] | None) -> ToolChoice:
+    if value is None or value == "auto":
+        return ToolChoice("auto")
+    if value in ("none", "required"):
+        return ToolChoice(value)  # type: ignore[arg-type]
+    if isinstance(value, dict) and value.get("type") == "function" and value.get("name"):
+        return ToolChoice("function", str(value["name"]))
+    if isinstance(value, dict) and value.get("type") in ("allowed_tools",):
+        return ToolChoice("required" if value.get("mode") == "required" else "auto")
+    raise InvalidRequest("tool_choice must be none, auto, required or {type: function, name}", param="tool_choice")
+
+
+def text_format(text: dict[str, Any] | None) -> ResponseFormat | None:
+    spec = (text or {}).get("format")
+    if not spec or spec.get("type") == "text":
+        return None
+    if spec.get("type") == "json_object":
+        return ResponseFormat("json_object")
+    if spec.get("type") == "json_schema":
+        if not isinstance(spec.get("schema"), dict):
+            raise InvalidRequest("text.format json_schema needs 'schema'", param="text.format.schema")
+        return ResponseFormat("json_schema", spec["schema"])
+    raise InvalidRequest(f"unknown text.format type {spec.get('type')!r}", param="text.format.type")
+
+
+# -- storage --------------------------------------------------------------------------------------
+
+class ResponseStore:
+    """Responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``."""
+
+    def __init__(self, request: Request) -> None:
+        self.table = runtime_of(request).registry.db.table("responses")
+
+    def get(self, response_id: str) -> dict[str, Any]:
+        rows = list(self.table.rows_where("id = ?", [response_id]))
+        if not rows:
+            raise NotFound(f"no stored response '{response_id}' (responses are stored unless 'store' is false)",
+                           param="previous_response_id")
+        return rows[0]
+
+    def conversation(self, response_id: str) -> list[dict[str, Any]]:
+        """The input items that led to a stored response, followed by its output: the history to continue."""
+        row = self.get(response_id)
+        response = json.loads(row["response"])
+        return [*json.loads(row["conversation"]), *response["output"]]
+
+    def save(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        self.table.insert({"id": response["id"], "created_at": response["created_at"], "model": response["model"],
+                           "previous_response_id": response.get("previous_response_id"),
+                           "conversation": json.dumps(conversation), "response": json.dumps(response)},
+                          replace=True)
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+def usage_json(finished: Finished) -> dict[str, Any]:
+    usage = finished.usage
+    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+            "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": usage.total_tokens}
+
+
+class OutputBuilder:
+    """Turns events into output items and, for streaming, into the Responses event sequence."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None
+        self.sequence = 0
+        self.out: list[tuple[str, dict[str, Any]]] = []
+
+    def event(self, kind: str, **data: Any) -> None:
+        self.out.append((kind, {"type": kind, "sequence_number": self.sequence, **data}))
+        self.sequence += 1
+
+    def take(self) -> list[tuple[str, dict[str, Any]]]:
+        out, self.out = self.out, []
+        return out
+
+    def _start(self, item: dict[str, Any]) -> None:
+        self.close()
+        self.items.append(item)
+        self._open = item
+        self.event("response.output_item.added", output_index=len(self.items) - 1, item=dict(item))
+
+    def close(self) -> None:
+        item, self._open = self._open, None
+        if item is None:
+            return
+        index = len(self.items) - 1
+        if item["type"] == "message":
+            part = item["content"][0]
+            self.event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                       text=part["text"], logprobs=[])
+            self.event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                       part=dict(part))
+        elif item["type"] == "reasoning":
+            self.event("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
+                       text=item["content"][0]["text"])
+            item["encrypted_content"] = item["content"][0]["text"]  # comes back in the next request's input
+        elif item["type"] == "function_call":
+            self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                       name=item["name"], arguments=item["arguments"])
+        item["status"] = "completed"
+        self.event("response.output_item.done", output_index=index, item=dict(item))
+
+    def feed(self, event: TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd) -> None:
+        current = self._open
+        index = len(self.items) - 1
+        if isinstance(event, TextDelta):
+            if current is None or current["type"] != "message":
+                self._start({"type": "message", "id": _id("msg"), "status": "in_progress", "role": "assistant",
+                             "content": []})
+                current, index = self._open, len(self.items) - 1
+                assert current is not None
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                current["content"].append(part)
+                self.event("response.content_part.added", item_id=current["id"], output_index=index,
+                           content_index=0, part=dict(part))
+            current["content"][0]["text"] += event.text
+            self.event("response.output_text.delta", item_id=current["id"], output_index=index, content_index=0,
+                       delta=event.text, logprobs=[])
+        elif isinstance(event, ReasoningDelta):
+            if current is None or current["type"] != "reasoning":
+                self._start({"type": "reasoning", "id": _id("rs"), "summary": [],
+                             "content": [{"type": "reasoning_text", "text": ""}]})
+                current, index = self._open, len(self.items) - 1
+                assert current is not None
+            current["content"][0]["text"] += event.text
+            self.event("response.reasoning_text.delta", item_id=current["id"], output_index=index,
+                       content_index=0, delta=event.text)
+        elif isinstance(event, ToolCallStart):
+            self._start({"type": "function_call", "id": _id("fc"), "call_id": event.id, "name": event.name,
+                         "arguments": "", "status": "in_progress"})
+        elif isinstance(event, ToolCallDelta) and current is not None and current["type"] == "function_call":
+            current["arguments"] += event.arguments
+            self.event("response.function_call_arguments.delta", item_id=current["id"], output_index=index,
+                       delta=event.arguments)
+        elif isinstance(event, ToolCallEnd) and current is not None and current["type"] == "function_call":
+            current["arguments"] = event.arguments
+            self.close()
+
+
+def response_json(body: ResponsesRequest, response_id: str, created: int, status: str,
+                  output: list[dict[str, Any]], tools: list[Tool], finished: Finished | None) -> dict[str, Any]:
+    incomplete = {"reason": "max_output_tokens"} if finished is not None and finished.reason == "length" else None
+    return {
+        "id": response_id, "object": "response", "created_at": created, "status": status, "error": None,
+        "incomplete_details": incomplete, "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens, "model": body.model, "output": output,
+        "parallel_tool_calls": True, "previous_response_id": body.previous_response_id,
+        "reasoning": body.reasoning or {"effort": None, "summary": None}, "store": body.store,
+        "temperature": body.temperature, "text": body.text or {"format": {"type": "text"}},
+        "tool_choice": body.tool_choice or "auto",
+        "tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
+                   "strict": False} for t in tools],
+        "top_p": body.top_p, "truncation": "disabled", "metadata": {},
+        "usage": usage_json(finished) if finished is not None else None,
+    }
+
+
+# -- endpoints ------------------------------------------------------------------------------------
+
+@router.post("/v1/responses", response_model=None)
+async def create_response(body: ResponsesRequest, request: Request) -> JSONResponse | StreamingResponse:
+    if body.background:
+        raise InvalidRequest("background responses are not supported", param="background")
+    store = ResponseStore(request)
+    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
+        else list(body.input)
+    history = store.conversation(body.previous_response_id) if body.previous_response_id else []
+    conversation = [*history, *items]
+    messages = input_messages(conversation)
+    if not any(m.role in ("user", "tool") for m in messages):
+        raise InvalidRequest("'input' needs at least one user message or tool output", param="input")
+    if body.instructions:
+        messages.insert(0, Message("system", [TextBlock(body.instructions)]))
+    check_tool_results(messages, "input")
+    tools = tools_of(body.tools)
+    effort = (body.reasoning or {}).get("effort")
+    generation_request = GenerationRequest(
+        model=body.model, messages=messages, max_tokens=body.max_output_tokens,
+        sampling=SamplingOptions(temperature=body.temperature, top_p=body.top_p),
+        session_id=session_id(request.headers, body.prompt_cache_key), tools=tools,
+        tool_choice=tool_choice_of(body.tool_choice), response_format=text_format(body.text),
+        reasoning=False if effort in ("none", "minimal") else None,
+    )
+    try:
+        generation = await runtime_of(request).start(generation_request)
+    except InvalidRequest as exc:
+        if exc.param == "response_format":
+            exc.param = "text.format"
+        raise
+    response_id = _id("resp")
+    created = int(time.time())
+    headers = fit_headers(generation)
+    builder = OutputBuilder()
+
+    def finish(finished: Finished) -> dict[str, Any]:
+        builder.close()
+        status = "incomplete" if finished.reason == "length" else "completed"
+        response = response_json(body, response_id, created, status, builder.items, tools, finished)
+        if body.store:
+            store.save(response, conversation)
+        return response
+
+    if not body.stream:
+        finished: Finished | None = None
+        try:
+            async for event in generation.events():
+                if isinstance(event, Finished):
+                    finished = event
+                else:
+                    builder.feed(event)
+        finally:
+            await generation.aclose()
+        if finished is None:
+            raise LocalAIError("the generation ended without finishing")
+        return JSONResponse(finish(finished), headers=headers)
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            start = response_json(body, response_id, created, "in_progress", [], tools, None)
+            builder.event("response.created", response=start)
+            builder.event("response.in_progress", response=start)
+            for kind, data in builder.take():
+                yield sse(data, kind)
+            async for event in generation.events():
+                if isinstance(event, Finished):
+                    response = finish(event)
+                    builder.event("response.incomplete" if response["status"] == "incomplete"
+                                  else "response.completed", response=response)
+                else:
+                    builder.feed(event)
+                for kind, data in builder.take():
+                    yield sse(data, kind)
+        except LocalAIError as exc:
+            failed = response_json(body, response_id, created, "failed", builder.items, tools, None)
+            failed["error"] = {"code": exc.code or exc.error_type, "message": exc.message}
+            builder.event("response.failed", response=failed)
+            for kind, data in builder.take():
+                yield sse(data, kind)
+        finally:
+            await generation.aclose()
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> dict[str, Any]:
+    try:
+        row = ResponseStore(request).get(response_id)
+    except NotFound as exc:
+        exc.param = "response_id"
+        raise
+    response: dict[str, Any] = json.loads(row["response"])
+    return response
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+    store = ResponseStore(request)
+    store.get(response_id)
+    store.table.delete(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+

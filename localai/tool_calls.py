@@ -1,0 +1,372 @@
+"""Turn a model's streamed text into text, reasoning and structured tool calls.
+
+Small local models write tool calls in their family's format: Hermes/Qwen ``<tool_call>{json}</tool_call>``,
+Llama 3 ``{"name": ..., "parameters": ...}`` (optionally after ``<|python_tag|>``), Mistral
+``[TOOL_CALLS][{...}]``, or a plain JSON object. ``OutputParser`` recognises all of them as text
+arrives, streams a call's arguments while they are written, and holds back only what may still turn
+out to be the start of a call. Reasoning between ``<think>`` and ``</think>`` at the start becomes
+reasoning events.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from localai.schema import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+MISTRAL_MARK = "[TOOL_CALLS]"
+PYTHON_TAG = "<|python_tag|>"
+MARKERS = (HERMES_OPEN, MISTRAL_MARK, PYTHON_TAG)
+HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def json_end(text: str, start: int = 0) -> int | None:
+    """Index just past the JSON value (object, array or string) starting at ``start``, if complete."""
+    depth = 0
+    in_string = escaped = False
+    for index in range(start, len(text)):
+        char = text[index]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+                if depth == 0:
+                    return index + 1
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return index + 1
+        elif depth == 0 and not char.isspace():
+            return None  # not an object, array or string
+    return None
+
+
+@dataclass
+class _Call:
+    """A call being written: the raw JSON so far and how much of its arguments has been streamed."""
+
+    index: int
+    id: str = field(default_factory=new_call_id)
+    name: str | None = None
+    args_start: int | None = None
+    streamed: int = 0  # characters of the arguments already sent
+
+
+class OutputParser:
+    """Feed text deltas in, get events out; ``finish()`` flushes what is held back."""
+
+    def __init__(self, *, tools: bool, reasoning: bool, tool_names: set[str] | None = None) -> None:
+        self.tools = tools
+        self.tool_names = tool_names or set()
+        self.calls: list[ToolCallEnd] = []
+        self._state = "think?" if reasoning else "start"
+        self._buffer = ""
+        self._call: _Call | None = None
+        self._close: str | None = None  # what ends the current call block (None: the JSON value itself)
+        self._after_think = False
+        self._array = False  # inside a JSON array of calls (Mistral's [TOOL_CALLS][...])
+
+    # -- public --------------------------------------------------------------------------------
+
+    def feed(self, text: str) -> list[Event]:
+        self._buffer += text
+        events: list[Event] = []
+        while True:
+            progressed = self._advance(events, final=False)
+            if not progressed:
+                return events
+
+    def finish(self) -> list[Event]:
+        """The end of the output: flush held-back text and close an unterminated call."""
+        events: list[Event] = []
+        for _ in range(10_000):  # every step consumes or changes state; the bound only guards bugs
+            if self._state == "call" and self._call is not None:
+                if not self._advance(events, final=True):
+                    self._end_call(events, self._buffer)
+                    self._buffer, self._state = "", "text"
+                continue
+            if not self._advance(events, final=True):
+                break
+        if self._buffer:
+            self._emit_text(events, self._buffer) if self._state != "think" else events.append(
+                ReasoningDelta(self._buffer))
+        self._buffer = ""
+        return events
+
+    # -- states --------------------------------------------------------------------------------
+
+    def _advance(self, events: list[Event], *, final: bool) -> bool:
+        """One step of the state machine; False when it must wait for more text."""
+        handler = {
+            "think?": self._think_open, "think": self._think, "start": self._start, "json?": self._bare_json,
+            "text": self._text, "call": self._in_call, "mistral": self._mistral, "array": self._array_tail,
+        }[self._state]
+        return handler(events, final)
+
+    def _think_open(self, events: list[Event], final: bool) -> bool:
+        stripped = self._buffer.lstrip()
+        if stripped.startswith(THINK_OPEN):
+            self._buffer = stripped[len(THINK_OPEN):]
+            self._state = "think"
+            return True
+        if THINK_OPEN.startswith(stripped) and not final:
+            return False
+        self._state = "start"
+        return True
+
+    def _think(self, events: list[Event], final: bool) -> bool:
+        end = self._buffer.find(THINK_CLOSE)
+        if end == -1:
+            cut = len(self._buffer) - (0 if final else _partial_suffix(self._buffer, (THINK_CLOSE,)))
+            if cut > 0:
+                events.append(ReasoningDelta(self._buffer[:cut]))
+                self._buffer = self._buffer[cut:]
+            return False
+        if end:
+            events.append(ReasoningDelta(self._buffer[:end]))
+        self._buffer = self._buffer[end + len(THINK_CLOSE):]
+        self._after_think = True  # the blank lines after </think> are not part of the answer
+        self._state = "start"
+        return True
+
+    def _start(self, events: list[Event], final: bool) -> bool:
+        if not self.tools:
+            self._state = "text"
+            return True
+        stripped = self._buffer.lstrip()
+        if not stripped and not final:
+            return False
+        if self.calls or stripped[:1] in ("{", "["):
+            self._buffer = stripped  # no whitespace between or before calls
+        self._state = "json?" if stripped[:1] in ("{", "[") else "text"
+        return True
+
+    def _text(self, events: list[Event], final: bool) -> bool:
+        if self._after_think:
+            self._buffer = self._buffer.lstrip()
+            if not self._buffer and not final:
+                return False
+            self._after_think = False
+        if not self.tools:
+            self._emit_text(events, self._buffer)
+            self._buffer = ""
+            return False
+        found = [(self._buffer.find(m), m) for m in MARKERS if m in self._buffer]
+        if found:
+            position, marker = min(found)
+            self._emit_text(events, self._buffer[:position].rstrip())
+            self._buffer = self._buffer[position + len(marker):]
+            if marker == HERMES_OPEN:
+                self._begin_call(close=HERMES_CLOSE)
+            elif marker == MISTRAL_MARK:
+                self._state = "mistral"
+            else:  # <|python_tag|>: a bare JSON call follows
+                self._begin_call(close=None)
+            return True
+        hold = 0
+        if not final:  # what may begin a marker, and whitespace that a following marker would drop
+            hold = _partial_suffix(self._buffer, MARKERS)
+            hold += len(self._buffer[:len(self._buffer) - hold]) - len(self._buffer[:len(self._buffer) - hold].rstrip())
+        cut = len(self._buffer) - hold
+        if cut > 0:
+            self._emit_text(events, self._buffer[:cut])
+            self._buffer = self._buffer[cut:]
+        return False
+
+    def _mistral(self, events: list[Event], final: bool) -> bool:
+        stripped = self._buffer.lstrip()
+        if not stripped:
+            if final:
+                self._state = "text"
+                return True
+            return False
+        if stripped[0] == "[":
+            self._array = True
+            stripped = stripped[1:]
+        self._buffer = stripped
+        self._begin_call(close=None)
+        return True
+
+    def _bare_json(self, events: list[Event], final: bool) -> bool:
+        """Output that opens with ``{`` or ``[``: a call when it is one, else plain text."""
+        buffer = self._buffer
+        inner = buffer[1:].lstrip() if buffer.startswith("[") else buffer
+        if HEAD.match(inner):
+            self._array = buffer.startswith("[")
+            self._buffer = inner
+            self._begin_call(close=None)
+            return True
+        if not final and (not inner or _could_be_head(inner)):
+            return False
+        end = json_end(buffer)
+        if end is None and not final:
+            return False  # some other JSON document: decide once it is complete
+        candidate = _as_call(buffer[:end]) if end is not None else None
+        if candidate is None:
+            self._state = "text"
+            return True
+        self._emit_whole_call(events, _Call(index=len(self.calls)), *candidate)
+        self._buffer = buffer[end:]
+        self._state = "start"
+        return True
+
+    def _begin_call(self, *, close: str | None) -> None:
+        self._call = _Call(index=len(self.calls))
+        self._close = close
+        self._state = "call"
+
+    def _in_call(self, events: list[Event], final: bool) -> bool:
+        call = self._call
+        assert call is not None
+        buffer = self._buffer
+        if call.name is None:
+            match = HEAD.match(buffer)
+            if match:
+                call.name = json.loads(f'"{match.group(1)}"')
+                call.args_start = match.end()
+                events.append(ToolCallStart(call.index, call.id, call.name))
+        start = call.args_start
+        while start is not None and start < len(buffer) and buffer[start].isspace() and not call.streamed:
+            start = call.args_start = start + 1  # the value has not begun yet
+        if start is not None and start < len(buffer) and buffer[start] in "{[":
+            end = json_end(buffer, start)
+            upto = (end if end is not None else len(buffer)) - start
+            if upto > call.streamed:
+                events.append(ToolCallDelta(call.index, buffer[start + call.streamed:start + upto]))
+                call.streamed = upto
+        if self._close is not None:
+            close_at = buffer.find(self._close)
+            if close_at == -1:
+                return False
+            self._end_call(events, buffer[:close_at])
+            self._buffer = buffer[close_at + len(self._close):]
+            self._state = "start"
+            return True
+        body = len(buffer) - len(buffer.lstrip())
+        end_of_json = json_end(buffer, body) if buffer.strip() else None
+        if end_of_json is None:
+            return False
+        self._end_call(events, buffer[:end_of_json])
+        self._buffer = buffer[end_of_json:]
+        self._state = "array" if self._array else "start"
+        return True
+
+    def _array_tail(self, events: list[Event], final: bool) -> bool:
+        """After a call inside ``[...]``: another call, the closing bracket, or text."""
+        stripped = self._buffer.lstrip()
+        if not stripped and not final:
+            return False
+        if stripped.startswith(","):
+            self._buffer = stripped[1:].lstrip()
+            self._begin_call(close=None)
+            return True
+        self._array = False
+        self._buffer = stripped[1:] if stripped.startswith("]") else stripped
+        self._state = "start"
+        return True
+
+    def _end_call(self, events: list[Event], raw: str) -> None:
+        call = self._call
+        assert call is not None
+        self._call = None
+        parsed = _as_call(raw.strip())
+        if call.name is None:
+            if parsed is None:  # never became a call: it was text after all
+                self._emit_text(events, raw)
+                return
+            self._emit_whole_call(events, call, *parsed)
+            return
+        start = call.args_start or 0
+        arguments = raw[start:start + call.streamed]
+        if not arguments and parsed is not None:
+            arguments = json.dumps(parsed[1], ensure_ascii=False)
+            events.append(ToolCallDelta(call.index, arguments))
+        end = ToolCallEnd(call.index, call.id, call.name, arguments or "{}")
+        self.calls.append(end)
+        events.append(end)
+
+    def _emit_whole_call(self, events: list[Event], call: _Call, name: str, arguments: dict[str, Any]) -> None:
+        text = json.dumps(arguments, ensure_ascii=False)
+        events.append(ToolCallStart(call.index, call.id, name))
+        events.append(ToolCallDelta(call.index, text))
+        end = ToolCallEnd(call.index, call.id, name, text)
+        self.calls.append(end)
+        events.append(end)
+
+    def _emit_text(self, events: list[Event], text: str) -> None:
+        if not text:
+            return
+        if events and isinstance(events[-1], TextDelta):
+            events[-1] = TextDelta(events[-1].text + text)
+        else:
+            events.append(TextDelta(text))
+
+
+def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that begins one of ``markers``."""
+    best = 0
+    for marker in markers:
+        for length in range(min(len(marker) - 1, len(text)), 0, -1):
+            if text.endswith(marker[:length]):
+                best = max(best, length)
+                break
+    return best
+
+
+def _could_be_head(text: str) -> bool:
+    """Whether ``text`` may still grow into ``{"name": "...", "arguments": ...``."""
+    probe = '{"name": "x", "arguments": '
+    compact = re.sub(r"\s+", "", text)
+    if len(compact) < len('{"name":"'):
+        return probe.replace(" ", "").startswith(compact)
+    return compact.startswith('{"name":"')
+
+
+def _as_call(raw: str) -> tuple[str, dict[str, Any]] | None:
+    """``(name, arguments)`` when ``raw`` is a JSON function call in any of the common shapes."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, dict):
+        return None
+    if isinstance(value.get("function"), dict):  # {"type": "function", "function": {...}}
+        value = value["function"]
+    name = value.get("name")
+    if "arguments" not in value and "parameters" not in value:
+        return None
+    arguments = value.get("arguments", value.get("parameters"))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(name, str) or not name or not isinstance(arguments, dict):
+        return None
+    return name, arguments
+
+
+def _same_json(text: str, value: Any) -> bool:
+    try:
+        return bool(json.loads(text) == value)
+    except ValueError:
+        return False
