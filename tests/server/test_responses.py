@@ -1,0 +1,119 @@
+"""OpenAI Responses API through the real daemon and the real openai SDK."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from tests.conftest import Daemon
+from tests.server.streams import check_responses_stream, named_events
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather for a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                          "required": ["city"]}}
+
+
+@pytest.fixture
+def sdk(daemon: Daemon) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def test_create_retrieve_and_continue_with_previous_response_id(sdk: openai.OpenAI) -> None:
+    first = sdk.responses.create(model="smollm2", input="My name is Ada. Say hello.", max_output_tokens=24,
+                                 temperature=0)
+    assert first.status in ("completed", "incomplete") and first.output_text
+    assert first.usage and first.usage.input_tokens > 0 and first.usage.output_tokens > 0
+    stored = sdk.responses.retrieve(first.id)
+    assert stored.id == first.id and stored.output_text == first.output_text
+    second = sdk.responses.create(model="smollm2", input="What is my name?", previous_response_id=first.id,
+                                  max_output_tokens=16, temperature=0)
+    assert second.previous_response_id == first.id
+    assert second.usage and second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 2
+    # The stored conversation is the prefix of the new prompt: it comes from the cache.
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+
+
+def test_stream_has_the_full_event_sequence(daemon: Daemon) -> None:
+    body = {"model": "smollm2", "input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi!"}]}],
+            "instructions": "Answer briefly.", "stream": True, "max_output_tokens": 16}
+    with daemon.http() as http:
+        events = named_events(http, "/v1/responses", body)
+    final = check_responses_stream(events)
+    names = [name for name, _ in events]
+    for expected in ("response.output_item.added", "response.content_part.added", "response.output_text.delta",
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done"):
+        assert expected in names
+    assert final["usage"]["output_tokens"] > 0 and final["output"][0]["role"] == "assistant"
+
+
+def test_sdk_stream_with_a_required_tool_and_codex_style_tools(sdk: openai.OpenAI) -> None:
+    tools: list[Any] = [WEATHER, {"type": "web_search", "external_web_access": False},
+                        {"type": "namespace", "name": "agents", "tools": [
+                            {"type": "function", "name": "spawn", "parameters": {"type": "object", "properties": {}}}]}]
+    stream = sdk.responses.create(model="smollm2", input="Weather in Oslo?", tools=tools,
+                                  tool_choice={"type": "function", "name": "get_weather"}, stream=True,
+                                  max_output_tokens=64)
+    kinds, arguments, final = [], "", None
+    for event in stream:
+        kinds.append(event.type)
+        if event.type == "response.function_call_arguments.delta":
+            arguments += event.delta
+        if event.type == "response.completed":
+            final = event.response
+    assert "response.function_call_arguments.done" in kinds and final is not None
+    call = final.output[-1]
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+    assert json.loads(call.arguments) == json.loads(arguments)
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])  # type: ignore[arg-type]
+    assert [t.name for t in final.tools] == ["get_weather", "agents.spawn"]  # type: ignore[union-attr]
+
+
+def test_function_call_output_round_trip(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(model="smollm2", max_output_tokens=24, temperature=0, tools=[WEATHER],  # type: ignore[list-item]
+                                    tool_choice="none", input=[
+        {"role": "developer", "content": "You report weather."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"type": "function_call", "call_id": "call_9", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call_output", "call_id": "call_9", "output": "Snow, -3C"},
+    ])
+    assert response.output_text
+
+
+def test_text_format_json_schema_validates(sdk: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                               "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False}
+    response = sdk.responses.create(model="smollm2", input="Name a big city.", max_output_tokens=64,
+                                    text={"format": {"type": "json_schema", "name": "city", "schema": schema}})
+    jsonschema.validate(json.loads(response.output_text), schema)
+
+
+def test_store_false_keeps_nothing(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(model="smollm2", input="Hi", store=False, max_output_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(response.id)
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"input": [{"role": "wizard", "content": "x"}]}, 400, "input.0.role"),
+    ({"input": [{"type": "function_call_output", "call_id": "c1", "output": "x"}]}, 400, "input.0"),
+    ({"input": [{"type": "mystery"}]}, 400, "input.0.type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
+     "input.0.content.0"),
+    ({"input": "x", "previous_response_id": "resp_missing"}, 404, "previous_response_id"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nonsense"}}}},
+     400, "text.format"),
+    ({"input": "x", "tool_choice": "sometimes"}, 400, "tool_choice"),
+    ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
+])
+def test_malformed_requests_get_openai_errors(daemon: Daemon, body: dict[str, Any], status: int, param: str) -> None:
+    with daemon.http() as http:
+        response = http.post("/v1/responses", json={"model": "smollm2", **body})
+        assert response.status_code == status, response.text
+        assert response.json()["error"]["param"] == param
+        assert http.get("/v1/responses/resp_missing").status_code == 404
+        assert http.get("/health").status_code == 200
