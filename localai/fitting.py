@@ -3,7 +3,9 @@
 Kept: the leading system/developer messages, the last user message and everything after it.
 Dropped first: whole messages from the oldest end of the middle, in blocks with slack, so the fitted
 prompt keeps the same prefix for several turns (a cut that moved every turn would defeat the cache).
-Only if that is not enough, the longest kept messages are shortened in their middle.
+Then the tools' descriptions are trimmed (an agent's tool schemas can outweigh a small model's context),
+then the longest kept texts and tool results are shortened in their middle, and as a last resort the tools
+lose every description and finally go.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from localai.schema import Message, TextBlock
+from localai.schema import Message, TextBlock, Tool, ToolResultBlock
 
 MARKER = "\n[... {n} characters omitted by localai to fit the context ...]\n"
 
@@ -23,10 +25,46 @@ class Fit:
 
     dropped: int = 0
     shortened_chars: int = 0
+    tool_level: int = 0  # see slim_tools
     attempts: int = 0
 
     def header(self) -> str:
-        return f"dropped_messages={self.dropped}; shortened_chars={self.shortened_chars}"
+        text = f"dropped_messages={self.dropped}; shortened_chars={self.shortened_chars}"
+        return text + (f"; tools={TOOL_LEVELS[self.tool_level]}" if self.tool_level else "")
+
+
+TOOL_LEVELS = ("full", "without_parameter_descriptions", "without_descriptions", "dropped")
+
+
+def _strip_descriptions(schema: object) -> object:
+    if isinstance(schema, dict):
+        return {k: _strip_descriptions(v) for k, v in schema.items() if k not in ("description", "examples", "title")}
+    if isinstance(schema, list):
+        return [_strip_descriptions(item) for item in schema]
+    return schema
+
+
+def slim_tools(tools: list[Tool], level: int) -> list[Tool]:
+    """Tools made smaller, step by step, when they alone crowd out the conversation.
+
+    1: parameter descriptions go and tool descriptions keep their first 200 characters; 2: no descriptions
+    at all (names and schemas stay); 3: no tools.
+    """
+    if level <= 0:
+        return tools
+    if level >= 3:
+        return []
+    slim = []
+    for tool in tools:
+        description = tool.description[:200] if level == 1 else ""
+        parameters = _strip_descriptions(tool.parameters)
+        slim.append(Tool(tool.name, description, parameters if isinstance(parameters, dict) else {}))
+    return slim
+
+
+def size(message: Message) -> int:
+    """Characters of a message's text and tool results: what shortening can cut."""
+    return len(message.text()) + sum(len(b.content) for b in message.content if isinstance(b, ToolResultBlock))
 
 
 def protected_bounds(messages: list[Message]) -> tuple[int, int]:
@@ -53,19 +91,27 @@ def apply(messages: list[Message], dropped: int, cut_chars: int) -> list[Message
 
 
 def _shorten(messages: list[Message], cut_chars: int) -> list[Message]:
+    """Cut ``cut_chars`` from the middle of the longest texts and tool results; other blocks stay as they are."""
+    blocks = [(index, position, len(block.text if isinstance(block, TextBlock) else block.content))
+              for index, message in enumerate(messages) for position, block in enumerate(message.content)
+              if isinstance(block, TextBlock | ToolResultBlock)]
     result = list(messages)
     remaining = cut_chars
-    order = sorted(range(len(result)), key=lambda i: -len(result[i].text()))
-    for index in order:
+    for index, position, length in sorted(blocks, key=lambda item: -item[2]):
         if remaining <= 0:
             break
-        text = result[index].text()
-        if len(text) < 200:
+        if length < 200:
             continue
-        cut = min(remaining, len(text) - 100)
-        head = (len(text) - cut) // 2
+        block = result[index].content[position]
+        text = block.text if isinstance(block, TextBlock) else block.content  # type: ignore[union-attr]
+        cut = min(remaining, length - 100)
+        head = (length - cut) // 2
         new_text = text[:head] + MARKER.format(n=cut) + text[head + cut:]
-        result[index] = Message(result[index].role, [TextBlock(new_text)], result[index].name)
+        content = list(result[index].content)
+        content[position] = (TextBlock(new_text) if isinstance(block, TextBlock)
+                             else ToolResultBlock(block.tool_call_id, new_text, block.name,  # type: ignore[union-attr]
+                                                  block.is_error))  # type: ignore[union-attr]
+        result[index] = Message(result[index].role, content, result[index].name)
         remaining -= cut
     return result
 
@@ -85,16 +131,17 @@ class FitMemory:
     """Remembers each conversation's cut so the next turn reuses it (and its cached prefix)."""
 
     capacity: int = 1024
-    cuts: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    cuts: OrderedDict[str, tuple[int, int]] = field(default_factory=OrderedDict)
 
-    def get(self, key: str) -> int:
-        value = self.cuts.get(key, 0)
+    def get(self, key: str) -> tuple[int, int]:
+        """(messages dropped, tool level) of the conversation's last fit."""
+        value = self.cuts.get(key, (0, 0))
         if key in self.cuts:
             self.cuts.move_to_end(key)
         return value
 
-    def put(self, key: str, dropped: int) -> None:
-        self.cuts[key] = dropped
+    def put(self, key: str, dropped: int, tool_level: int = 0) -> None:
+        self.cuts[key] = (dropped, tool_level)
         self.cuts.move_to_end(key)
         while len(self.cuts) > self.capacity:
             self.cuts.popitem(last=False)
@@ -108,7 +155,7 @@ def next_cut(messages: list[Message], dropped: int, cut_chars: int, prompt_token
     """
     start, end = protected_bounds(messages)
     current = apply(messages, dropped, cut_chars)
-    chars = sum(len(m.text()) for m in current) or 1
+    chars = sum(size(m) for m in current) or 1
     chars_per_token = chars / max(prompt_tokens, 1)
     excess_chars = int((prompt_tokens - budget + n_ctx // 4) * chars_per_token)
     droppable = end - start - dropped
@@ -116,11 +163,11 @@ def next_cut(messages: list[Message], dropped: int, cut_chars: int, prompt_token
         middle = messages[start + dropped:end]
         removed, take = 0, 0
         while take < len(middle) and removed < excess_chars:
-            removed += len(middle[take].text()) + 20
+            removed += size(middle[take]) + 20
             take += 1
         return dropped + max(1, take), cut_chars
     excess_chars = int((prompt_tokens - budget + 16) * chars_per_token * 1.1)
-    longest = max((len(m.text()) for m in current), default=0)
+    longest = max((size(m) for m in current), default=0)
     if longest < 300:
         return None
     return dropped, cut_chars + max(excess_chars, 64)

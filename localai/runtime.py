@@ -5,12 +5,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localai import prompt as prompting
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError
-from localai.fitting import Fit, FitMemory, conversation_key, next_cut
+from localai.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.fitting import apply as fitting_apply
 from localai.metrics import Metrics
 from localai.modelfile import FLOAT_PARAMETERS, INT_PARAMETERS, LOAD_PARAMETERS
@@ -105,12 +105,14 @@ class Runtime:
             fit: Fit | None = None
             original = request.messages
             key = conversation_key(record.name, request.session_id, original) if original else ""
-            dropped, cut_chars = (self.fit_memory.get(key), 0) if (fitting and original) else (0, 0)
+            dropped, tool_level = self.fit_memory.get(key) if (fitting and original) else (0, 0)
+            cut_chars = 0
             while True:
                 messages = original
                 if original is not None and (dropped or cut_chars):
                     messages = fitting_apply(original, dropped, cut_chars)
-                op = self._operation(record, loaded, request, messages)
+                fitted = replace(request, tools=slim_tools(request.tools, tool_level)) if tool_level else request
+                op = self._operation(record, loaded, fitted, messages)
                 frames = loaded.worker.generate(op)
                 first = await frames.__anext__()
                 if first.get("ev") != "error":
@@ -128,16 +130,20 @@ class Runtime:
                     n_ctx = int(first["n_ctx"])
                     budget = n_ctx - min(request.max_tokens or 512, n_ctx // 4)
                     step = next_cut(original, dropped, cut_chars, int(first["prompt_tokens"]), budget, n_ctx)
+                    slimmer = bool(request.tools) and tool_level < 3
+                    if slimmer and (step is None or (step[1] > cut_chars and tool_level == 0)):
+                        tool_level += 1  # slim the tools before cutting text, and when no text is left to cut
+                        step = (dropped, cut_chars)
                 if step is None:
                     hint = "" if fitting else " (fitting is off for this request or model)"
                     raise ContextLengthExceeded(first["message"] + hint, param="messages")
                 dropped, cut_chars = step
                 fit = fit or Fit()
                 fit.attempts += 1
-            if original is not None and (dropped or cut_chars):
+            if original is not None and (dropped or cut_chars or tool_level):
                 fit = fit or Fit()
-                fit.dropped, fit.shortened_chars = dropped, cut_chars
-                self.fit_memory.put(key, dropped)
+                fit.dropped, fit.shortened_chars, fit.tool_level = dropped, cut_chars, tool_level
+                self.fit_memory.put(key, dropped, tool_level)
                 log.warning("fitted a conversation for %s into its context: %s", record.name, fit.header())
             return Generation(
                 fit=fit, parser=self._parser(record, loaded, request),

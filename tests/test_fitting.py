@@ -1,5 +1,5 @@
-from localai.fitting import FitMemory, apply, conversation_key, next_cut, protected_bounds
-from localai.schema import Message, TextBlock
+from localai.fitting import FitMemory, apply, conversation_key, next_cut, protected_bounds, slim_tools
+from localai.schema import Message, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
 
 def msg(role: str, text: str) -> Message:
@@ -39,8 +39,32 @@ def test_the_cut_is_remembered_per_conversation() -> None:
     key = conversation_key("m", None, CONVERSATION)
     assert key == conversation_key("m", None, [*CONVERSATION, msg("user", "more")])
     assert key != conversation_key("m", "session-1", CONVERSATION)
-    memory.put(key, 3)
-    assert memory.get(key) == 3
+    memory.put(key, 3, 1)
+    assert memory.get(key) == (3, 1)
     memory.put("b", 1)
     memory.put("c", 1)
-    assert memory.get(key) == 0  # evicted beyond capacity
+    assert memory.get(key) == (0, 0)  # evicted beyond capacity
+
+
+def test_slim_tools_steps() -> None:
+    tool = Tool("read", "Read a file. " * 40, {"type": "object", "description": "args", "properties": {
+        "path": {"type": "string", "description": "the path", "title": "Path"}}, "required": ["path"]})
+    one = slim_tools([tool], 1)[0]
+    assert len(one.description) == 200
+    assert one.parameters == {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    assert slim_tools([tool], 2)[0].description == ""
+    assert slim_tools([tool], 3) == []
+    assert slim_tools([tool], 0) == [tool]
+
+
+def test_tool_results_are_shortened_and_calls_kept() -> None:
+    conversation = [
+        msg("user", "read it"),
+        Message("assistant", [ToolCallBlock("c1", "read", {"path": "big.txt"})]),
+        Message("tool", [ToolResultBlock("c1", "x" * 5000, "read")]),
+    ]
+    fitted = apply(conversation, 0, 3000)
+    result = fitted[2].content[0]
+    assert isinstance(result, ToolResultBlock) and result.tool_call_id == "c1" and result.name == "read"
+    assert len(result.content) < 2100 and "omitted by localai" in result.content
+    assert fitted[1].content == conversation[1].content

@@ -122,3 +122,22 @@ def test_hermes_and_codex_oss_probes(daemon: Daemon) -> None:
         assert http.get("/api/tags").json()["models"]
         assert http.post("/api/show", json={"name": "smollm2"}).json()["model_info"]["llama.context_length"] == 8192
         assert http.get("/v1/models").json()["data"]
+
+
+def test_tools_larger_than_the_context_are_slimmed_not_refused(daemon: Daemon) -> None:
+    """An agent's first call with tool schemas bigger than smollm2's 8,192 tokens still gets an answer."""
+    words = "Reads, edits or searches the files of the repository under strict rules. " * 12
+    tools = [{"name": f"tool_{i}", "description": words, "input_schema": {"type": "object", "properties": {
+        "path": {"type": "string", "description": words}, "mode": {"type": "string", "description": words}}}}
+        for i in range(16)]
+    body = {**CLAUDE_CODE, "tools": tools, "stream": False, "max_tokens": 16}
+    with daemon.http() as http:
+        counted = http.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+        response = http.post("/v1/messages", json=body, headers={"X-Claude-Code-Session-Id": "too-many-tools"})
+        again = http.post("/v1/messages", json=body, headers={"X-Claude-Code-Session-Id": "too-many-tools"})
+    assert counted > 8192
+    assert response.status_code == 200, response.text
+    assert "tools=" in response.headers["X-LocalAI-Context-Fitted"]
+    assert response.json()["content"]
+    # The next turn of the session starts from the remembered fit, so its prefix comes from the cache.
+    assert again.json()["usage"]["cache_read_input_tokens"] > 100
