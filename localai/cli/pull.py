@@ -1,0 +1,49 @@
+"""``localai pull NAME``: download a model through the daemon, with a progress bar per file."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from localai.cli import cli, fail_cleanly
+
+
+@cli.command()
+@click.argument("model")
+@fail_cleanly
+def pull(model: str) -> None:
+    """Download a model: a library name (see `list --library`), hf.co/OWNER/REPO:QUANT or OWNER/REPO.
+
+    Interrupted pulls resume where they stopped. HF_TOKEN is passed on for gated repositories.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
+
+    from localai.client import Client
+    from localai.hub import TOKEN_HEADER
+
+    client = Client()
+    client.ensure_running()
+    token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
+    stream = client.stream("/api/pull", {"model": model, "stream": True}, {TOKEN_HEADER: token} if token else None)
+    console = Console(stderr=True)  # like ollama: progress on stderr, stdout stays clean
+    bars: dict[str, TaskID] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    with Progress(*columns, console=console) as progress:
+        try:
+            for event in stream:
+                digest, total = event.get("digest"), event.get("total")
+                if digest and total is not None:
+                    if digest not in bars:
+                        bars[digest] = progress.add_task(event["status"], total=total)
+                    progress.update(bars[digest], completed=event.get("completed", 0))
+                else:
+                    progress.console.print(event.get("status", ""))
+        except KeyboardInterrupt:
+            stream.close()  # closing the connection stops the download in the daemon
+            progress.stop()
+            click.echo(f"interrupted: what was downloaded is kept; run `localai pull {model}` again to resume",
+                       err=True)
+            sys.exit(130)
