@@ -218,8 +218,14 @@ class Registry:
         return row
 
     def _digest(self, path: Path) -> str:
-        """Pulled weights are named by their verified sha256 in the cache; other files are hashed once."""
-        return weights.cached_digest(path) or self.file_sha256(path)
+        """Pulled weights are named by their verified hashes in the cache; other files are hashed once."""
+        cached = weights.cached_digest(path)
+        if cached is not None:
+            return cached
+        if path.is_dir():
+            listing = "\n".join(f"{item.relative_to(path)} {self.file_sha256(item)}" for item in weights.files(path))
+            return hashlib.sha256(listing.encode()).hexdigest()
+        return self.file_sha256(path)
 
     def alias(self, alias: str, target: str) -> None:
         """Make ``alias`` another name for ``target``."""

@@ -16,7 +16,7 @@ from localai.errors import ModelfileError
 from localai.gguf_meta import GGUFMetadata
 
 SPLIT_PART = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_BLOB_NAME = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # a git object id or an LFS sha256
 
 
 def split_parts(path: Path) -> list[Path]:
@@ -56,19 +56,19 @@ def total_size(path: Path) -> int:
 def cached_digest(path: Path) -> str | None:
     """The sha256 of weights that sit in the Hugging Face cache, without reading them.
 
-    Cached files are links to blobs named by their sha256 (verified when they were pulled): a single
-    file's digest is its blob's name, several files get the sha256 of their names and blob names.
-    None when any file is not such a link.
+    Cached files are links to blobs named by their content hash, verified when they were pulled (the
+    sha256 for weights, a git object id for small files): a single file's digest is its blob's name,
+    several files get the sha256 of their names and blob names. None when any file is not such a link.
     """
     entries: list[str] = []
     for item in files(path):
         if not item.is_symlink():
             return None
         blob = item.resolve().name
-        if not _SHA256.match(blob):
+        if not _BLOB_NAME.match(blob):
             return None
         entries.append(f"{item.relative_to(path) if path.is_dir() else item.name} {blob}")
-    if not path.is_dir() and len(entries) == 1:
+    if not path.is_dir() and len(entries) == 1 and len(entries[0].rsplit(" ", 1)[1]) == 64:
         return entries[0].rsplit(" ", 1)[1]
     return hashlib.sha256("\n".join(entries).encode()).hexdigest()
 
