@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,13 @@ class ModelfileStatus:
 class ModelfileWatcher:
     """Watches one directory with watchfiles and reconciles the registry with it on every change."""
 
-    def __init__(self, root: Path, registry: Registry) -> None:
+    def __init__(self, root: Path, registry: Registry,
+                 unload: Callable[[str], Awaitable[object]] | None = None) -> None:
         self.root = root
         self.registry = registry  # only reopened: reconciling runs on a worker thread
+        self.unload = unload  # unloads a removed model that is still loaded
         self.statuses: list[ModelfileStatus] = []
-        self._applied: dict[Path, str] = {}  # the text last applied successfully, per file
+        self._applied: dict[Path, bytes] = {}  # the content last applied successfully, per file
         self._reported: dict[Path, str] = {}  # the error last logged, per file (logged once each)
         self._lock = threading.Lock()
         self._stop: asyncio.Event | None = None
@@ -56,12 +59,17 @@ class ModelfileWatcher:
 
         self._stop = asyncio.Event()
         self.root.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self.reconcile)
+        await self._reconcile_and_unload()
         try:
             async for _ in awatch(self.root, stop_event=self._stop, debounce=DEBOUNCE_MS, recursive=True):
-                await asyncio.to_thread(self.reconcile)
+                await self._reconcile_and_unload()
         except Exception:
             log.exception("stopped watching %s", self.root)
+
+    async def _reconcile_and_unload(self) -> None:
+        for name in await asyncio.to_thread(self.reconcile):
+            if self.unload is not None:
+                await self.unload(name)
 
     def stop(self) -> None:
         if self._stop is not None:
@@ -69,22 +77,24 @@ class ModelfileWatcher:
 
     def poke(self) -> None:
         """Reconcile soon (after a pull: Modelfiles FROM the pulled weights may build now)."""
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self.reconcile))
+        task = asyncio.get_running_loop().create_task(self._reconcile_and_unload())
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    def reconcile(self) -> None:
-        """Bring the registry in line with the directory (blocking; one at a time)."""
+    def reconcile(self) -> list[str]:
+        """Bring the registry in line with the directory (blocking; one at a time); the names removed."""
         with self._lock:
             registry = self.registry.reopen()
+            removed: list[str] = []
             try:
-                self.statuses = self._reconcile(registry)
+                self.statuses = self._reconcile(registry, removed)
             except Exception:
                 log.exception("reconciling %s failed", self.root)
             finally:
                 registry.close()
+            return removed
 
-    def _reconcile(self, registry: Registry) -> list[ModelfileStatus]:
+    def _reconcile(self, registry: Registry, removed: list[str]) -> list[ModelfileStatus]:
         found = library.modelfiles(self.root)
         errors: dict[Path, str] = {}
         for path in sorted(self.root.rglob(f"*{library.SUFFIX}")) if self.root.is_dir() else []:
@@ -107,7 +117,7 @@ class ModelfileWatcher:
         for name, source in registry.watched().items():
             path = Path(source[len(WATCHED):])
             if found.get(name) != path:
-                registry.remove(name, delete_weights=False)
+                removed += registry.remove(name, delete_weights=False)
                 self._applied.pop(path, None)
                 log.info("removed %s: its Modelfile %s is gone", name, path)
         for path, message in errors.items():
@@ -119,11 +129,11 @@ class ModelfileWatcher:
         return [ModelfileStatus(str(path), names.get(path), errors.get(path)) for path in every]
 
     def _apply(self, registry: Registry, name: str, path: Path) -> None:
-        text = path.read_text(encoding="utf-8")
-        if self._applied.get(path) == text and registry.exists(name):
+        content = path.read_bytes()
+        if self._applied.get(path) == content and registry.exists(name):
             return
         record = registry.sync(name, parse_file(path), source=f"{WATCHED}{path}")
-        self._applied[path] = text
+        self._applied[path] = content
         if record is not None:
             log.info("created %s from %s", record.name, path)
 

@@ -113,7 +113,7 @@ def test_list_repo_and_its_errors(server: HubServer) -> None:
 
 
 def test_unreachable_and_offline_hub(monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(HubUnreachable, match="cannot reach http://127.0.0.1:9"):
+    with pytest.raises(HubUnreachable, match=r"cannot reach http://127\.0\.0\.1:9"):
         hub.list_repo("org/x")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(HubUnreachable, match="offline"):
@@ -166,7 +166,7 @@ def test_a_dropped_connection_is_resumed_in_place(server: HubServer) -> None:
 
 def test_corrupt_bytes_are_rejected_and_deleted(server: HubServer) -> None:
     server.file("org/Tiny-GGUF", "tiny-Q4_K_M.gguf").served = bytes(len(BLOB))
-    with pytest.raises(DownloadCorrupt, match="sha256 .* where the hub advertises"):
+    with pytest.raises(DownloadCorrupt, match=r"sha256 \w+ where the hub advertises"):
         _fetch()
     assert not _partial().exists() and not list(_partial().parent.iterdir())
     assert hub.cached_weights(hub.HubRef("org/Tiny-GGUF")) is None

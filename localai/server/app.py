@@ -22,7 +22,8 @@ from localai.watcher import ModelfileWatcher, stop_quietly
 def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        watcher = app.state.watcher = ModelfileWatcher(paths.user_modelfiles_dir(), runtime.registry)
+        watcher = app.state.watcher = ModelfileWatcher(paths.user_modelfiles_dir(), runtime.registry,
+                                                       unload=runtime.scheduler.unload)
         watching = asyncio.create_task(watcher.run(), name="modelfile-watcher")
         yield
         await stop_quietly(watcher, watching)
