@@ -48,7 +48,8 @@ QUANT_PREFERENCE = (DEFAULT_QUANT, "Q4_K_S", "IQ4_XS", "Q4_0", "Q5_K_M", "Q5_K_S
 _NAME_PART = r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
 _REPO = re.compile(rf"^{_NAME_PART}/{_NAME_PART}$")
 _QUANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_QUANT_IN_NAME = re.compile(r"(?:^|[-._])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|FP16))$", re.IGNORECASE)
+_QUANT_IN_NAME = re.compile(r"(?:^|[-._])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|T?Q\d_\d|MXFP4|BF16|F16|F32|FP16))$",
+                            re.IGNORECASE)
 # An MLX model is a Hugging Face-format directory: config, safetensors and tokenizer files (never code).
 MLX_SUFFIXES = (".json", ".safetensors", ".model", ".tiktoken", ".jinja")
 MLX_NAMES = frozenset({"merges.txt", "vocab.txt"})
@@ -333,7 +334,10 @@ def remove_cached(path: Path) -> int:
     repo = root / Path(os.path.abspath(path)).relative_to(root).parts[0]
     snapshots = repo / "snapshots"
     try:
-        doomed = weights.files(path) if path.exists() else []
+        if path.is_dir():  # only the MLX files localai pulled, not what other tools put beside them
+            doomed = [path / name for name in choose_mlx(snapshot_files(path)) or []]
+        else:
+            doomed = weights.files(path) if path.exists() else []
     except LocalAIError:
         doomed = [path]
     targets = {item.resolve() for item in doomed if item.is_symlink()}

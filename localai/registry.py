@@ -270,9 +270,13 @@ class Registry:
         if delete_weights and not row["alias_of"] and row["path"]:
             still_used = self._models.count_where("path = ? and alias_of is null", [row["path"]])
             if not still_used:
-                freed = hub.remove_cached(Path(row["path"]))
-                if freed:
-                    log.info("deleted %s of weights of %s from the cache", freed, key)
+                try:
+                    freed = hub.remove_cached(Path(row["path"]))
+                except OSError as exc:  # the model is gone either way; say what is left behind
+                    log.warning("could not delete the weights of %s at %s: %s", key, row["path"], exc)
+                else:
+                    if freed:
+                        log.info("deleted %d bytes of weights of %s from the cache", freed, key)
         return removed
 
     def watched(self) -> dict[str, str]:

@@ -169,10 +169,16 @@ def test_pull_an_mlx_repository(puller: Daemon, hub_server: HubServer) -> None:
     with puller.http() as http:
         response = http.post("/api/chat", json={"model": "mlx-community/tiny-chat-4bit", "stream": False,
                                                 "messages": [{"role": "user", "content": "hi"}]})
-    if sys.platform == "darwin":
-        pytest.skip("on a Mac the MLX engine itself answers")
-    assert response.status_code == 400
-    assert "MLX" in response.json()["error"] and "Apple Silicon" in response.json()["error"]
+    if sys.platform != "darwin":  # on a Mac the MLX engine itself answers
+        assert response.status_code == 400
+        assert "MLX" in response.json()["error"] and "Apple Silicon" in response.json()["error"]
+    with puller.http() as http:
+        snapshot = Path(http.post("/api/show", json={"model": "mlx-community/tiny-chat-4bit"}).json()["path"])
+    assert sorted(item.name for item in snapshot.iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    (snapshot / "notes.txt").write_text("put here by another tool")
+    assert puller.cli("rm", "mlx-community/tiny-chat-4bit").returncode == 0
+    assert sorted(item.name for item in snapshot.iterdir()) == ["notes.txt"]
 
 
 def test_split_gguf_is_pulled_whole_and_loads(puller: Daemon, hub_server: HubServer, smollm2_path: Path,
