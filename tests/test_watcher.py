@@ -141,4 +141,4 @@ def test_the_daemon_follows_user_modelfiles(isolated_home: Path, smollm2_path: P
         (root / "ghost.Modelfile").write_text("FROM nothing-installed\n")
         wait_for(lambda: "ghost.Modelfile" in _broken(daemon), "ghost to be reported")
         shown = daemon.cli("show", "ghost")
-        assert shown.returncode == 1 and "ghost.Modelfile is broken" in shown.stderr
+        assert shown.returncode == 1 and "Modelfile is broken" in shown.stderr and "ghost.Modelfile" in shown.stderr

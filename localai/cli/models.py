@@ -81,13 +81,19 @@ def _list_library() -> None:
     rows = []
     for entry in library.entries():
         modelfile = parse_file(entry.path)
+        description = entry.description if len(entry.description) <= 72 else entry.description[:71] + "…"
         rows.append([entry.name, modelfile.from_, str(modelfile.parameters.get("num_ctx", "")),
-                     "yes" if entry.name in installed else "", entry.description])
+                     "yes" if entry.name in installed else "", description])
     _table(["NAME", "FROM", "CONTEXT", "INSTALLED", "DESCRIPTION"], rows)
 
 
 def _broken_modelfiles(client: Any) -> list[dict[str, Any]]:
     return [item for item in client.request("GET", "/api/modelfiles")["modelfiles"] if item["error"]]
+
+
+def _where(item: dict[str, Any]) -> str:
+    """A broken Modelfile's error, led by its path (parse errors name it already)."""
+    return item["error"] if item["error"].startswith(item["path"]) else f"{item['path']}: {item['error']}"
 
 
 @cli.command()
@@ -105,9 +111,9 @@ def ps() -> None:
     )
     broken = _broken_modelfiles(client) if running else []
     if broken:
-        click.echo("\nBroken Modelfiles (their models keep their last good version):")
+        click.echo("\nBroken Modelfiles (a model created from one earlier keeps that version):")
         for item in broken:
-            click.echo(f"  {item['path']}: {item['error']}")
+            click.echo(f"  {_where(item)}")
 
 
 @cli.command()
@@ -140,8 +146,8 @@ def show(model: str, part: str | None) -> None:
         info = client.request("POST", "/api/show", {"model": model})
     except ModelNotFound:
         if broken:
-            raise ModelNotFound(f"model '{model}' is not installed: its Modelfile {broken[0]['path']} is broken: "
-                                f"{broken[0]['error']}") from None
+            message = f"model '{model}' is not installed, its Modelfile is broken: {_where(broken[0])}"
+            raise ModelNotFound(message) from None
         raise
     if part:
         click.echo(info.get(part, "").rstrip("\n"))
@@ -161,7 +167,7 @@ def show(model: str, part: str | None) -> None:
         click.echo(f"    {info['system']}")
     for item in broken:
         click.echo("\n  Modelfile error (this is its last good version)")
-        click.echo(f"    {item['path']}: {item['error']}")
+        click.echo(f"    {_where(item)}")
 
 
 @cli.command()

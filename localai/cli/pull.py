@@ -30,20 +30,26 @@ def pull(model: str) -> None:
     stream = client.stream("/api/pull", {"model": model, "stream": True}, {TOKEN_HEADER: token} if token else None)
     console = Console(stderr=True)  # like ollama: progress on stderr, stdout stays clean
     bars: dict[str, TaskID] = {}
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
-    with Progress(*columns, console=console) as progress:
-        try:
-            for event in stream:
-                digest, total = event.get("digest"), event.get("total")
-                if digest and total is not None:
-                    if digest not in bars:
-                        bars[digest] = progress.add_task(event["status"], total=total)
-                    progress.update(bars[digest], completed=event.get("completed", 0))
-                else:
-                    progress.console.print(event.get("status", ""))
-        except KeyboardInterrupt:
-            stream.close()  # closing the connection stops the download in the daemon
+    progress: Progress | None = None  # started at the first download, so errors print alone
+    try:
+        for event in stream:
+            digest, total = event.get("digest"), event.get("total")
+            if digest and total is not None:
+                if progress is None:
+                    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                        TransferSpeedColumn(), console=console)
+                    progress.start()
+                if digest not in bars:
+                    bars[digest] = progress.add_task(event["status"], total=total)
+                progress.update(bars[digest], completed=event.get("completed", 0))
+            else:
+                console.print(event.get("status", ""))
+    except KeyboardInterrupt:
+        stream.close()  # closing the connection stops the download in the daemon
+        if progress is not None:
             progress.stop()
-            click.echo(f"interrupted: what was downloaded is kept; run `localai pull {model}` again to resume",
-                       err=True)
-            sys.exit(130)
+        click.echo(f"interrupted: what was downloaded is kept; run `localai pull {model}` again to resume", err=True)
+        sys.exit(130)
+    finally:
+        if progress is not None:
+            progress.stop()
