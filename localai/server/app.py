@@ -10,9 +10,10 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+import localai.server.pull as pull_api
 from localai import __version__, paths
 from localai.runtime import Runtime
-from localai.server import cache, ollama, openai, pull
+from localai.server import cache, ollama, openai
 from localai.server.errors import install_error_handlers
 from localai.server.security import GuardMiddleware, is_loopback_host
 from localai.settings import Settings
@@ -52,7 +53,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.include_router(openai.router)
     app.include_router(ollama.router)
     app.include_router(cache.router)
-    app.include_router(pull.router)
+    app.include_router(pull_api.router)
     if settings.origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"], allow_headers=["*"],
