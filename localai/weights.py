@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ def cached_digest(path: Path) -> str | None:
     for item in files(path):
         if not item.is_symlink():
             return None
-        blob = item.resolve().name
+        blob = Path(os.readlink(item)).name  # the blob the snapshot names (itself maybe a link elsewhere)
         if not _BLOB_NAME.match(blob):
             return None
         entries.append(f"{item.relative_to(path) if path.is_dir() else item.name} {blob}")

@@ -82,6 +82,27 @@ def test_bad_names_missing_weights_and_models_built_on_others(watcher: Modelfile
     assert set(found) == {"My Model.Modelfile", "too-deep.Modelfile", "remote.Modelfile", "garbage.Modelfile"}
 
 
+def test_a_modelfile_from_unpulled_weights_builds_once_they_are_cached(watcher: ModelfileWatcher,
+                                                                      registry: Registry,
+                                                                      smollm2_path: Path) -> None:
+    (watcher.root / "remote.Modelfile").write_text("FROM hf.co/org/Late-GGUF:Q4_1\nPARAMETER temperature 0\n")
+    watcher.reconcile()
+    assert "not downloaded yet" in errors(watcher)["remote.Modelfile"] and not registry.exists("remote")
+    # What a pull leaves in the hub cache: refs/main -> snapshots/<commit>/<file> -> blobs/<sha256>.
+    repo = paths.hf_hub_cache() / "models--org--Late-GGUF"
+    commit = "c" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "blobs").mkdir()
+    blob = repo / "blobs" / ("b" * 64)
+    blob.symlink_to(smollm2_path)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "late-Q4_1.gguf").symlink_to(blob)
+    watcher.reconcile()  # what the daemon does after every pull
+    record = registry.get("remote")
+    assert not errors(watcher) and record.sha256 == "b" * 64 and record.path.endswith("late-Q4_1.gguf")
+
+
 def _ps(daemon: Daemon) -> dict[str, Any]:
     with daemon.http() as http:
         return {model["name"]: model for model in http.get("/api/ps").json()["models"]}
