@@ -234,11 +234,14 @@ def test_ctrl_c_stops_the_pull_and_the_next_one_resumes(puller: Daemon, hub_serv
     served = hub_server.file(SMOL_REPO, SMOL_FILE)
     served.stall_after = 30 * MiB
     cli = subprocess.Popen([sys.executable, "-m", "localai", "pull", SMOL_NAME], env=puller.env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           # as from a terminal, even when this test runs where SIGINT is ignored (`make test &`)
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     wait_for(lambda: _size(_partial(smollm2_path)) >= 30 * MiB, "30 MiB on disk")
     cli.send_signal(signal.SIGINT)
     _, stderr = cli.communicate(timeout=60)
     assert cli.returncode == 130 and "run `localai pull" in stderr and "again to resume" in stderr
+    wait_for(lambda: "the client stopped pulling" in puller.log(), "the daemon to stop the download")
     served.release.set()
     assert SMOL_REGISTERED not in installed(puller)
     result = puller.cli("pull", SMOL_NAME)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from localai.runtime import Runtime
 from localai.settings import Settings
 
 router = APIRouter()
+log = logging.getLogger("localai.server.pull")
 
 
 class PullBody(BaseModel):
@@ -48,13 +50,17 @@ async def pull(body: PullBody, request: Request) -> JSONResponse | StreamingResp
         return JSONResponse({"status": "success"})
 
     async def stream() -> AsyncIterator[bytes]:
+        finished = False
         try:
             async for event in job.events():
                 yield (json.dumps(event) + "\n").encode()
+            finished = True
             if job.record is not None and watcher is not None:
                 watcher.poke()
         finally:
-            job.cancel()  # the client went away (or the job ended, when this is a no-op)
+            if not finished:
+                log.info("the client stopped pulling %s; the download stops, its bytes are kept", plan.name)
+                job.cancel()
 
     return StreamingResponse(stream(), media_type="application/x-ndjson")
 
