@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import httpx
@@ -83,10 +83,12 @@ class Client:
             raise _api_error(response.status_code, response.read())
         return response.json() if response.content else {}
 
-    def stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def stream(self, path: str, body: dict[str, Any],
+               headers: dict[str, str] | None = None) -> Generator[dict[str, Any], None, None]:
         """Yield NDJSON objects from a streaming Ollama-native endpoint. Closing it cancels the request."""
         try:
-            with self._http(timeout=None) as http, http.stream("POST", path, json=body) as response:
+            with self._http(timeout=None) as http, http.stream("POST", path, json=body,
+                                                               headers=headers) as response:
                 if response.status_code >= 400:
                     raise _api_error(response.status_code, response.read())
                 for line in response.iter_lines():

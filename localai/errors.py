@@ -99,3 +99,56 @@ class DaemonUnavailable(LocalAIError):
 
     status_code = 503
     error_type = "server_error"
+
+
+class EngineUnavailable(LocalAIError):
+    """The model's engine cannot run on this machine (an MLX model off Apple Silicon)."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "engine_unavailable"
+
+
+class PullFailed(LocalAIError):
+    """A download from Hugging Face failed: the hub is unreachable or answered with an error."""
+
+    status_code = 502
+    error_type = "server_error"
+    code = "pull_failed"
+
+
+class GatedModel(PullFailed):
+    """The repository needs a Hugging Face token that has accepted its terms."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "gated_model"
+
+
+class DownloadCorrupt(PullFailed):
+    """Downloaded bytes do not match the size or sha256 the hub advertises; they were discarded."""
+
+    code = "download_corrupt"
+
+
+class NotEnoughDiskSpace(PullFailed):
+    """A pull would not fit on the disk (keeping ``LOCALAI_MIN_FREE_SPACE`` free); nothing was downloaded."""
+
+    status_code = 507
+    error_type = "insufficient_storage"
+    code = "not_enough_disk_space"
+
+
+class PullCancelled(PullFailed):
+    """The client went away mid-pull; the partial download is kept and the next pull resumes it."""
+
+    status_code = 499
+    error_type = "cancelled"
+    code = "pull_cancelled"
+
+
+class HubUnreachable(PullFailed):
+    """Hugging Face could not be reached (offline mode or no network) and the model is not in the cache."""
+
+    status_code = 503
+    code = "hub_unreachable"

@@ -48,12 +48,30 @@ def pid_path() -> Path:
 
 
 def user_modelfiles_dir() -> Path:
-    """User Modelfiles watched by the daemon."""
+    """User Modelfiles, watched by the daemon: ``NAME.Modelfile`` or ``NAME/TAG.Modelfile``."""
     return home() / "modelfiles"
 
 
+def hf_hub_cache() -> Path:
+    """Hugging Face's hub cache, where pulled weights live (shared with every huggingface_hub user).
+
+    Read at call time from the variables huggingface_hub itself honours: ``HF_HUB_CACHE``, then
+    ``HF_HOME``/hub, then ``XDG_CACHE_HOME``/huggingface/hub.
+    """
+    for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        configured = os.environ.get(variable)
+        if configured:
+            return Path(os.path.expandvars(configured)).expanduser()
+    hf_home = os.environ.get("HF_HOME")
+    if hf_home:
+        return Path(os.path.expandvars(hf_home)).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
 def library_modelfiles_dir() -> Path:
-    """The Modelfiles that ship with localai: the source tree's ``modelfiles/`` or ``<prefix>/share``."""
+    """The library of Modelfiles that ship with localai (``NAME/TAG.Modelfile``): the source tree's
+    ``modelfiles/`` or ``<prefix>/share/localai/modelfiles``."""
     source_tree = Path(__file__).resolve().parent.parent / "modelfiles"
     if source_tree.is_dir():
         return source_tree

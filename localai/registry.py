@@ -6,13 +6,14 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import sqlite_utils
 
-from localai import paths
+from localai import hub, paths, weights
 from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
 from localai.gguf_meta import read_metadata
 from localai.modelfile import Modelfile, ParameterValue, parse_file
@@ -23,6 +24,10 @@ log = logging.getLogger("localai.registry")
 EMBEDDED_MODEL = "smollm2:135m"
 EMBEDDED_ALIAS = "smollm2:latest"
 PACKAGE_SOURCE = "package:"
+WATCHED = "modelfile:"  # the source of models created from a user Modelfile, followed by its path
+# Fields that decide whether re-creating a model from the same Modelfile changes anything.
+_DEFINING = ("source", "path", "format", "sha256", "parameters", "template", "system", "messages", "license",
+             "modelfile")
 
 
 @dataclass
@@ -48,6 +53,11 @@ class ModelRecord:
     modified_at: str = ""
     aliases: list[str] = field(default_factory=list)
 
+    @property
+    def engine(self) -> str:
+        """The backend that runs these weights: ``llama.cpp`` for GGUF, ``mlx`` for MLX directories."""
+        return "mlx" if self.format == "mlx" else "llama.cpp"
+
     def modelfile(self) -> Modelfile:
         return Modelfile(
             from_=self.path, parameters=dict(self.parameters), template=self.template, system=self.system,
@@ -67,16 +77,25 @@ def normalize(name: str) -> str:
 class Registry:
     """Installed models in ``$LOCALAI_HOME/localai.db``."""
 
-    def __init__(self, db: sqlite_utils.Database) -> None:
+    def __init__(self, db: sqlite_utils.Database, path: Path | None = None) -> None:
         self.db = db
+        self.path = path  # the database file, so another thread can open its own connection
 
     @property
     def _models(self) -> sqlite_utils.db.Table:
         return self.db.table("models")
 
     @classmethod
-    def open(cls) -> Registry:
-        return cls(open_database(paths.database_path()))
+    def open(cls, path: Path | None = None) -> Registry:
+        path = path or paths.database_path()
+        return cls(open_database(path), path)
+
+    def reopen(self) -> Registry:
+        """A new connection to the same database, for another thread (SQLite connections stay in theirs)."""
+        return Registry.open(self.path)
+
+    def close(self) -> None:
+        self.db.close()
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -131,11 +150,32 @@ class Registry:
     # -- writing ---------------------------------------------------------------------------------
 
     def create(self, name: str, modelfile: Modelfile, *, source: str | None = None) -> ModelRecord:
-        """Create or replace ``name`` from a parsed Modelfile whose FROM is a GGUF path or a model."""
+        """Create or replace ``name`` from a parsed Modelfile.
+
+        ``FROM`` is a GGUF path (a split GGUF's first part), an MLX directory, ``package:<module>/<file>``,
+        a pulled ``hf.co/OWNER/REPO[:QUANT]`` (looked up in the cache, never downloaded here) or a model.
+        """
         key = normalize(name)
+        row = self._build(key, modelfile, source)
+        self._models.upsert(row, pk="name")
+        return self.get(key)
+
+    def sync(self, name: str, modelfile: Modelfile, *, source: str) -> ModelRecord | None:
+        """Create ``name`` unless it already is exactly this; the record when it changed, else None."""
+        key = normalize(name)
+        row = self._build(key, modelfile, source)
+        existing = self._row(key)
+        if existing is not None and not existing["alias_of"] and all(
+            existing[field] == row[field] for field in _DEFINING
+        ):
+            return None
+        self._models.upsert(row, pk="name")
+        return self.get(key)
+
+    def _build(self, key: str, modelfile: Modelfile, source: str | None) -> dict[str, Any]:
         base: ModelRecord | None = None
-        weights = resolve_weights(modelfile.from_)
-        if weights is None:
+        path = resolve_weights(modelfile.from_)
+        if path is None:
             try:
                 base = self.get(modelfile.from_)
             except ModelNotFound:
@@ -143,11 +183,18 @@ class Registry:
                     f"FROM {modelfile.from_}: neither a GGUF file nor an installed model; "
                     "give a path to a .gguf file or the name of a model from `localai list`"
                 ) from None
-            weights = Path(base.path)
+            path = Path(base.path)
         if modelfile.adapters:
             raise ModelfileError("ADAPTER (LoRA) is not supported yet")
         try:
-            meta = read_metadata(weights)
+            if path.is_dir():
+                if not weights.is_mlx_dir(path):
+                    raise ModelfileError(f"FROM {modelfile.from_}: a directory without config.json and *.safetensors")
+                fmt, meta = "mlx", weights.read_mlx_metadata(path)
+            else:
+                weights.split_parts(path)
+                fmt, meta = "gguf", read_metadata(path)
+            size = weights.total_size(path)
         except (OSError, ValueError) as exc:
             raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
         parameters: dict[str, ParameterValue] = dict(base.parameters) if base else {}
@@ -155,8 +202,8 @@ class Registry:
         stamp = now()
         row = {
             "name": key, "alias_of": None, "source": source or (base.source if base else modelfile.from_),
-            "path": str(weights), "format": "gguf", "sha256": self.file_sha256(weights),
-            "size": weights.stat().st_size, "family": meta.architecture, "quantization": meta.quantization,
+            "path": str(path), "format": fmt, "sha256": self._digest(path),
+            "size": size, "family": meta.architecture, "quantization": meta.quantization,
             "parameter_size": meta.parameter_size, "context_length": meta.context_length,
             "parameters": json.dumps(parameters),
             "template": modelfile.template if modelfile.template is not None else (base.template if base else None),
@@ -166,10 +213,19 @@ class Registry:
             "modelfile": modelfile.render(), "created_at": stamp, "modified_at": stamp,
         }
         existing = self._row(key)
-        if existing is not None:
+        if existing is not None and existing["created_at"]:
             row["created_at"] = existing["created_at"]
-        self._models.upsert(row, pk="name")
-        return self.get(key)
+        return row
+
+    def _digest(self, path: Path) -> str:
+        """Pulled weights are named by their verified hashes in the cache; other files are hashed once."""
+        cached = weights.cached_digest(path)
+        if cached is not None:
+            return cached
+        if path.is_dir():
+            listing = "\n".join(f"{item.relative_to(path)} {self.file_sha256(item)}" for item in weights.files(path))
+            return hashlib.sha256(listing.encode()).hexdigest()
+        return self.file_sha256(path)
 
     def alias(self, alias: str, target: str) -> None:
         """Make ``alias`` another name for ``target``."""
@@ -196,8 +252,12 @@ class Registry:
         )
         return self.get(destination)
 
-    def remove(self, name: str) -> list[str]:
-        """Remove a model and its aliases; returns the names removed."""
+    def remove(self, name: str, *, delete_weights: bool = True) -> list[str]:
+        """Remove a model and its aliases; returns the names removed.
+
+        Pulled weights (in the Hugging Face cache) go too when no remaining model uses them; weights
+        elsewhere (your own GGUF files, the embedded model) are never deleted.
+        """
         key = normalize(name)
         row = self._row(key)
         if row is None:
@@ -207,7 +267,21 @@ class Registry:
             removed += [r["name"] for r in self._models.rows_where("alias_of = ?", [key])]
         for item in removed:
             self._models.delete(item)
+        if delete_weights and not row["alias_of"] and row["path"]:
+            still_used = self._models.count_where("path = ? and alias_of is null", [row["path"]])
+            if not still_used:
+                try:
+                    freed = hub.remove_cached(Path(row["path"]))
+                except OSError as exc:  # the model is gone either way; say what is left behind
+                    log.warning("could not delete the weights of %s at %s: %s", key, row["path"], exc)
+                else:
+                    if freed:
+                        log.info("deleted %d bytes of weights of %s from the cache", freed, key)
         return removed
+
+    def watched(self) -> dict[str, str]:
+        """Models created from user Modelfiles: name → source (``modelfile:<path>``)."""
+        return {row["name"]: row["source"] for row in self._models.rows_where("source like ?", [f"{WATCHED}%"])}
 
     def file_sha256(self, path: Path) -> str:
         """The file's sha256, remembered by path, size and mtime so it is computed once."""
@@ -233,7 +307,7 @@ class Registry:
 
         Returns the record when it was (re)registered, None when nothing changed or it is absent.
         """
-        library = paths.library_modelfiles_dir() / "smollm2.Modelfile"
+        library = paths.library_modelfiles_dir() / "smollm2" / "135m.Modelfile"
         if not library.is_file():
             return None
         modelfile = parse_file(library)
@@ -253,7 +327,8 @@ class Registry:
 
 
 def resolve_weights(reference: str) -> Path | None:
-    """A GGUF path for ``FROM``: a file path, or ``package:<module>/<file>`` inside an installed package."""
+    """Weights for ``FROM``: a file or MLX directory path, ``package:<module>/<file>`` inside an installed
+    package, or a pulled ``hf.co/OWNER/REPO[:QUANT]`` in the Hugging Face cache. None for other names."""
     if reference.startswith(PACKAGE_SOURCE):
         module, _, relative = reference[len(PACKAGE_SOURCE):].partition("/")
         spec = importlib.util.find_spec(module)  # finds the package without importing it
@@ -261,8 +336,19 @@ def resolve_weights(reference: str) -> Path | None:
             return None
         candidate = Path(next(iter(spec.submodule_search_locations))) / relative
         return candidate if candidate.is_file() else None
+    if hub.is_hub_reference(reference):
+        try:
+            ref = hub.parse_reference(reference)
+        except InvalidRequest as exc:
+            raise ModelfileError(f"FROM {reference}: {exc.message}") from exc
+        cached = hub.cached_weights(ref)
+        if cached is None:
+            raise ModelfileError(f"FROM {reference}: not downloaded yet; run: localai pull {ref}")
+        return Path(os.path.abspath(cached))  # the snapshot's name, not the blob's: split parts sit beside it
     path = Path(reference).expanduser()
     if path.is_file():
+        return path.resolve()
+    if path.is_dir() and weights.is_mlx_dir(path):
         return path.resolve()
     if reference.lower().endswith(".gguf") or reference.startswith((".", "/", "~")):
         raise ModelfileError(f"FROM {reference}: no such file")

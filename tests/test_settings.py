@@ -49,3 +49,12 @@ def test_paths_follow_localai_home_at_call_time(monkeypatch: pytest.MonkeyPatch,
     assert paths.socket_path() == tmp_path / "a" / "localai.sock"
     monkeypatch.setenv("LOCALAI_HOME", str(tmp_path / "b"))
     assert paths.database_path() == tmp_path / "b" / "localai.db"
+
+
+def test_min_free_space(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().min_free_space == 1 << 30
+    monkeypatch.setenv("LOCALAI_MIN_FREE_SPACE", "0")
+    assert Settings().min_free_space == 0
+    monkeypatch.setenv("LOCALAI_MIN_FREE_SPACE", "-1")
+    with pytest.raises(ValueError):
+        Settings()

@@ -37,6 +37,6 @@ def cli() -> None:
 
 
 def main() -> None:
-    from localai.cli import bench, cache, models, run, serve  # noqa: F401 - registers the commands
+    from localai.cli import bench, cache, models, pull, run, serve  # noqa: F401 - registers the commands
 
     cli()

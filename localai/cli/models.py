@@ -57,9 +57,13 @@ def _table(headers: list[str], rows: list[list[str]]) -> None:
 
 
 @cli.command("list")
+@click.option("--library", "show_library", is_flag=True, help="List the models `localai pull NAME` can fetch.")
 @fail_cleanly
-def list_models() -> None:
-    """List installed models."""
+def list_models(show_library: bool) -> None:
+    """List installed models (or, with --library, the library)."""
+    if show_library:
+        _list_library()
+        return
     models = _client().request("GET", "/api/tags")["models"]
     _table(
         ["NAME", "ID", "SIZE", "QUANT", "FAMILY", "CONTEXT", "MODIFIED"],
@@ -68,18 +72,48 @@ def list_models() -> None:
     )
 
 
+def _list_library() -> None:
+    from localai import library
+    from localai.modelfile import parse_file
+
+    client = _client(start=False)
+    installed = {m["name"] for m in client.request("GET", "/api/tags")["models"]} if client.is_running() else set()
+    rows = []
+    for entry in library.entries():
+        modelfile = parse_file(entry.path)
+        description = entry.description if len(entry.description) <= 72 else entry.description[:71] + "…"
+        rows.append([entry.name, modelfile.from_, str(modelfile.parameters.get("num_ctx", "")),
+                     "yes" if entry.name in installed else "", description])
+    _table(["NAME", "FROM", "CONTEXT", "INSTALLED", "DESCRIPTION"], rows)
+
+
+def _broken_modelfiles(client: Any) -> list[dict[str, Any]]:
+    return [item for item in client.request("GET", "/api/modelfiles")["modelfiles"] if item["error"]]
+
+
+def _where(item: dict[str, Any]) -> str:
+    """A broken Modelfile's error, led by its path (parse errors name it already)."""
+    return item["error"] if item["error"].startswith(item["path"]) else f"{item['path']}: {item['error']}"
+
+
 @cli.command()
 @fail_cleanly
 def ps() -> None:
-    """List loaded models."""
+    """List loaded models, and user Modelfiles that are broken."""
     client = _client(start=False)
-    models = client.request("GET", "/api/ps")["models"] if client.is_running() else []
+    running = client.is_running()
+    models = client.request("GET", "/api/ps")["models"] if running else []
     _table(
         ["NAME", "PID", "CONTEXT", "ACTIVE", "UNTIL"],
         [[m["name"], str(m["pid"]), str(m["context_length"]), str(m["active_requests"]),
           "forever" if m["expires_at"] is None and m["keep_alive"] < 0 else
           ("busy" if m["expires_at"] is None else ago(m["expires_at"]))] for m in models],
     )
+    broken = _broken_modelfiles(client) if running else []
+    if broken:
+        click.echo("\nBroken Modelfiles (a model created from one earlier keeps that version):")
+        for item in broken:
+            click.echo(f"  {_where(item)}")
 
 
 @cli.command()
@@ -103,7 +137,18 @@ def stop(model: str) -> None:
 @fail_cleanly
 def show(model: str, part: str | None) -> None:
     """Show a model's details, Modelfile, parameters, template or system prompt."""
-    info = _client().request("POST", "/api/show", {"model": model})
+    from localai.errors import ModelNotFound
+    from localai.registry import normalize
+
+    client = _client()
+    broken = [item for item in _broken_modelfiles(client) if item["name"] == normalize(model)]
+    try:
+        info = client.request("POST", "/api/show", {"model": model})
+    except ModelNotFound:
+        if broken:
+            message = f"model '{model}' is not installed, its Modelfile is broken: {_where(broken[0])}"
+            raise ModelNotFound(message) from None
+        raise
     if part:
         click.echo(info.get(part, "").rstrip("\n"))
         return
@@ -120,13 +165,16 @@ def show(model: str, part: str | None) -> None:
     if info["system"]:
         click.echo("\n  System")
         click.echo(f"    {info['system']}")
+    for item in broken:
+        click.echo("\n  Modelfile error (this is its last good version)")
+        click.echo(f"    {_where(item)}")
 
 
 @cli.command()
 @click.argument("models", nargs=-1, required=True)
 @fail_cleanly
 def rm(models: tuple[str, ...]) -> None:
-    """Remove models."""
+    """Remove models (and their pulled weights, when no other model uses them)."""
     client = _client()
     for model in models:
         client.request("DELETE", "/api/delete", {"model": model})

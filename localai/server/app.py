@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -9,18 +10,24 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from localai import __version__
+import localai.server.pull as pull_api
+from localai import __version__, paths
 from localai.runtime import Runtime
 from localai.server import anthropic, cache, ollama, openai, responses
 from localai.server.errors import install_error_handlers
 from localai.server.security import GuardMiddleware, JsonBodyMiddleware, is_loopback_host
 from localai.settings import Settings
+from localai.watcher import ModelfileWatcher, stop_quietly
 
 
 def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        watcher = app.state.watcher = ModelfileWatcher(paths.user_modelfiles_dir(), runtime.registry,
+                                                       unload=runtime.scheduler.unload)
+        watching = asyncio.create_task(watcher.run(), name="modelfile-watcher")
         yield
+        await stop_quietly(watcher, watching)
         await runtime.scheduler.shutdown()
 
     app = FastAPI(title="localai", version=__version__, lifespan=lifespan)
@@ -48,6 +55,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.include_router(anthropic.router)
     app.include_router(ollama.router)
     app.include_router(cache.router)
+    app.include_router(pull_api.router)
     if settings.origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"], allow_headers=["*"],

@@ -1,0 +1,114 @@
+"""The library: Modelfiles that ship with localai, pulled by name (``localai pull qwen2.5-coder:1.5b``).
+
+A library (and ``$LOCALAI_HOME/modelfiles``) holds ``NAME/TAG.Modelfile`` files, or ``NAME.Modelfile``
+for ``NAME:latest``. Each library Modelfile's ``FROM`` says where the weights live
+(``hf.co/OWNER/REPO:QUANT``, or ``package:`` for the embedded model); its first comment line
+describes it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from localai import paths
+from localai.errors import InvalidRequest, ModelNotFound
+
+SUFFIX = ".Modelfile"
+_WORD = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class LibraryEntry:
+    name: str  # name:tag
+    path: Path
+    description: str
+
+    @property
+    def family(self) -> str:
+        return self.name.split(":", 1)[0]
+
+    @property
+    def tag(self) -> str:
+        return self.name.split(":", 1)[1]
+
+
+def modelfile_name(root: Path, path: Path) -> str | None:
+    """``NAME:TAG`` for ``root/NAME/TAG.Modelfile``, ``NAME:latest`` for ``root/NAME.Modelfile``, else None."""
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        return None
+    if not parts or not parts[-1].endswith(SUFFIX):
+        return None
+    stem = parts[-1][: -len(SUFFIX)].lower()
+    if len(parts) == 1:
+        name, tag = stem, "latest"
+    elif len(parts) == 2:
+        name, tag = parts[0].lower(), stem
+    else:
+        return None
+    return f"{name}:{tag}" if _WORD.match(name) and _WORD.match(tag) else None
+
+
+def modelfiles(root: Path) -> dict[str, Path]:
+    """Every well-named Modelfile under ``root``: name → path."""
+    found: dict[str, Path] = {}
+    if not root.is_dir():
+        return found
+    for path in sorted(root.rglob(f"*{SUFFIX}")):
+        name = modelfile_name(root, path)
+        if name is not None and path.is_file():
+            found.setdefault(name, path)
+    return found
+
+
+def entries(root: Path | None = None) -> list[LibraryEntry]:
+    """The library's models, sorted by name."""
+    return [LibraryEntry(name, path, _description(path))
+            for name, path in sorted(modelfiles(root or paths.library_modelfiles_dir()).items())]
+
+
+def _description(path: Path) -> str:
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.startswith("#"):
+                return line.lstrip("#").strip()
+            if line.strip():
+                break
+    except OSError:
+        pass
+    return ""
+
+
+def resolve(name: str, root: Path | None = None) -> LibraryEntry:
+    """The library entry for ``name`` (``family:tag``, or ``family`` when it has one tag).
+
+    Errors list what the library has, so a typo is one step from the right name.
+    """
+    family, _, tag = name.strip().lower().partition(":")
+    available = entries(root)
+    tags = sorted(entry.tag for entry in available if entry.family == family)
+    if not tags:
+        families = ", ".join(sorted({entry.family for entry in available}))
+        raise ModelNotFound(
+            f"'{name}' is not in the library (it has: {families}); see `localai list --library`, or pull from "
+            "Hugging Face with hf.co/OWNER/REPO:QUANT", param="model",
+        )
+    if tag in ("", "latest"):
+        if len(tags) > 1:
+            raise InvalidRequest(
+                f"{family} comes in {', '.join(tags)}; pick one, e.g. localai pull {family}:{tags[0]}",
+                param="model",
+            )
+        tag = tags[0]
+    for entry in available:
+        if entry.name == f"{family}:{tag}":
+            return entry
+    raise ModelNotFound(f"the library has no {family}:{tag}; {family} comes in {', '.join(tags)}", param="model")
+
+
+def is_library_name(name: str) -> bool:
+    """Library names have no ``/`` (hub names are ``OWNER/REPO``)."""
+    return "/" not in name

@@ -1,0 +1,68 @@
+"""The library of Modelfiles: every entry is valid, names resolve, errors list what exists."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from localai import hub, library, paths
+from localai.errors import InvalidRequest, ModelNotFound
+from localai.modelfile import parse_file
+from localai.registry import PACKAGE_SOURCE
+
+ROOT = paths.library_modelfiles_dir()
+
+
+def test_the_library_has_a_dozen_laptop_models_each_complete() -> None:
+    entries = library.entries()
+    assert len(entries) >= 12
+    assert {"qwen2.5-coder:1.5b", "qwen2.5-coder:7b", "qwen3:4b", "llama3.2:1b", "llama3.2:3b", "gemma3:4b",
+            "phi4-mini:3.8b", "mistral:7b", "deepseek-coder:6.7b", "smollm2:135m"} <= {e.name for e in entries}
+    for entry in entries:
+        modelfile = parse_file(entry.path)
+        assert entry.description, entry.name
+        assert isinstance(modelfile.parameters.get("num_ctx"), int), entry.name
+        assert modelfile.parameters.get("stop"), entry.name
+        if modelfile.from_.startswith(PACKAGE_SOURCE):
+            continue
+        assert hub.is_hub_reference(modelfile.from_), entry.name
+        ref = hub.parse_reference(modelfile.from_)
+        assert ref.quant == "Q4_K_M", entry.name  # laptop-sized and present in every such repository
+
+
+def test_every_library_family_ships_in_the_wheel() -> None:
+    pyproject = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["data-files"]
+    for entry in library.entries():
+        assert shipped.get(f"share/localai/modelfiles/{entry.family}") == [f"modelfiles/{entry.family}/*.Modelfile"]
+
+
+@pytest.mark.parametrize(
+    ("relative", "name"),
+    [("pirate.Modelfile", "pirate:latest"), ("Pirate/V2.Modelfile", "pirate:v2"), ("a/b/c.Modelfile", None),
+     ("notes.txt", None), ("my model.Modelfile", None), (".Modelfile", None), ("x/.Modelfile", None)],
+)
+def test_modelfile_names(tmp_path: Path, relative: str, name: str | None) -> None:
+    assert library.modelfile_name(tmp_path, tmp_path / relative) == name
+
+
+def test_resolve() -> None:
+    assert library.resolve("QWEN2.5-coder:1.5B").path == ROOT / "qwen2.5-coder" / "1.5b.Modelfile"
+    with pytest.raises(InvalidRequest, match=re.escape("comes in 1.5b, 3b, 7b")):
+        library.resolve("qwen2.5-coder")
+    with pytest.raises(ModelNotFound, match=re.escape("no qwen3:70b; qwen3 comes in 1.7b, 4b, 8b")):
+        library.resolve("qwen3:70b")
+    with pytest.raises(ModelNotFound, match="not in the library") as error:
+        library.resolve("gpt-oss:20b")
+    assert "deepseek-coder" in error.value.message
+
+
+def test_a_family_with_one_tag_resolves_without_it(tmp_path: Path) -> None:
+    (tmp_path / "solo").mkdir()
+    (tmp_path / "solo" / "1b.Modelfile").write_text("# Solo: one size.\nFROM hf.co/a/b:Q4_K_M\n")
+    entry = library.resolve("solo", tmp_path)
+    assert entry.name == "solo:1b" and entry.description == "Solo: one size."
+    assert library.resolve("solo:latest", tmp_path) == entry
