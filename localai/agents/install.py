@@ -119,17 +119,26 @@ def install(integration: Integration) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Install the named agents unless localai's agents directory already has them."""
+    """Install the named agents unless localai's agents directory already has their pinned versions."""
     from localai.agents import get
 
     for name in argv if argv is not None else sys.argv[1:]:
         integration = get(name)
-        managed = integration.managed_path()
-        if managed.exists():
-            print(f"{name}: already installed at {managed}", file=sys.stderr)
+        installed = integration.detect()
+        if installed is not None and installed.managed and installed.version == pinned_version(integration):
+            print(f"localai: {integration.title} {installed.version} is installed at {installed.path}",
+                  file=sys.stderr)
             continue
         install(integration)
     return 0
+
+
+def pinned_version(integration: Integration) -> str:
+    """The version in the package spec: ``1.2.3`` from ``pkg@1.2.3`` or ``pkg==1.2.3``."""
+    spec = integration.package.spec
+    if "==" in spec:
+        return spec.split("==", 1)[1]
+    return spec.rsplit("@", 1)[1] if spec.rfind("@") > 0 else ""
 
 
 if __name__ == "__main__":
