@@ -21,7 +21,7 @@ from localai import paths
 from localai.agents.base import Integration
 from localai.errors import AgentError, AgentNotInstalled
 
-NPM_FLAGS = ["--no-audit", "--no-fund", "--save-exact", "--loglevel=error"]
+NPM_FLAGS = ["--no-audit", "--no-fund", "--no-update-notifier", "--save-exact", "--loglevel=error"]
 
 
 def node_major(node: str | None = None) -> int:
