@@ -126,9 +126,9 @@ def _choose_model(client: Any, yes: bool) -> str:
 def model_limits(show: dict[str, Any], default_context: int) -> tuple[int, int]:
     """The context window the daemon loads the model with, and the reply size worth asking for.
 
-    The same rule as the scheduler: ``num_ctx`` from the Modelfile, else the smaller of the trained context and
-    ``LOCALAI_CONTEXT_LENGTH``. Output: ``num_predict`` when the Modelfile caps replies, else a quarter of the
-    context (what the runtime reserves for the reply when it fits a long prompt).
+    The same rule as the scheduler and engine: ``num_ctx`` from the Modelfile, else ``LOCALAI_CONTEXT_LENGTH``,
+    and never more than the trained context. Output: ``num_predict`` when the Modelfile caps replies, else a
+    quarter of the context (what the runtime reserves for the reply when it fits a long prompt).
     """
     parameters: dict[str, str] = {}
     for line in str(show.get("parameters") or "").splitlines():
@@ -137,6 +137,8 @@ def model_limits(show: dict[str, Any], default_context: int) -> tuple[int, int]:
     trained = next((int(v) for k, v in (show.get("model_info") or {}).items()
                     if k.endswith(".context_length") and v), 0)
     context = _int(parameters.get("num_ctx")) or min(trained or default_context, default_context)
+    if trained:
+        context = min(context, trained)  # the engine never goes beyond the trained context
     predict = _int(parameters.get("num_predict"))
     output = predict if predict > 0 else context // 4
     return context, min(output, context)

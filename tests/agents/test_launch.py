@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from localai.agents import names
+from localai.cli.launch import model_limits
 from tests.conftest import Daemon
 
 FAKE_AGENT = """#!{python}
@@ -168,3 +169,14 @@ def test_a_daemon_that_cannot_start(tmp_path: Path, agents_dir: Path) -> None:
     assert "the daemon exited with code 1" in result.stderr and "server.log" in result.stderr
     assert "already in use" in (tmp_path / "home" / "logs" / "server.log").read_text()
     assert not (tmp_path / "record.json").exists()
+
+
+@pytest.mark.parametrize(("parameters", "trained", "expected"), [
+    ("num_ctx              8192\nnum_predict          256\nstop                 \"<|im_end|>\"", 8192, (8192, 256)),
+    ("num_ctx              32768", 8192, (8192, 2048)),  # the engine caps num_ctx at the trained context
+    ("temperature          0.2", 131072, (32768, 8192)),  # no num_ctx: LOCALAI_CONTEXT_LENGTH, a quarter for replies
+    ("num_ctx              4096\nnum_predict          -1", 0, (4096, 1024)),  # -1: no cap, so a quarter
+])
+def test_model_limits(parameters: str, trained: int, expected: tuple[int, int]) -> None:
+    show = {"parameters": parameters, "model_info": {"general.architecture": "llama", "llama.context_length": trained}}
+    assert model_limits(show, 32768) == expected
