@@ -11,7 +11,9 @@ import click
 from localai.cli import cli, fail_cleanly
 
 if TYPE_CHECKING:
-    from localai.agents import Integration, Launch, Target
+    from pathlib import Path
+
+    from localai.agents import Installed, Integration, Launch, Target
 
 EPILOG = """Examples:
 
@@ -72,7 +74,7 @@ def launch(agent: str | None, extra: tuple[str, ...], model: str | None, config_
     sys.exit(_run(plan))
 
 
-def _ensure_installed(integration: Integration, yes: bool) -> Any:
+def _ensure_installed(integration: Integration, yes: bool) -> Installed:
     from localai.agents.install import how_to_install, install
     from localai.errors import AgentNotInstalled
 
@@ -198,7 +200,7 @@ def _print_list() -> None:
     Console(width=200).print(table)
 
 
-def _print_config(integration: Integration, target: Target, written: list[Any], plan: Launch) -> None:
+def _print_config(integration: Integration, target: Target, written: list[Path], plan: Launch) -> None:
     import shlex
 
     if written:
