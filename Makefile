@@ -37,7 +37,12 @@ $(AGENTS_DIR)/.installed: $(wildcard localai/agents/*.py) | $(VENV)/.installed-t
 	LOCALAI_AGENTS_DIR=$(AGENTS_DIR) $(BIN)/python -m localai.agents.install $(E2E_AGENTS)
 	touch $@
 
+ifeq ($(LOCALAI_SKIP_AGENT_E2E),1)
+install-agents:
+	@echo "LOCALAI_SKIP_AGENT_E2E=1: not installing the agents (their end-to-end tests are skipped)"
+else
 install-agents: $(AGENTS_DIR)/.installed
+endif
 
 ## test: install everything the tests need (agents included), then lint, type-check and run the whole suite
 test: install-test install-agents lint typecheck
