@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip
 # llama-cpp-python builds from source: CPU by default. For GPUs see README (CMAKE_ARGS).
 export CMAKE_ARGS ?=
 
-.PHONY: demo test lint typecheck unit install install-test bench clean
+.PHONY: demo test lint typecheck unit install install-test install-agents bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,24 @@ demo: install
 	$(BIN)/localai run smollm2 "In one sentence: why do coding agents benefit from a prompt cache?"
 	$(BIN)/localai ps
 
-## test: install everything the tests need, then lint, type-check and run the whole suite
-test: install-test lint typecheck
+# Real coding agents for the `localai launch` end-to-end tests, at the versions pinned in localai/agents/,
+# installed once into .agents/ (npm prefix, plus a virtualenv for Aider). Needs npm (Node.js >= 18).
+AGENTS_DIR := $(CURDIR)/.agents
+E2E_AGENTS := claude codex opencode aider
+
+$(AGENTS_DIR)/.installed: $(wildcard localai/agents/*.py) | $(VENV)/.installed-test
+	LOCALAI_AGENTS_DIR=$(AGENTS_DIR) $(BIN)/python -m localai.agents.install $(E2E_AGENTS)
+	touch $@
+
+ifeq ($(LOCALAI_SKIP_AGENT_E2E),1)
+install-agents:
+	@echo "LOCALAI_SKIP_AGENT_E2E=1: not installing the agents (their end-to-end tests are skipped)"
+else
+install-agents: $(AGENTS_DIR)/.installed
+endif
+
+## test: install everything the tests need (agents included), then lint, type-check and run the whole suite
+test: install-test install-agents lint typecheck
 	$(BIN)/python -m pytest -q
 
 lint: install-test
@@ -48,4 +64,4 @@ bench: $(VENV)/.installed-bench
 	$(BIN)/localai bench agents --llama-cpp-python
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR)

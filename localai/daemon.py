@@ -86,10 +86,11 @@ def serve(settings: Settings) -> None:
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     paths.pid_path().write_text(str(os.getpid()))
+    paths.address_path().write_text(settings.base_url)  # `localai launch` hands this URL to agents
     log.info("localai listening on http://%s:%s and %s", host, port, paths.socket_path())
     try:
         asyncio.run(server.serve(sockets=[tcp, unix]))
     finally:
-        for path in (paths.socket_path(), paths.pid_path()):
+        for path in (paths.socket_path(), paths.pid_path(), paths.address_path()):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()

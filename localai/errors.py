@@ -13,6 +13,7 @@ class LocalAIError(Exception):
     status_code: int = 500
     error_type: str = "server_error"
     code: str | None = None
+    exit_code: int = 1  # the CLI's exit status for this error
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -152,3 +153,13 @@ class HubUnreachable(PullFailed):
 
     status_code = 503
     code = "hub_unreachable"
+
+
+class AgentError(LocalAIError):
+    """``localai launch`` could not prepare, install or start a coding agent."""
+
+
+class AgentNotInstalled(AgentError):
+    """The agent's program is not installed; the message gives the command that installs it."""
+
+    exit_code = 127  # what a shell answers for a command it cannot find

@@ -47,6 +47,25 @@ def pid_path() -> Path:
     return home() / "localai.pid"
 
 
+def address_path() -> Path:
+    """The running daemon's TCP base URL, written at start, so agents reach it even on a non-default port."""
+    return home() / "localai.addr"
+
+
+def agents_dir() -> Path:
+    """Where ``localai launch --yes`` installs agents (npm prefix and Python venvs): ``$LOCALAI_AGENTS_DIR``
+    or ``<home>/agents``. Agents found here are preferred to those on ``PATH``."""
+    configured = os.environ.get("LOCALAI_AGENTS_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    return home() / "agents"
+
+
+def launch_dir(agent: str) -> Path:
+    """Files ``localai launch`` owns for one agent: generated configs, backups of edited user files."""
+    return home() / "launch" / agent
+
+
 def user_modelfiles_dir() -> Path:
     """User Modelfiles, watched by the daemon: ``NAME.Modelfile`` or ``NAME/TAG.Modelfile``."""
     return home() / "modelfiles"

@@ -25,7 +25,7 @@ def fail_cleanly(function: F) -> F:
             return function(*args, **kwargs)
         except LocalAIError as exc:
             click.echo(f"Error: {exc.message}", err=True)
-            sys.exit(1)
+            sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]
 
@@ -37,6 +37,6 @@ def cli() -> None:
 
 
 def main() -> None:
-    from localai.cli import bench, cache, models, pull, run, serve  # noqa: F401 - registers the commands
+    from localai.cli import bench, cache, launch, models, pull, run, serve  # noqa: F401 - registers the commands
 
     cli()

@@ -1,0 +1,117 @@
+"""Real agents from npm and PyPI, run headless through ``localai launch`` against the real daemon and smollm2.
+
+smollm2 is far too small for coding; the point is the whole wire path: launch configures the agent, the agent
+speaks its own protocol to the daemon, and the model's reply comes back out of the agent. ``make
+install-agents`` (a dependency of ``make test``) installs the pinned agents into ``.agents/``; a missing agent
+fails these tests. ``LOCALAI_SKIP_AGENT_E2E=1`` skips them on purpose (e.g. on a machine without npm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localai.agents import get
+from tests.conftest import Daemon, start_daemon
+
+AGENTS_DIR = Path(__file__).resolve().parents[2] / ".agents"
+PROMPT = "Reply with a short friendly greeting."
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),  # agents' first prompts are thousands of tokens, prefilled on a small CPU
+    pytest.mark.skipif(os.environ.get("LOCALAI_SKIP_AGENT_E2E") == "1", reason="LOCALAI_SKIP_AGENT_E2E=1"),
+]
+
+
+@pytest.fixture(autouse=True)
+def pinned_agents(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALAI_AGENTS_DIR", str(AGENTS_DIR))
+
+
+@pytest.fixture(scope="module")
+def agent_daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Daemon]:
+    """A daemon with the access log on (debug), so a test can see which endpoint served the agent."""
+    instance = start_daemon(tmp_path_factory.mktemp("agent-daemon"), keep_alive="-1", debug="true")
+    yield instance
+    instance.stop()
+
+
+def run_agent(daemon: Daemon, tmp_path: Path, agent: str,
+              *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run ``localai launch <agent> --model smollm2 --yes -- <args>`` in a fresh git repository and home;
+    returns the result and what the daemon logged meanwhile."""
+    integration = get(agent)
+    program = integration.managed_path()
+    if not program.exists():
+        pytest.fail(f"{integration.title} is not installed at {program}: run `make install-agents`")
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    user = tmp_path / "user"
+    user.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
+    # No LOCALAI_HOST: launch finds the daemon (on its random port) through LOCALAI_HOME, as a user's shell would.
+    env.update({"HOME": str(user), "LOCALAI_HOME": str(daemon.home), "LOCALAI_AGENTS_DIR": str(AGENTS_DIR),
+                "GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@localhost",
+                "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"})
+    logged = len(daemon.log())
+    result = subprocess.run(
+        [sys.executable, "-m", "localai", "launch", agent, "--model", "smollm2", "--yes", "--", *args],
+        cwd=work, env=env, capture_output=True, text=True, timeout=840, stdin=subprocess.DEVNULL,
+    )
+    return result, daemon.log()[logged:]
+
+
+def served(log: str, method_and_path: str) -> list[str]:
+    """Access-log lines for requests the daemon answered with 200 on that route."""
+    return [line for line in log.splitlines() if f'"{method_and_path}' in line and '" 200' in line]
+
+
+def test_claude_code(agent_daemon: Daemon, tmp_path: Path) -> None:
+    result, log = run_agent(agent_daemon, tmp_path, "claude", "-p", PROMPT, "--output-format", "json")
+    if "the model's context (num_ctx) is 8192 tokens" in result.stdout:
+        # Claude Code's first request carries ~64 KB of tool schemas (~14k tokens): more than smollm2's whole
+        # window. Fitting shortens messages, not tools, so the daemon answers 400. The runtime must fit this.
+        pytest.xfail("the runtime cannot yet fit Claude Code's tool schemas into an 8192-token context")
+    assert result.returncode == 0, result.stdout + result.stderr
+    reply = json.loads(result.stdout.strip().splitlines()[-1])
+    assert reply["is_error"] is False and reply["result"].strip()
+    assert served(log, "POST /v1/messages"), log[-3000:]
+
+
+def test_codex(agent_daemon: Daemon, tmp_path: Path) -> None:
+    last_message = tmp_path / "last-message.txt"
+    result, log = run_agent(agent_daemon, tmp_path, "codex", "exec", "--skip-git-repo-check", "--ephemeral",
+                            "-o", str(last_message), PROMPT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reply = last_message.read_text().strip()
+    assert reply and reply in result.stdout
+    assert served(log, "POST /v1/responses"), log[-3000:]
+
+
+def test_opencode(agent_daemon: Daemon, tmp_path: Path) -> None:
+    result, log = run_agent(agent_daemon, tmp_path, "opencode", "run", "--format", "json", PROMPT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    texts = [event["part"]["text"] for event in events if event.get("type") == "text"]
+    assert "".join(texts).strip(), result.stdout
+    assert served(log, "POST /v1/chat/completions"), log[-3000:]
+
+
+def test_aider(agent_daemon: Daemon, tmp_path: Path) -> None:
+    result, log = run_agent(agent_daemon, tmp_path, "aider", "--message", PROMPT, "--yes-always",
+                            "--no-auto-commits", "--no-pretty", "--no-gitignore", "--no-show-release-notes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    tokens = re.search(r"Tokens: [\d.,k]+ sent, (\d+) received", result.stdout)
+    assert tokens and int(tokens.group(1)) > 0, result.stdout
+    last_line = result.stdout[:tokens.start()].rstrip().splitlines()[-1]  # the end of the model's reply
+    assert last_line.strip() and not last_line.startswith(("Repo-map", "Git repo", "Model:")), result.stdout
+    assert served(log, "POST /v1/chat/completions"), log[-3000:]

@@ -1,0 +1,182 @@
+"""``localai launch`` as a user runs it: a real CLI process and a real daemon; the agent is a stand-in program
+that records what it was given (the real agents run in test_agents_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localai.agents import names
+from localai.cli.launch import model_limits
+from tests.conftest import Daemon
+
+FAKE_AGENT = """#!{python}
+import json, os, sys
+if sys.argv[1:] == ["--version"]:
+    print("fake-agent 9.9.9")
+    sys.exit(0)
+with open(os.environ["FAKE_AGENT_RECORD"], "w") as record:
+    json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, record)
+print("fake agent ran")
+sys.exit(7)
+"""
+
+
+@pytest.fixture
+def agents_dir(tmp_path: Path) -> Path:
+    return tmp_path / "agents"
+
+
+def install_fake(agents_dir: Path, binary: str) -> Path:
+    program = agents_dir / "node_modules" / ".bin" / binary
+    program.parent.mkdir(parents=True, exist_ok=True)
+    program.write_text(FAKE_AGENT.format(python=sys.executable))
+    program.chmod(0o755)
+    return program
+
+
+def launcher_env(tmp_path: Path, home: Path, agents_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
+    user = tmp_path / "user"
+    user.mkdir(exist_ok=True)
+    env.update({"HOME": str(user), "LOCALAI_HOME": str(home), "LOCALAI_AGENTS_DIR": str(agents_dir),
+                "FAKE_AGENT_RECORD": str(tmp_path / "record.json"), "PATH": "/usr/bin:/bin"})
+    env.update(extra)
+    return env
+
+
+def launch(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localai", "launch", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def record(tmp_path: Path) -> dict[str, object]:
+    return dict(json.loads((tmp_path / "record.json").read_text()))
+
+
+def test_list_shows_every_agent_and_what_is_installed(tmp_path: Path, agents_dir: Path) -> None:
+    install_fake(agents_dir, "codex")
+    result = launch(launcher_env(tmp_path, tmp_path / "home", agents_dir), "--list")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert set(rows) == set(names())
+    assert "9.9.9 (localai)" in rows["codex"] and "OpenAI Responses" in rows["codex"]
+    assert "Anthropic Messages" in rows["claude"]
+    assert not (tmp_path / "home" / "localai.sock").exists(), "--list needs no daemon"
+
+
+def test_unknown_agent_and_missing_agent(tmp_path: Path, agents_dir: Path) -> None:
+    env = launcher_env(tmp_path, tmp_path / "home", agents_dir)
+    unknown = launch(env, "nope", "--model", "smollm2")
+    assert unknown.returncode == 2
+    assert "unknown agent 'nope'" in unknown.stderr and "claude" in unknown.stderr
+
+    missing = launch(env, "qwen", "--model", "smollm2")
+    assert missing.returncode == 127
+    assert "Qwen Code is not installed" in missing.stderr
+    assert f"npm install --prefix {agents_dir}" in missing.stderr and "@qwen-code/qwen-code@" in missing.stderr
+    assert "localai launch qwen --yes" in missing.stderr
+
+    manual = launch(env, "goose", "--model", "smollm2", "--yes")
+    assert manual.returncode == 127
+    assert "not on npm or PyPI" in manual.stderr and "download_cli.sh" in manual.stderr
+
+
+def test_runs_the_agent_with_its_arguments_and_returns_its_exit_code(daemon: Daemon, tmp_path: Path,
+                                                                     agents_dir: Path) -> None:
+    install_fake(agents_dir, "claude")
+    # No LOCALAI_HOST: the daemon listens on a random port, which launch learns from the daemon itself.
+    result = launch(launcher_env(tmp_path, daemon.home, agents_dir), "claude", "--model", "smollm2", "--",
+                    "-p", "two words", "--output-format", "json")
+    assert result.returncode == 7, result.stderr
+    assert "fake agent ran" in result.stdout
+    assert f"at {daemon.base_url}" in result.stderr and "8192-token context" in result.stderr
+    ran = record(tmp_path)
+    assert ran["argv"] == ["--model", "smollm2", "-p", "two words", "--output-format", "json"]
+    env = ran["env"]
+    assert isinstance(env, dict)
+    assert env["ANTHROPIC_BASE_URL"] == daemon.base_url
+    assert env["ANTHROPIC_AUTH_TOKEN"] == "localai"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "256"
+    assert env["PATH"].split(os.pathsep)[0] == str(agents_dir / "node_modules" / ".bin")
+
+
+def test_the_api_key_is_given_to_the_agent(daemon: Daemon, tmp_path: Path, agents_dir: Path) -> None:
+    install_fake(agents_dir, "codex")
+    env = launcher_env(tmp_path, daemon.home, agents_dir, LOCALAI_API_KEY="s3cret")
+    assert launch(env, "codex", "--model", "smollm2", "--", "exec", "hi").returncode == 7
+    ran = record(tmp_path)
+    assert isinstance(ran["env"], dict) and isinstance(ran["argv"], list)
+    assert ran["env"]["LOCALAI_API_KEY"] == "s3cret"
+    assert 'model_providers.localai.env_key="LOCALAI_API_KEY"' in ran["argv"]
+    assert ran["argv"][-2:] == ["exec", "hi"]
+
+
+def test_unknown_model(daemon: Daemon, tmp_path: Path, agents_dir: Path) -> None:
+    install_fake(agents_dir, "claude")
+    result = launch(launcher_env(tmp_path, daemon.home, agents_dir), "claude", "--model", "nothing-here")
+    assert result.returncode == 1
+    assert "model 'nothing-here' is not installed" in result.stderr
+    assert not (tmp_path / "record.json").exists()
+
+
+def test_config_writes_files_and_restore_removes_them(daemon: Daemon, tmp_path: Path, agents_dir: Path) -> None:
+    env = launcher_env(tmp_path, daemon.home, agents_dir)
+    configured = launch(env, "droid", "--model", "smollm2", "--config")  # droid itself need not be installed
+    assert configured.returncode == 0, configured.stderr
+    settings = daemon.home / "launch" / "droid" / "settings.json"
+    assert str(settings) in configured.stdout and "droid --settings" in configured.stdout
+    assert json.loads(settings.read_text())["customModels"][0]["baseUrl"] == f"{daemon.base_url}/v1"
+
+    per_process = launch(env, "claude", "--model", "smollm2", "--config")
+    assert per_process.returncode == 0 and "nothing to write" in per_process.stdout
+    assert f"ANTHROPIC_BASE_URL={daemon.base_url}" in per_process.stdout
+
+    restored = launch(env, "droid", "--restore")
+    assert restored.returncode == 0 and "removed" in restored.stdout
+    assert not settings.parent.exists()
+    assert "nothing to restore" in launch(env, "droid", "--restore").stdout
+
+
+def test_restore_puts_back_a_users_file_byte_for_byte(daemon: Daemon, tmp_path: Path, agents_dir: Path) -> None:
+    env = launcher_env(tmp_path, daemon.home, agents_dir)
+    models = Path(env["HOME"]) / ".pi" / "agent" / "models.json"
+    models.parent.mkdir(parents=True)
+    original = '{ "providers" : { "mine": {"baseUrl": "http://x.invalid/v1"} } }\n'
+    models.write_text(original)
+    assert launch(env, "pi", "--model", "smollm2", "--config").returncode == 0
+    assert "localai" in json.loads(models.read_text())["providers"]
+    restored = launch(env, "pi", "--restore")
+    assert restored.returncode == 0 and f"restored {models}" in restored.stdout
+    assert models.read_text() == original
+
+
+def test_a_daemon_that_cannot_start(tmp_path: Path, agents_dir: Path) -> None:
+    install_fake(agents_dir, "claude")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = launcher_env(tmp_path, tmp_path / "home", agents_dir, LOCALAI_HOST=f"127.0.0.1:{port}")
+        result = launch(env, "claude", "--model", "smollm2", timeout=150)
+    assert result.returncode == 1
+    assert "the daemon exited with code 1" in result.stderr and "server.log" in result.stderr
+    assert "already in use" in (tmp_path / "home" / "logs" / "server.log").read_text()
+    assert not (tmp_path / "record.json").exists()
+
+
+@pytest.mark.parametrize(("parameters", "trained", "expected"), [
+    ("num_ctx              8192\nnum_predict          256\nstop                 \"<|im_end|>\"", 8192, (8192, 256)),
+    ("num_ctx              32768", 8192, (8192, 2048)),  # the engine caps num_ctx at the trained context
+    ("temperature          0.2", 131072, (32768, 8192)),  # no num_ctx: LOCALAI_CONTEXT_LENGTH, a quarter for replies
+    ("num_ctx              4096\nnum_predict          -1", 0, (4096, 1024)),  # -1: no cap, so a quarter
+])
+def test_model_limits(parameters: str, trained: int, expected: tuple[int, int]) -> None:
+    show = {"parameters": parameters, "model_info": {"general.architecture": "llama", "llama.context_length": trained}}
+    assert model_limits(show, 32768) == expected
