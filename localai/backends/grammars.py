@@ -17,6 +17,13 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 from localai.protocol import Constraint
 
 HERMES_TRIGGER = r"[\s\S]*?(<tool_call>[\s\S]*)"
+ANNOTATIONS = frozenset({"description", "title", "examples", "default", "$schema", "$comment", "deprecated",
+                         "readOnly", "writeOnly", "$id"})
+# Bounds the converter unrolls into one rule per step: Claude Code sends maxLength 524288, which becomes a
+# grammar nested half a million levels deep and overflows llama.cpp's parser stack.
+BOUNDS = {"maxLength": 512, "minLength": 64, "maxItems": 64, "minItems": 16, "maxProperties": 64,
+          "minProperties": 16}
+MAX_GRAMMAR_CHARS = 256 * 1024
 
 
 class GrammarError(ValueError):
@@ -31,11 +38,48 @@ class Grammar:
     triggers: tuple[str, ...] = ()
 
 
+def sanitized(schema: Any) -> Any:
+    """A schema the converter can turn into a grammar llama.cpp parses safely: annotations go (a schema of
+    only a description means "any value"), and bounds too large to unroll are dropped."""
+    if isinstance(schema, list):
+        return [sanitized(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    result: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ANNOTATIONS:
+            continue
+        if key in BOUNDS and isinstance(value, int) and value > BOUNDS[key]:
+            continue
+        if key == "pattern" and isinstance(value, str) and len(value) > 200:
+            continue
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            result[key] = {name: sanitized(sub) for name, sub in value.items()}
+        else:
+            result[key] = sanitized(value)
+    return result
+
+
 def schema_grammar(schema: dict[str, Any], prop_order: list[str] | None = None) -> str:
     try:
-        return str(json_schema_to_gbnf(json.dumps(schema), prop_order))
+        text = str(json_schema_to_gbnf(json.dumps(sanitized(schema)), prop_order))
     except Exception as exc:  # the converter raises whatever it meets: keep it a request error
         raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {type(exc).__name__}: {exc}") from exc
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise GrammarError(f"the JSON schema makes a grammar of {len(text)} characters, over the limit of "
+                           f"{MAX_GRAMMAR_CHARS}; simplify it")
+    return text
+
+
+def _arguments_schema(parameters: Any) -> dict[str, Any]:
+    """A tool's parameters if they convert; otherwise any JSON object (an agent's call must not fail)."""
+    if isinstance(parameters, dict) and parameters:
+        try:
+            schema_grammar(parameters)
+            return parameters
+        except GrammarError:
+            pass
+    return {"type": "object"}
 
 
 def _renamed_root(gbnf: str, name: str) -> str:
@@ -51,11 +95,9 @@ def tool_call_grammar(constraint: Constraint) -> Grammar:
     key = "parameters" if style == "llama3" else "arguments"
     choices = []
     for tool in tools:
-        parameters = tool.get("parameters") or {"type": "object"}
-        if not isinstance(parameters, dict):
-            raise GrammarError(f"the parameters of tool '{tool.get('name')}' are not a JSON schema object")
+        arguments = _arguments_schema(tool.get("parameters"))
         choices.append({
-            "type": "object", "properties": {"name": {"const": tool["name"]}, key: parameters},
+            "type": "object", "properties": {"name": {"const": tool["name"]}, key: arguments},
             "required": ["name", key], "additionalProperties": False,
         })
     schema = choices[0] if len(choices) == 1 else {"oneOf": choices}

@@ -1,0 +1,61 @@
+"""Grammars from real agents' tool schemas: they must compile, and llama.cpp must parse them without crashing."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as L
+import pytest
+
+from localai.backends.grammars import GrammarError, grammar_for, sanitized
+
+# The shape of Claude Code 2.1's Workflow tool: a typeless "any value" property and a 512 KiB maxLength,
+# which unrolled naively overflows llama.cpp's grammar parser (the worker died with SIGSEGV).
+WORKFLOW = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object", "additionalProperties": False,
+            "properties": {"script": {"type": "string", "maxLength": 524288, "description": "code"},
+                           "args": {"description": "any JSON value"},
+                           "runId": {"type": "string", "pattern": "^wf_[a-z0-9-]{6,}$"}}}
+STRANGE = {"type": "object", "properties": {"x": {"if": {"type": "string"}, "then": {"minLength": 1}}}}
+
+
+@pytest.fixture(scope="module")
+def vocab(smollm2_path: Path) -> Iterator[Any]:
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(str(smollm2_path).encode(), L.llama_model_default_params())
+    yield L.llama_model_get_vocab(model)
+    L.llama_model_free(model)
+
+
+def test_sanitized_drops_annotations_and_unrollable_bounds() -> None:
+    clean = sanitized(WORKFLOW)
+    assert "$schema" not in clean
+    assert clean["properties"]["script"] == {"type": "string"}
+    assert clean["properties"]["args"] == {}
+    assert clean["properties"]["runId"]["pattern"] == "^wf_[a-z0-9-]{6,}$"
+    assert sanitized({"type": "string", "maxLength": 40})["maxLength"] == 40
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_agent_tool_schemas_give_grammars_llama_cpp_accepts(vocab: Any, lazy: bool) -> None:
+    tools = [{"name": "Workflow", "parameters": WORKFLOW}, {"name": "Odd", "parameters": STRANGE},
+             {"name": "Bare", "parameters": {}}]
+    grammar = grammar_for({"type": "tool_call", "tools": tools, "format": "hermes", "lazy": lazy})  # type: ignore[typeddict-item]
+    assert grammar is not None and ('"\\"Workflow\\""' in grammar.text)
+    if grammar.triggers:
+        patterns = (ctypes.c_char_p * 1)(grammar.triggers[0].encode())
+        sampler = L.llama_sampler_init_grammar_lazy_patterns(vocab, grammar.text.encode(), b"root", patterns, 1,
+                                                             None, 0)
+    else:
+        sampler = L.llama_sampler_init_grammar(vocab, grammar.text.encode(), b"root")
+    assert sampler
+    L.llama_sampler_free(sampler)
+
+
+def test_response_format_schema_that_cannot_compile_is_a_grammar_error() -> None:
+    with pytest.raises(GrammarError, match="cannot be compiled"):
+        grammar_for({"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"$ref": "#/x"}}}})
+    with pytest.raises(GrammarError, match="no tools"):
+        grammar_for({"type": "tool_call", "tools": []})
