@@ -26,6 +26,7 @@ from localai.registry import WATCHED, Registry
 
 log = logging.getLogger("localai.watcher")
 DEBOUNCE_MS = 400
+TICK_MS = 1000  # how long watchfiles waits for a change before yielding an empty set
 
 
 @dataclass(frozen=True)
@@ -54,17 +55,28 @@ class ModelfileWatcher:
         return [asdict(status) for status in self.statuses]
 
     async def run(self) -> None:
-        """Reconcile once, then after every change until ``stop()``."""
-        from watchfiles import awatch
-
+        """Reconcile once, then after every change until ``stop()``; poll if the OS refuses a watch."""
         self._stop = asyncio.Event()
         self.root.mkdir(parents=True, exist_ok=True)
         await self._reconcile_and_unload()
-        try:
-            async for _ in awatch(self.root, stop_event=self._stop, debounce=DEBOUNCE_MS, recursive=True):
+        for force_polling in (None, True):
+            try:
+                await self._watch(force_polling)
+                return
+            except Exception:
+                log.exception("watching %s failed%s", self.root, "; polling it instead" if not force_polling else "")
+
+    async def _watch(self, force_polling: bool | None) -> None:
+        from watchfiles import awatch
+
+        armed = False
+        async for changes in awatch(self.root, stop_event=self._stop, debounce=DEBOUNCE_MS, recursive=True,
+                                    force_polling=force_polling, rust_timeout=TICK_MS, yield_on_timeout=True):
+            # The first yield (a change or a tick) comes once the watch is in place: reconcile then too, or a
+            # file written between the first reconcile and the watch starting would go unseen until edited.
+            if changes or not armed:
+                armed = True
                 await self._reconcile_and_unload()
-        except Exception:
-            log.exception("stopped watching %s", self.root)
 
     async def _reconcile_and_unload(self) -> None:
         for name in await asyncio.to_thread(self.reconcile):

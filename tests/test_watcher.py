@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +103,33 @@ def test_a_modelfile_from_unpulled_weights_builds_once_they_are_cached(watcher: 
     watcher.reconcile()  # what the daemon does after every pull
     record = registry.get("remote")
     assert not errors(watcher) and record.sha256 == "b" * 64 and record.path.endswith("late-Q4_1.gguf")
+
+
+def test_a_file_written_while_the_watch_starts_is_not_missed(watcher: ModelfileWatcher,
+                                                              registry: Registry) -> None:
+    scan = watcher.reconcile
+    scans = 0
+
+    def reconcile() -> list[str]:
+        nonlocal scans
+        scans += 1
+        removed = scan()
+        if scans == 1:  # after the first scan, before watchfiles watches: the window a daemon start leaves
+            (watcher.root / "early.Modelfile").write_text("FROM smollm2\n")
+        return removed
+
+    watcher.reconcile = reconcile  # type: ignore[method-assign]
+
+    async def main() -> None:
+        task = asyncio.create_task(watcher.run())
+        deadline = time.monotonic() + 60
+        while not registry.exists("early") and time.monotonic() < deadline and not task.done():
+            await asyncio.sleep(0.1)
+        watcher.stop()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+    assert registry.exists("early")
 
 
 def _ps(daemon: Daemon) -> dict[str, Any]:
