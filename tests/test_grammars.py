@@ -59,3 +59,15 @@ def test_response_format_schema_that_cannot_compile_is_a_grammar_error() -> None
         grammar_for({"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"$ref": "#/x"}}}})
     with pytest.raises(GrammarError, match="no tools"):
         grammar_for({"type": "tool_call", "tools": []})
+
+
+def test_json_strings_cannot_hold_raw_control_characters(vocab: Any) -> None:
+    """A raw newline inside a JSON string makes the output unparseable: the grammar must not allow it."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    grammar = grammar_for({"type": "json_schema", "schema": schema})
+    assert grammar is not None
+    char_rule = next(line for line in grammar.text.splitlines() if line.startswith("char ::="))
+    assert r"\x00-\x1F" in char_rule
+    sampler = L.llama_sampler_init_grammar(vocab, grammar.text.encode(), b"root")
+    assert sampler
+    L.llama_sampler_free(sampler)

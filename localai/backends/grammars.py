@@ -65,6 +65,9 @@ def schema_grammar(schema: dict[str, Any], prop_order: list[str] | None = None) 
         text = str(json_schema_to_gbnf(json.dumps(sanitized(schema)), prop_order))
     except Exception as exc:  # the converter raises whatever it meets: keep it a request error
         raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {type(exc).__name__}: {exc}") from exc
+    # The converter's string characters admit raw control characters, which JSON forbids inside strings
+    # (a newline in a value made the output unparseable); exclude them as llama.cpp's own converter does.
+    text = text.replace(r'char ::= [^"\\]', r'char ::= [^"\\\x7F\x00-\x1F]')
     if len(text) > MAX_GRAMMAR_CHARS:
         raise GrammarError(f"the JSON schema makes a grammar of {len(text)} characters, over the limit of "
                            f"{MAX_GRAMMAR_CHARS}; simplify it")
