@@ -66,7 +66,8 @@ class Daemon:
         return self.home / "localai.sock"
 
     def http(self, **kwargs: object) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=120, **kwargs)  # type: ignore[arg-type]
+        kwargs.setdefault("timeout", 120)
+        return httpx.Client(base_url=self.base_url, **kwargs)  # type: ignore[arg-type]
 
     def unix(self) -> httpx.Client:
         return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),

@@ -84,8 +84,9 @@ def test_client_disconnect_stops_the_generation(fresh_daemon: Daemon) -> None:
 
 def test_full_queue_answers_503_with_retry_after(tmp_path: Path, smollm2_path: Path) -> None:
     with start_daemon(tmp_path / "d", max_queue="1", num_parallel="1") as daemon:
-        body = {**LONG, "max_tokens": 300}
-        with daemon.http() as http, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        body = {**LONG, "max_tokens": 120}
+        # A generous client timeout: on a loaded machine the queued request waits for the running one.
+        with daemon.http(timeout=600) as http, concurrent.futures.ThreadPoolExecutor(4) as pool:
             http.post("/api/generate", json={"model": "smollm2"})
             futures = [pool.submit(http.post, "/v1/chat/completions", json=body) for _ in range(4)]
             responses = [f.result(timeout=300) for f in futures]
