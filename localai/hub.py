@@ -144,7 +144,27 @@ def gguf_choices(filenames: Iterable[str]) -> dict[str, tuple[str, ...]]:
 
 def choose_gguf(filenames: Iterable[str], quant: str | None, where: str) -> tuple[str, tuple[str, ...]]:
     """The quantization and files to pull; ModelNotFound lists what exists when there is no match."""
+    return _pick_gguf(gguf_choices(filenames), quant, where)
+
+
+def choose_files(filenames: list[str], quant: str | None, where: str) -> tuple[str | None, tuple[str, ...]]:
+    """What to pull from a repository: a GGUF (its quantization and files) or else an MLX model (no label).
+
+    ModelNotFound, listing what exists, when it holds neither (or not the quantization asked for)."""
     choices = gguf_choices(filenames)
+    if quant is not None or choices:
+        return _pick_gguf(choices, quant, where)
+    mlx = choose_mlx(filenames)
+    if mlx is None:
+        shown = ", ".join(filenames[:12]) + (", ..." if len(filenames) > 12 else "")
+        raise ModelNotFound(
+            f"{where} has neither GGUF files nor an MLX model (config.json + .safetensors); it holds: "
+            f"{shown or 'no files'}", param="model",
+        )
+    return None, tuple(mlx)
+
+
+def _pick_gguf(choices: dict[str, tuple[str, ...]], quant: str | None, where: str) -> tuple[str, tuple[str, ...]]:
     if not choices:
         raise ModelNotFound(f"{where} has no GGUF files", param="model")
     available = ", ".join(sorted(choices))
@@ -302,14 +322,11 @@ def cached_weights(ref: HubRef) -> Path | None:
     snapshot = cached_snapshot(ref.repo_id)
     if snapshot is None:
         return None
-    names = snapshot_files(snapshot)
-    if ref.quant is not None or gguf_choices(names):
-        try:
-            _, chosen = choose_gguf(names, ref.quant, str(ref))
-        except ModelNotFound:
-            return None
-        return snapshot / chosen[0]
-    return snapshot if choose_mlx(names) is not None else None
+    try:
+        label, chosen = choose_files(snapshot_files(snapshot), ref.quant, str(ref))
+    except ModelNotFound:
+        return None
+    return snapshot / chosen[0] if label is not None else snapshot
 
 
 def is_cached_path(path: Path) -> bool:

@@ -77,18 +77,8 @@ def plan(name: str, settings: Settings, token: str | None = None) -> PullPlan:
         return PullPlan(registered, modelfile, str(ref), alias=alias)
     where = f"hf.co/{listing.repo_id}"
     names = list(listing.files)
-    if ref.quant is not None or hub.gguf_choices(names):
-        label, chosen = hub.choose_gguf(names, ref.quant, where)
-        resolved = hub.HubRef(listing.repo_id, label)
-    else:
-        mlx = hub.choose_mlx(names)
-        if mlx is None:
-            shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-            raise ModelNotFound(
-                f"{where} has neither GGUF files nor an MLX model (config.json + .safetensors); it holds: "
-                f"{shown or 'no files'}", param="model",
-            )
-        chosen, resolved = tuple(mlx), hub.HubRef(listing.repo_id)
+    label, chosen = hub.choose_files(names, ref.quant, where)
+    resolved = hub.HubRef(listing.repo_id, label)
     files = [listing.files[file] for file in chosen]
     pending = sum(hub.pending_bytes(listing, file) for file in files)
     if pending:

@@ -218,11 +218,12 @@ class Runtime:
         tools = request.parses_tool_calls() and request.messages is not None
         if not tools and not thinks:
             return None
-        return OutputParser(tools=tools, reasoning=thinks, tool_names={tool.name for tool in request.tools})
+        return OutputParser(tools=tools, reasoning=thinks)
 
     def _constraint(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> Constraint | None:
         """The grammar the output must follow: a forced or lazy tool call, or the response format."""
         choice: ToolChoice = request.tool_choice
+        tool_format = self.template(record, loaded).tool_format
         if request.tools and choice.mode in ("required", "function"):
             tools = request.tools
             if choice.mode == "function":
@@ -230,13 +231,13 @@ class Runtime:
                 if not tools:
                     raise InvalidRequest(f"tool_choice names '{choice.name}', which is not among the tools",
                                          param="tool_choice")
-            return Constraint(type="tool_call", format=self.template(record, loaded).tool_format,
+            return Constraint(type="tool_call", format=tool_format,
                               tools=[{"name": t.name, "parameters": t.parameters} for t in tools])
         if request.response_format is not None:
             if request.response_format.type == "json_schema":
                 return Constraint(type="json_schema", schema=request.response_format.schema or {})
             return Constraint(type="json_object")
-        if request.tools and choice.mode == "auto" and self.template(record, loaded).tool_format == "hermes":
+        if request.tools and choice.mode == "auto" and tool_format == "hermes":
             # Free text, but once the model opens <tool_call> the call must be well formed.
             return Constraint(type="tool_call", format="hermes", lazy=True,
                               tools=[{"name": t.name, "parameters": t.parameters} for t in request.tools])

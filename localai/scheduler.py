@@ -47,14 +47,21 @@ class LoadedModel:
     _expiry: asyncio.TimerHandle | None = None
 
 
-def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The worker's load options for a model: Modelfile parameters, then request options, then defaults."""
+def context_size(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | None = None) -> int:
+    """The context a model is loaded with: ``num_ctx`` (request, then Modelfile), else ``LOCALAI_CONTEXT_LENGTH``;
+    never more than the trained context (the engine would cap it there)."""
     params: dict[str, Any] = {**record.parameters, **(overrides or {})}
     trained = record.context_length or settings.context_length
     num_ctx = int(params.get("num_ctx") or min(trained, settings.context_length))
+    return min(num_ctx, record.context_length) if record.context_length else num_ctx
+
+
+def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The worker's load options for a model: Modelfile parameters, then request options, then defaults."""
+    params: dict[str, Any] = {**record.parameters, **(overrides or {})}
     return {
         "model_path": record.path,
-        "num_ctx": num_ctx,
+        "num_ctx": context_size(record, settings, overrides),
         "n_parallel": settings.num_parallel,
         "n_threads": int(params.get("num_thread") or settings.threads()),
         "n_batch": int(params.get("num_batch") or 512),
@@ -125,7 +132,7 @@ class Scheduler:
     async def _ensure_loaded(self, record: ModelRecord, overrides: dict[str, Any] | None) -> LoadedModel:
         engine = engine_for(record)
         options = load_options(record, self.settings, overrides)
-        key = (record.sha256, tuple(sorted(options.items())))
+        key = tuple(sorted(options.items()))  # the weights' digest is among the options
         current = self.loaded.get(record.name)
         if current is not None and current.worker.alive and current.load_key == key:
             return current

@@ -6,6 +6,7 @@ knows which dialect asked.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -179,8 +180,6 @@ class ToolCallEnd:
     type: Literal["tool_call_end"] = "tool_call_end"
 
     def parsed_arguments(self) -> dict[str, Any]:
-        import json
-
         try:
             value = json.loads(self.arguments or "{}")
         except ValueError:

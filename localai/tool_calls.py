@@ -72,9 +72,8 @@ class _Call:
 class OutputParser:
     """Feed text deltas in, get events out; ``finish()`` flushes what is held back."""
 
-    def __init__(self, *, tools: bool, reasoning: bool, tool_names: set[str] | None = None) -> None:
+    def __init__(self, *, tools: bool, reasoning: bool) -> None:
         self.tools = tools
-        self.tool_names = tool_names or set()
         self.calls: list[ToolCallEnd] = []
         self._state = "think?" if reasoning else "start"
         self._buffer = ""

@@ -107,12 +107,15 @@ class ModelfileWatcher:
             return removed
 
     def _reconcile(self, registry: Registry, removed: list[str]) -> list[ModelfileStatus]:
-        found = library.modelfiles(self.root)
+        found: dict[str, Path] = {}
         errors: dict[Path, str] = {}
         for path in sorted(self.root.rglob(f"*{library.SUFFIX}")) if self.root.is_dir() else []:
-            if library.modelfile_name(self.root, path) is None:
+            name = library.modelfile_name(self.root, path)
+            if name is None:
                 errors[path] = (f"a user Modelfile is NAME.Modelfile or NAME/TAG.Modelfile, with lowercase "
                                 f"letters, digits, '.', '-' or '_' (got {path.relative_to(self.root)})")
+            elif path.is_file():
+                found.setdefault(name, path)
         pending = sorted(found.items())
         for _ in range(2):  # a Modelfile FROM another user model builds on the second pass
             failed = []

@@ -44,4 +44,4 @@ class ClaudeCode(Integration):
             "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
         }
         # Claude Code sends its own session id (X-Claude-Code-Session-Id), which the daemon keys its cache on.
-        return Launch([program, "--model", model, *extra], {**self.runtime_env(), **env})
+        return Launch([program, "--model", model, *extra], env)

@@ -43,4 +43,4 @@ class Cline(Integration):
 
     def command(self, target: Target, program: str, extra: Sequence[str]) -> Launch:
         env = {"CLINE_LOG_ENABLED": "0"}
-        return Launch([program, "--data-dir", str(self.data_dir()), *extra], {**self.runtime_env(), **env})
+        return Launch([program, "--data-dir", str(self.data_dir()), *extra], env)

@@ -67,7 +67,7 @@ class Codex(Integration):
         argv = [program]
         for key, value in self.overrides(target).items():
             argv += ["-c", f"{key}={toml_value(value)}"]
-        env = dict(self.runtime_env())
+        env: dict[str, str] = {}
         if target.api_key:
             env["LOCALAI_API_KEY"] = target.api_key
         # Codex sends prompt_cache_key (its conversation id) on every request: one prompt cache per session.

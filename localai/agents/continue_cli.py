@@ -35,4 +35,4 @@ class ContinueCLI(Integration):
     def command(self, target: Target, program: str, extra: Sequence[str]) -> Launch:
         env = {"CONTINUE_CLI_ENABLE_TELEMETRY": "0", "CONTINUE_METRICS_ENABLED": "0"}
         return Launch([program, "--config", str(self.files().root / "config.yaml"), *extra],
-                      {**self.runtime_env(), **env})
+                      env)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from localai.agents.base import OPENAI_CHAT, Integration, Launch, Package, Target
-from localai.agents.files import drop_empty
+from localai.agents.files import drop_empty, put_back
 
 PROVIDER = "localai"
 ROLES = ("large", "small")
@@ -53,22 +53,15 @@ class Crush(Integration):
 
     def unedit(self, path: Path, data: Any, original: Any) -> Any:
         before = original or {}
-        providers = data.get("providers") or {}
-        if PROVIDER in (before.get("providers") or {}):
-            providers[PROVIDER] = before["providers"][PROVIDER]
-        else:
-            providers.pop(PROVIDER, None)
+        put_back(data.get("providers") or {}, before.get("providers"), PROVIDER)
         models = data.get("models") or {}
         for role in ROLES:
             if (models.get(role) or {}).get("provider") == PROVIDER:
-                if role in (before.get("models") or {}):
-                    models[role] = before["models"][role]
-                else:
-                    models.pop(role, None)
+                put_back(models, before.get("models"), role)
         drop_empty(data, before, "providers")
         drop_empty(data, before, "models")
         return data
 
     def command(self, target: Target, program: str, extra: Sequence[str]) -> Launch:
         env = {"CRUSH_DISABLE_PROVIDER_AUTO_UPDATE": "1", "CRUSH_DISABLE_METRICS": "1", "DO_NOT_TRACK": "1"}
-        return Launch([program, *extra], {**self.runtime_env(), **env})
+        return Launch([program, *extra], env)

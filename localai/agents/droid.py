@@ -39,4 +39,4 @@ class Droid(Integration):
     def command(self, target: Target, program: str, extra: Sequence[str]) -> Launch:
         env = {"FACTORY_DROID_AUTO_UPDATE_ENABLED": "false"}
         return Launch([program, "--settings", str(self.files().root / "settings.json"), *extra],
-                      {**self.runtime_env(), **env})
+                      env)

@@ -64,6 +64,14 @@ def dump(data: dict[str, Any], fmt: Format) -> str:
     return str(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
 
 
+def put_back(current: dict[str, Any], before: dict[str, Any] | None, key: str) -> None:
+    """Give ``key`` in ``current`` its value from ``before``, or remove it when ``before`` had none."""
+    if key in (before or {}):
+        current[key] = before[key]  # type: ignore[index]
+    else:
+        current.pop(key, None)
+
+
 def drop_empty(data: dict[str, Any], before: dict[str, Any] | None, *keys: str) -> None:
     """Remove the mappings along ``keys`` that localai's edit left empty and the original did not have."""
     for depth in range(len(keys), 0, -1):
@@ -131,10 +139,6 @@ class AgentFiles:
         ledger[str(path)] = entry
         self._save_ledger(ledger)
         return path
-
-    def edited(self) -> list[Path]:
-        """The user files localai has edited and not yet restored."""
-        return [Path(name) for name in self._ledger()]
 
     def restore(self, unedit: Unedit) -> list[str]:
         """Put every edited user file back and delete localai's own files; one line per action."""

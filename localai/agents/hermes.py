@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from localai.agents.base import OPENAI_CHAT, Integration, Launch, Package, Target
-from localai.agents.files import drop_empty
+from localai.agents.files import drop_empty, put_back
 
 PROVIDER = "localai"
 MIN_CONTEXT = 64_000
@@ -49,15 +49,8 @@ class Hermes(Integration):
         before = original or {}
         model = data.get("model")
         if isinstance(model, dict) and model.get("provider") == PROVIDER:  # still localai's: put the old one back
-            if "model" in before:
-                data["model"] = before["model"]
-            else:
-                del data["model"]
-        providers = data.get("providers") or {}
-        if PROVIDER in (before.get("providers") or {}):
-            providers[PROVIDER] = before["providers"][PROVIDER]
-        else:
-            providers.pop(PROVIDER, None)
+            put_back(data, before, "model")
+        put_back(data.get("providers") or {}, before.get("providers"), PROVIDER)
         drop_empty(data, before, "providers")
         return data
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from localai.agents.base import OPENAI_CHAT, Integration, Launch, Package, Target
-from localai.agents.files import drop_empty
+from localai.agents.files import drop_empty, put_back
 
 PROVIDER = "localai"
 
@@ -40,22 +40,13 @@ class OpenClaw(Integration):
 
     def unedit(self, path: Path, data: Any, original: Any) -> Any:
         before = original or {}
-        providers = data.get("models", {}).get("providers", {})
-        old_providers = before.get("models", {}).get("providers", {})
-        if PROVIDER in old_providers:
-            providers[PROVIDER] = old_providers[PROVIDER]
-        else:
-            providers.pop(PROVIDER, None)
+        put_back(data.get("models", {}).get("providers", {}), before.get("models", {}).get("providers"), PROVIDER)
         model = data.get("agents", {}).get("defaults", {}).get("model", {})
         if str(model.get("primary", "")).startswith(f"{PROVIDER}/"):
-            old = before.get("agents", {}).get("defaults", {}).get("model", {})
-            if "primary" in old:
-                model["primary"] = old["primary"]
-            else:
-                model.pop("primary", None)
+            put_back(model, before.get("agents", {}).get("defaults", {}).get("model"), "primary")
         drop_empty(data, before, "models", "providers")
         drop_empty(data, before, "agents", "defaults", "model")
         return data
 
     def command(self, target: Target, program: str, extra: Sequence[str]) -> Launch:
-        return Launch([program, *extra], self.runtime_env())
+        return Launch([program, *extra])

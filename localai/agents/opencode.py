@@ -48,4 +48,4 @@ class OpenCode(Integration):
             "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",  # they are fetched from npm at start
         }
         # OpenCode sends its session id as x-session-id on every request.
-        return Launch([program, *extra], {**self.runtime_env(), **env})
+        return Launch([program, *extra], env)

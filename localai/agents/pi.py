@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from localai.agents.base import OPENAI_CHAT, Integration, Launch, Package, Target
-from localai.agents.files import drop_empty
+from localai.agents.files import drop_empty, put_back
 
 PROVIDER = "localai"
 # Resolved by Pi when it sends a request: the launch's session id, or one per Pi process when Pi is run
@@ -58,12 +58,7 @@ class Pi(Integration):
         return [self.files().edit(agent_dir() / "models.json", "json", change)]
 
     def unedit(self, path: Path, data: Any, original: Any) -> Any:
-        providers = data.get("providers", {})
-        before = (original or {}).get("providers", {})
-        if PROVIDER in before:
-            providers[PROVIDER] = before[PROVIDER]
-        else:
-            providers.pop(PROVIDER, None)
+        put_back(data.get("providers", {}), (original or {}).get("providers"), PROVIDER)
         drop_empty(data, original, "providers")
         return data
 
@@ -77,4 +72,4 @@ class Pi(Integration):
         if target.api_key:
             env["LOCALAI_API_KEY"] = target.api_key
         return Launch([program, "--provider", PROVIDER, "--model", target.model, *extra],
-                      {**self.runtime_env(), **env})
+                      env)

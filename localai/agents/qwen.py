@@ -46,4 +46,4 @@ class QwenCode(Integration):
             "QWEN_CODE_SYSTEM_DEFAULTS_PATH": str(self.files().root / "settings.json"),
         }
         return Launch([program, "--auth-type", "openai", "--model", target.model, *extra],
-                      {**self.runtime_env(), **env})
+                      env)

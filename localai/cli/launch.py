@@ -71,7 +71,7 @@ def launch(agent: str | None, extra: tuple[str, ...], model: str | None, config_
     version = f" {installed.version}" if installed and installed.version else ""
     click.echo(f"localai: starting {integration.title}{version} on {target.model} "
                f"({target.context_length}-token context) at {target.base_url}", err=True)
-    sys.exit(_run(plan))
+    sys.exit(_run(integration, plan))
 
 
 def _ensure_installed(integration: Integration, yes: bool) -> Installed:
@@ -128,19 +128,22 @@ def _choose_model(client: Any, yes: bool) -> str:
 def model_limits(show: dict[str, Any], default_context: int) -> tuple[int, int]:
     """The context window the daemon loads the model with, and the reply size worth asking for.
 
-    The same rule as the scheduler and engine: ``num_ctx`` from the Modelfile, else ``LOCALAI_CONTEXT_LENGTH``,
-    and never more than the trained context. Output: ``num_predict`` when the Modelfile caps replies, else a
-    quarter of the context (what the runtime reserves for the reply when it fits a long prompt).
+    The daemon's own ``num_ctx`` from ``/api/show`` (``scheduler.context_size``); from a daemon that does not
+    report it, the same rule applied to the displayed parameters. Output: ``num_predict`` when the Modelfile
+    caps replies, else a quarter of the context (what the runtime reserves for the reply when it fits a long
+    prompt).
     """
     parameters: dict[str, str] = {}
     for line in str(show.get("parameters") or "").splitlines():
         name, _, value = line.strip().partition(" ")
         parameters.setdefault(name, value.strip())
-    trained = next((int(v) for k, v in (show.get("model_info") or {}).items()
-                    if k.endswith(".context_length") and v), 0)
-    context = _int(parameters.get("num_ctx")) or min(trained or default_context, default_context)
-    if trained:
-        context = min(context, trained)  # the engine never goes beyond the trained context
+    context = int(show.get("num_ctx") or 0)  # what the daemon says it loads the model with
+    if not context:  # an older daemon: the same rule, from the displayed parameters
+        trained = next((int(v) for k, v in (show.get("model_info") or {}).items()
+                        if k.endswith(".context_length") and v), 0)
+        context = _int(parameters.get("num_ctx")) or min(trained or default_context, default_context)
+        if trained:
+            context = min(context, trained)  # the engine never goes beyond the trained context
     predict = _int(parameters.get("num_predict"))
     output = predict if predict > 0 else context // 4
     return context, min(output, context)
@@ -165,12 +168,12 @@ def daemon_url(settings: Any) -> str:
     return written or str(settings.base_url)
 
 
-def _run(plan: Launch) -> int:
+def _run(integration: Integration, plan: Launch) -> int:
     """Run the agent with this terminal; on POSIX the agent replaces this process (signals and exit code are
     then the agent's own)."""
     import subprocess
 
-    env = {**os.environ, **plan.env}
+    env = {**os.environ, **integration.runtime_env(), **plan.env}
     try:
         if os.name == "posix":
             sys.stdout.flush()
@@ -184,6 +187,8 @@ def _run(plan: Launch) -> int:
 
 
 def _print_list() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     from rich.console import Console
     from rich.table import Table
 
@@ -192,8 +197,10 @@ def _print_list() -> None:
     table = Table(box=None, pad_edge=False, show_edge=False)
     for header in ("AGENT", "INSTALLED", "PROTOCOL", "WIRING"):
         table.add_column(header, no_wrap=header != "WIRING")
-    for integration in INTEGRATIONS.values():
-        installed = integration.detect()
+    # Each detect() runs the agent's --version (Node agents take a second or more): ask them all at once.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        found = list(pool.map(lambda integration: integration.detect(), INTEGRATIONS.values()))
+    for integration, installed in zip(INTEGRATIONS.values(), found, strict=True):
         state = "no" if installed is None else (installed.version or "yes") + (" (localai)" if installed.managed
                                                                                 else "")
         table.add_row(integration.name, state, integration.protocol, integration.wiring)
@@ -210,5 +217,5 @@ def _print_config(integration: Integration, target: Target, written: list[Path],
     else:
         click.echo(f"{integration.title} is configured per process: nothing to write.")
     click.echo("Run it through `localai launch`, or yourself with:")
-    assignments = [f"{key}={shlex.quote(value)}" for key, value in plan.env.items() if key != "PATH"]
+    assignments = [f"{key}={shlex.quote(value)}" for key, value in plan.env.items()]
     click.echo("  " + " ".join([*assignments, shlex.join(plan.argv)]))

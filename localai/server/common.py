@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -35,32 +35,25 @@ class Collected:
     reasoning: str
     calls: list[ToolCallEnd]
     finished: Finished
-    order: list[str] = field(default_factory=list)  # "reasoning", "text", "call": the order they began
 
 
 async def collect(generation: Generation) -> Collected:
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[ToolCallEnd] = []
-    order: list[str] = []
     finished: Finished | None = None
     async for event in generation.events():
         if isinstance(event, TextDelta):
             text.append(event.text)
-            if "text" not in order:
-                order.append("text")
         elif isinstance(event, ReasoningDelta):
             reasoning.append(event.text)
-            if "reasoning" not in order:
-                order.append("reasoning")
         elif isinstance(event, ToolCallEnd):
             calls.append(event)
-            order.append("call")
         elif isinstance(event, Finished):
             finished = event
     if finished is None:
         raise LocalAIError("the generation ended without finishing")
-    return Collected("".join(text), "".join(reasoning), calls, finished, order)
+    return Collected("".join(text), "".join(reasoning), calls, finished)
 
 
 def sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:

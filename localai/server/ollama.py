@@ -20,8 +20,10 @@ from localai import __version__
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.gguf_meta import read_metadata
 from localai.modelfile import LOAD_PARAMETERS, Modelfile, coerce_parameter, parse
+from localai.prompt import Template
 from localai.registry import ModelRecord
 from localai.runtime import Generation, sampling_from_options
+from localai.scheduler import context_size
 from localai.schema import (
     Block,
     Finished,
@@ -419,7 +421,7 @@ async def capabilities(record: ModelRecord) -> list[str]:
         with contextlib.suppress(OSError):
             template = await asyncio.to_thread(_gguf_template, record.path, Path(record.path).stat().st_mtime_ns)
     found = ["completion", "tools"]  # tools work with every template (described in the prompt when not native)
-    if template and "<think>" in template:
+    if Template(template).thinks:
         found.append("thinking")
     return found
 
@@ -440,6 +442,8 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
                        f"{record.family}.context_length": record.context_length},
         "capabilities": await capabilities(record), "modified_at": record.modified_at,
         "path": record.path,  # localai extension: the weights file (benchmarks run llama.cpp tools on it)
+        # localai extension: the context the daemon loads the model with (launch gives it to agents)
+        "num_ctx": context_size(record, request.app.state.settings),
     }
 
 
