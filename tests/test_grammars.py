@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,10 +43,11 @@ def test_agent_tool_schemas_give_grammars_llama_cpp_accepts(vocab: Any, lazy: bo
              {"name": "Bare", "parameters": {}}]
     grammar = grammar_for({"type": "tool_call", "tools": tools, "format": "hermes", "lazy": lazy})  # type: ignore[typeddict-item]
     assert grammar is not None and ('"\\"Workflow\\""' in grammar.text)
-    if grammar.triggers:
-        patterns = (ctypes.c_char_p * 1)(grammar.triggers[0].encode())
-        sampler = L.llama_sampler_init_grammar_lazy_patterns(vocab, grammar.text.encode(), b"root", patterns, 1,
-                                                             None, 0)
+    if grammar.trigger:
+        assert lazy and grammar.trigger == "<tool_call>"
+        tokens = (L.llama_token * 1)(1)  # any token id: the grammar text is what llama.cpp parses here
+        sampler = L.llama_sampler_init_grammar_lazy_patterns(vocab, grammar.text.encode(), b"root", None, 0,
+                                                             tokens, 1)
     else:
         sampler = L.llama_sampler_init_grammar(vocab, grammar.text.encode(), b"root")
     assert sampler
@@ -71,3 +71,17 @@ def test_json_strings_cannot_hold_raw_control_characters(vocab: Any) -> None:
     sampler = L.llama_sampler_init_grammar(vocab, grammar.text.encode(), b"root")
     assert sampler
     L.llama_sampler_free(sampler)
+
+
+def test_lazy_tool_grammar_only_with_a_one_token_trigger(smollm2_path: Path) -> None:
+    """smollm2 writes <tool_call> as several tokens: a text-triggered lazy grammar could be fed a piece running
+    past the trigger and abort the worker, so it gets no lazy grammar (its calls are parsed, unconstrained)."""
+    from localai.backends.llama_cpp import LlamaCppEngine, LoadOptions
+
+    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=512, n_parallel=1))
+    assert len(engine.tokenize_special("<tool_call>")) > 1
+    tools = [{"name": "f", "parameters": {"type": "object"}}]
+    assert engine._grammar_sampler({"type": "tool_call", "tools": tools, "lazy": True}) is None  # type: ignore[typeddict-item]
+    forced = engine._grammar_sampler({"type": "tool_call", "tools": tools})  # type: ignore[typeddict-item]
+    assert forced
+    L.llama_sampler_free(forced)

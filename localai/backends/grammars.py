@@ -16,7 +16,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from localai.protocol import Constraint
 
-HERMES_TRIGGER = r"[\s\S]*?(<tool_call>[\s\S]*)"
+HERMES_TRIGGER = "<tool_call>"
 ANNOTATIONS = frozenset({"description", "title", "examples", "default", "$schema", "$comment", "deprecated",
                          "readOnly", "writeOnly", "$id"})
 # Bounds the converter unrolls into one rule per step: Claude Code sends maxLength 524288, which becomes a
@@ -32,10 +32,10 @@ class GrammarError(ValueError):
 
 @dataclass(frozen=True)
 class Grammar:
-    """A GBNF grammar; with ``triggers`` it only applies from the first match (a lazy grammar)."""
+    """A GBNF grammar; with a ``trigger`` it applies only once the model emits that word (a lazy grammar)."""
 
     text: str
-    triggers: tuple[str, ...] = ()
+    trigger: str | None = None
 
 
 def sanitized(schema: Any) -> Any:
@@ -109,7 +109,7 @@ def tool_call_grammar(constraint: Constraint) -> Grammar:
     if style == "hermes":
         block = 'tool-block ::= "<tool_call>" "\\n"? tool-call "\\n"? "</tool_call>"'
         root = 'root ::= tool-block ("\\n" tool-block)*' if lazy else "root ::= tool-block"
-        return Grammar("\n".join([root, block, call]), (HERMES_TRIGGER,) if lazy else ())
+        return Grammar("\n".join([root, block, call]), HERMES_TRIGGER if lazy else None)
     if lazy:
         raise GrammarError(f"lazy tool grammars are only built for the hermes format, not {style}")
     if style == "mistral":

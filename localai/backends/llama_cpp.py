@@ -19,7 +19,7 @@ from typing import Any
 
 import llama_cpp as L
 
-from localai.backends.grammars import GrammarError, grammar_for
+from localai.backends.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.backends.llama_embed import EmbeddingContext
 from localai.backends.text import StopMatcher
 from localai.protocol import Constraint, EmbedOp, GenerateOp, ModelInfo, Sampling
@@ -224,6 +224,13 @@ class LlamaCppEngine:
             tokens = tokens[1:]  # the template already wrote BOS
         return tokens
 
+    def tokenize_special(self, text: str) -> list[int]:
+        """Tokens of ``text`` alone (special tokens parsed, no BOS)."""
+        data = text.encode()
+        buffer = (L.llama_token * (len(data) + 8))()
+        count = L.llama_tokenize(self.vocab, data, len(data), buffer, len(buffer), False, True)
+        return list(buffer[:max(count, 0)])
+
     # -- the serving loop ------------------------------------------------------------------------
 
     def serve(self, inbox: queue.Queue[dict[str, Any] | None], emit: Emit) -> None:
@@ -404,13 +411,19 @@ class LlamaCppEngine:
         return max(scored, key=lambda item: (item[1], -item[0].last_used))
 
     def _grammar_sampler(self, constraint: Constraint | None) -> Any:
+        if constraint and constraint.get("lazy") and len(self.tokenize_special(HERMES_TRIGGER)) != 1:
+            return None  # see below: a lazy grammar needs its trigger to be one token
         grammar = grammar_for(constraint)
         if grammar is None:
             return None
-        if grammar.triggers:
-            patterns = (ctypes.c_char_p * len(grammar.triggers))(*(t.encode() for t in grammar.triggers))
+        if grammar.trigger:
+            # Only a trigger that is one token is safe: triggered by text, llama.cpp feeds the grammar the whole
+            # last piece, and a piece running past the trigger ("<tool_call" + "></") makes it throw a C++
+            # exception that aborts the worker. Models without such a token get their calls parsed, unconstrained.
+            trigger = self.tokenize_special(grammar.trigger)
+            tokens = (L.llama_token * 1)(trigger[0])
             sampler = L.llama_sampler_init_grammar_lazy_patterns(
-                self.vocab, grammar.text.encode(), b"root", patterns, len(grammar.triggers), None, 0)
+                self.vocab, grammar.text.encode(), b"root", None, 0, tokens, 1)
         else:
             sampler = L.llama_sampler_init_grammar(self.vocab, grammar.text.encode(), b"root")
         if not sampler:
