@@ -7,6 +7,7 @@ Used by ``localai cache ...`` (directly on ``$LOCALAI_HOME/cache``, no daemon ne
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -59,7 +60,7 @@ def load_pins(root: Path | None = None, *, now: float | None = None) -> list[Pin
             pin = Pin(session=item.get("session"), entry=item.get("entry"), expires_at=float(item["expires_at"]))
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
-        if pin.expires_at > moment:
+        if pin.expires_at > moment and math.isfinite(pin.expires_at):  # a hand-edited Infinity is no pin
             pins.append(pin)
     return pins
 
@@ -95,11 +96,22 @@ def remove_pin(*, session: str | None, entry: str | None, root: Path | None = No
     return len(kept) != len(pins)
 
 
+def read_kind_and_session(path: Path) -> tuple[str, str | None]:
+    """An entry file's kind and session, from its header ("history", None when unreadable)."""
+    try:
+        header, _ = read_header(path, path.parent.name)
+    except (OSError, CorruptEntry, KeyError, ValueError):
+        return "history", None
+    return str(header.get("kind", "history")), header.get("session")
+
+
 def list_entries(root: Path | None = None) -> list[EntryInfo]:
     base = root or paths.cache_dir()
     pins = load_pins(base)
     entries = []
     for path in sorted(base.glob("*/*.kv")):
+        if path.name.startswith("."):
+            continue  # a write in progress (.tmp-*), not an entry yet
         try:
             header, tokens = read_header(path, path.parent.name)
             stat = path.stat()

@@ -1,13 +1,22 @@
-"""Render a conversation to prompt text with the model's Jinja chat template (GGUF or Modelfile)."""
+"""Render a conversation to prompt text with the model's Jinja chat template (GGUF or Modelfile).
+
+Templates come from GGUF files and Modelfiles, so they are not trusted: they run in Jinja's immutable
+sandbox, cannot include, import or extend other templates (checked when a model is created), and every
+render is bounded in time and size: a template that loops for hours or builds gigabytes of text is
+stopped with a 400 instead of taking a thread and the machine's memory.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
 import json
+import threading
+import time
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -18,6 +27,12 @@ CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+RENDER_SECONDS = 5.0  # real templates render in milliseconds, even for 100k-token conversations
+MAX_OUTPUT_CHARS = 64 << 20  # beyond the worker protocol's frame limit anyway
+
+
+class TemplateLimitExceeded(jinja2.TemplateError):
+    """A template ran past the time or size a render may take."""
 
 
 def _raise(message: str) -> None:
@@ -28,13 +43,85 @@ def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, s
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
-@functools.lru_cache(maxsize=32)
-def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+class BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, plus a deadline checked at every call, attribute, item and ``*``/``**`` a template evaluates."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self._render = threading.local()
+
+    def begin(self, seconds: float) -> None:
+        self._render.deadline = time.monotonic() + seconds
+
+    def check(self) -> None:
+        deadline = getattr(self._render, "deadline", None)
+        if deadline is not None and time.monotonic() > deadline:
+            raise TemplateLimitExceeded(f"rendering took longer than {RENDER_SECONDS:g} s")
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        __self.check()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        self.check()
+        return _bounded(super().getattr(obj, attribute))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        self.check()
+        return _bounded(super().getitem(obj, argument))
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        self.check()
+        if operator == "*" and isinstance(right, int) and isinstance(left, str | list | tuple):
+            _size_check(len(left) * right)
+        if operator == "*" and isinstance(left, int) and isinstance(right, str | list | tuple):
+            _size_check(len(right) * left)
+        if operator == "**" and isinstance(right, int | float) and abs(right) > 1024:
+            raise TemplateLimitExceeded("exponent too large")
+        return super().call_binop(context, operator, left, right)
+
+
+def _size_check(size: int) -> None:
+    if size > MAX_OUTPUT_CHARS:
+        raise TemplateLimitExceeded(f"a value of {size} characters or items is over the limit")
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, str | list) and len(value) > MAX_OUTPUT_CHARS:
+        _size_check(len(value))
+    return value
+
+
+def check_source(source: str, where: str = "TEMPLATE") -> None:
+    """Refuse a template that does not parse, or that reaches for other templates or files
+    (``include``, ``import``, ``extends``): raises ``jinja2.TemplateError`` naming the line."""
+    environment = _environment()
+    try:
+        tree = environment.parse(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise jinja2.TemplateSyntaxError(f"{where}: {exc.message}", exc.lineno) from exc
+    for node in tree.find_all((nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
+        kind = type(node).__name__.lower().replace("fromimport", "import")
+        raise jinja2.TemplateSyntaxError(
+            f"{where}: '{kind}' is not allowed in a chat template (it would read other files)", node.lineno)
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> BoundedEnvironment:
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols],
+                             loader=None, auto_reload=False)
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: dt.datetime.now().strftime(fmt)
-    return env.from_string(source)
+    return env
+
+
+@functools.lru_cache(maxsize=32)
+def compile_template(source: str) -> jinja2.Template:
+    check_source(source)
+    return _environment().from_string(source)
 
 
 def render(
@@ -46,12 +133,24 @@ def render(
     add_generation_prompt: bool = True,
     **extra: Any,
 ) -> str:
-    """The prompt text for ``messages``; template errors become a 400 naming the problem."""
+    """The prompt text for ``messages``; template errors and overruns become a 400 naming the problem."""
+    environment = _environment()
     try:
         compiled = compile_template(template or CHATML)
-        return compiled.render(
-            messages=messages, bos_token=bos_token, eos_token=eos_token,
-            add_generation_prompt=add_generation_prompt, **extra,
-        )
+        environment.begin(RENDER_SECONDS)
+        parts: list[str] = []
+        size = 0
+        for part in compiled.generate(messages=messages, bos_token=bos_token, eos_token=eos_token,
+                                      add_generation_prompt=add_generation_prompt, **extra):
+            size += len(part)
+            if size > MAX_OUTPUT_CHARS:
+                raise TemplateLimitExceeded(f"the prompt grew past {MAX_OUTPUT_CHARS} characters")
+            environment.check()
+            parts.append(part)
+        return "".join(parts)
+    except TemplateLimitExceeded as exc:
+        raise InvalidRequest(f"the model's chat template was stopped: {exc}", param="messages") from exc
     except jinja2.TemplateError as exc:
         raise InvalidRequest(f"the model's chat template rejected the conversation: {exc}", param="messages") from exc
+    except RecursionError as exc:
+        raise InvalidRequest("the model's chat template recursed too deeply", param="messages") from exc

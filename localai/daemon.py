@@ -71,6 +71,7 @@ def serve(settings: Settings) -> None:
         level=logging.DEBUG if settings.debug else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    os.umask(0o077)  # conversations, prompt caches and logs are the user's alone (workers inherit this)
     paths.ensure_home()
     registry = Registry.open()
     try:

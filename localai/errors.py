@@ -34,6 +34,21 @@ class ContextLengthExceeded(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class RequestTooLarge(InvalidRequest):
+    """A request body, or what it becomes for the worker, is over the size limit."""
+
+    status_code = 413
+    code = "request_too_large"
+
+
+class ClientDisconnected(LocalAIError):
+    """The client went away before its (non-streamed) answer was ready; the work was stopped."""
+
+    status_code = 499
+    error_type = "cancelled"
+    code = "client_disconnected"
+
+
 class NotFound(LocalAIError):
     """A named thing (a stored response, ...) does not exist."""
 

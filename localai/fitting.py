@@ -14,7 +14,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from localai.schema import Message, TextBlock, Tool, ToolResultBlock
+from localai.schema import Block, Message, TextBlock, Tool, ToolResultBlock
 
 MARKER = "\n[... {n} characters omitted by localai to fit the context ...]\n"
 
@@ -90,21 +90,47 @@ def apply(messages: list[Message], dropped: int, cut_chars: int) -> list[Message
     return fitted
 
 
+MIN_CUTTABLE = 200  # shorter texts are left whole: the marker would cost about what cutting saves
+KEEP = 100  # characters a shortened text keeps (half at each end)
+
+
+def _merged(message: Message) -> Message:
+    """The message with adjacent text blocks joined: templates render them joined anyway, and one long text can be
+    shortened where many short ones (an Anthropic turn of 400 small blocks) could not."""
+    content: list[Block] = []
+    for block in message.content:
+        if isinstance(block, TextBlock) and content and isinstance(content[-1], TextBlock):
+            content[-1] = TextBlock(content[-1].text + block.text)
+        else:
+            content.append(block)
+    return message if len(content) == len(message.content) else Message(message.role, content, message.name)
+
+
+def _cuttable_blocks(messages: list[Message]) -> list[tuple[int, int, int]]:
+    """(message index, block index, length) of every text or tool result long enough to shorten."""
+    return [(index, position, length)
+            for index, message in enumerate(messages) for position, block in enumerate(message.content)
+            if isinstance(block, TextBlock | ToolResultBlock)
+            for length in [len(block.text if isinstance(block, TextBlock) else block.content)]
+            if length >= MIN_CUTTABLE]
+
+
+def cuttable(messages: list[Message]) -> int:
+    """The most characters shortening can take out of ``messages``."""
+    merged = [_merged(message) for message in messages]
+    return sum(length - KEEP for _, _, length in _cuttable_blocks(merged))
+
+
 def _shorten(messages: list[Message], cut_chars: int) -> list[Message]:
     """Cut ``cut_chars`` from the middle of the longest texts and tool results; other blocks stay as they are."""
-    blocks = [(index, position, len(block.text if isinstance(block, TextBlock) else block.content))
-              for index, message in enumerate(messages) for position, block in enumerate(message.content)
-              if isinstance(block, TextBlock | ToolResultBlock)]
-    result = list(messages)
+    result = [_merged(message) for message in messages]
     remaining = cut_chars
-    for index, position, length in sorted(blocks, key=lambda item: -item[2]):
+    for index, position, length in sorted(_cuttable_blocks(result), key=lambda item: -item[2]):
         if remaining <= 0:
             break
-        if length < 200:
-            continue
         block = result[index].content[position]
         text = block.text if isinstance(block, TextBlock) else block.content  # type: ignore[union-attr]
-        cut = min(remaining, length - 100)
+        cut = min(remaining, length - KEEP)
         head = (length - cut) // 2
         new_text = text[:head] + MARKER.format(n=cut) + text[head + cut:]
         content = list(result[index].content)
@@ -167,7 +193,7 @@ def next_cut(messages: list[Message], dropped: int, cut_chars: int, prompt_token
             take += 1
         return dropped + max(1, take), cut_chars
     excess_chars = int((prompt_tokens - budget + 16) * chars_per_token * 1.1)
-    longest = max((size(m) for m in current), default=0)
-    if longest < 300:
-        return None
-    return dropped, cut_chars + max(excess_chars, 64)
+    capacity = cuttable(apply(messages, dropped, 0))
+    if cut_chars >= capacity:
+        return None  # nothing long enough is left to shorten: the caller answers 400
+    return dropped, min(cut_chars + max(excess_chars, 64), capacity)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,17 @@ LIST_PARAMETERS = frozenset({"stop"})
 PARAMETERS = INT_PARAMETERS | FLOAT_PARAMETERS | BOOL_PARAMETERS | LIST_PARAMETERS
 # Parameters that change how the model is loaded (a change means a reload), not how it samples.
 LOAD_PARAMETERS = frozenset({"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread"})
+# What each numeric parameter may be. Values outside would crash or overflow the engine (1e400), allocate without
+# limit (repeat_last_n 200000000) or make no sense (num_ctx -1); they are refused naming the parameter and range.
+BOUNDS: dict[str, tuple[float, float]] = {
+    "num_ctx": (128, 1 << 24), "num_predict": (-2, 1 << 24), "num_keep": (-1, 1 << 24),
+    "num_batch": (1, 16384), "num_thread": (1, 1024), "num_gpu": (-1, 100_000), "main_gpu": (0, 255),
+    "seed": (-(1 << 63), (1 << 64) - 1), "top_k": (0, 1 << 20), "repeat_last_n": (-1, 1 << 20),
+    "temperature": (0.0, 100.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0), "typical_p": (0.0, 1.0),
+    "repeat_penalty": (0.0, 100.0), "presence_penalty": (-100.0, 100.0), "frequency_penalty": (-100.0, 100.0),
+}
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
 MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
 INSTRUCTIONS = frozenset({"from", "parameter", "template", "system", "adapter", "license", "message", "requires"})
 
@@ -92,6 +104,7 @@ def _looks_like_path(value: str) -> bool:
 def parse(text: str, *, source: str = "Modelfile") -> Modelfile:
     """Parse Modelfile text. Errors name the line and what is wrong."""
     from_: str | None = None
+    template_line = 0
     result = Modelfile(from_="")
     for lineno, instruction, argument in _instructions(text, source):
         where = f"{source}, line {lineno}"
@@ -109,6 +122,7 @@ def parse(text: str, *, source: str = "Modelfile") -> Modelfile:
                 result.parameters[name] = value
         elif instruction == "template":
             result.template = argument
+            template_line = lineno
         elif instruction == "system":
             result.system = argument
         elif instruction == "adapter":
@@ -133,7 +147,26 @@ def parse(text: str, *, source: str = "Modelfile") -> Modelfile:
             f"{source}: TEMPLATE looks like an Ollama Go template; localai takes a Jinja chat template "
             "(the kind stored in GGUF files as tokenizer.chat_template)"
         )
+    if result.template is not None:
+        check_template(result.template, f"{source}, line {template_line}", template_line)
     return result
+
+
+def check_template(template: str, where: str, first_line: int = 1) -> None:
+    """Refuse a TEMPLATE that does not parse or reads other files, naming the Modelfile line."""
+    import jinja2
+
+    from localai.chat_template import check_source
+
+    try:
+        check_source(template, where)
+    except jinja2.TemplateSyntaxError as exc:
+        line = first_line + (exc.lineno or 1) - 1
+        message = exc.message or "invalid template"
+        if message.startswith(where):
+            message = message[len(where):].lstrip(": ")
+        prefix = where.rsplit(", line", 1)[0]
+        raise ModelfileError(f"{prefix}, line {line}: TEMPLATE {message}") from None
 
 
 def _parameter(argument: str, where: str) -> tuple[str, ParameterValue]:
@@ -148,29 +181,51 @@ def _parameter(argument: str, where: str) -> tuple[str, ParameterValue]:
 
 
 def coerce_parameter(name: str, raw: Any, where: str = "parameter") -> ParameterValue:
-    """Convert a raw parameter value to its type, or raise naming the parameter."""
-    try:
-        if name in INT_PARAMETERS:
-            if isinstance(raw, bool):
-                raise ValueError
-            return int(raw)
-        if name in FLOAT_PARAMETERS:
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw)
-        if name in BOOL_PARAMETERS:
-            if isinstance(raw, bool):
-                return raw
-            lowered = str(raw).lower()
-            if lowered not in ("true", "false", "1", "0"):
-                raise ValueError
-            return lowered in ("true", "1")
-        if name in LIST_PARAMETERS:
-            return [str(item) for item in raw] if isinstance(raw, list) else [str(raw)]
-    except ValueError:
-        kind = "an integer" if name in INT_PARAMETERS else "a number" if name in FLOAT_PARAMETERS else "true/false"
-        raise ModelfileError(f"{where}: {name} must be {kind}, got {raw!r}") from None
+    """Convert a raw parameter value (Modelfile text or a JSON value) to its type within its bounds, or raise
+    ModelfileError naming the parameter."""
+    if name in INT_PARAMETERS or name in FLOAT_PARAMETERS:
+        return _number(name, raw, where)
+    if name in BOOL_PARAMETERS:
+        if isinstance(raw, bool):
+            return raw
+        lowered = str(raw).lower() if isinstance(raw, str | int) else ""
+        if lowered not in ("true", "false", "1", "0"):
+            raise ModelfileError(f"{where}: {name} must be true or false, got {raw!r}")
+        return lowered in ("true", "1")
+    if name in LIST_PARAMETERS:
+        items = [raw] if isinstance(raw, str) else raw
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise ModelfileError(f"{where}: {name} must be a string or a list of strings, got {raw!r}"[:300])
+        if len(items) > MAX_STOPS or any(len(item) > MAX_STOP_CHARS for item in items):
+            raise ModelfileError(f"{where}: {name} takes at most {MAX_STOPS} strings of at most "
+                                 f"{MAX_STOP_CHARS} characters")
+        return list(items)
     raise ModelfileError(f"{where}: unknown parameter {name!r}")
+
+
+def _number(name: str, raw: Any, where: str) -> int | float:
+    integer = name in INT_PARAMETERS
+    kind = "an integer" if integer else "a number"
+    value: int | float
+    try:
+        if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+            raise ValueError
+        if integer:
+            if isinstance(raw, float):
+                if not raw.is_integer():
+                    raise ValueError
+                value = int(raw)
+            else:
+                value = int(raw)
+        else:
+            value = float(raw)
+    except (ValueError, OverflowError):
+        raise ModelfileError(f"{where}: {name} must be {kind}, got {str(raw)[:40]!r}") from None
+    low, high = (int(bound) for bound in BOUNDS[name]) if integer else BOUNDS[name]
+    if (isinstance(value, float) and not math.isfinite(value)) or not low <= value <= high:
+        shown = f"{int(low)} and {int(high)}" if integer else f"{low:g} and {high:g}"
+        raise ModelfileError(f"{where}: {name} must be between {shown}, got {str(raw)[:40]}")
+    return value
 
 
 def _unquote(value: str) -> str:

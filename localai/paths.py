@@ -101,4 +101,6 @@ def ensure_home() -> Path:
     """Create the home directory (private to the user) and return it."""
     root = home()
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if root.stat().st_uid == os.getuid() and root.stat().st_mode & 0o077:
+        root.chmod(0o700)  # an existing home made with the default umask: close it to other users
     return root

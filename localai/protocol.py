@@ -62,6 +62,7 @@ class GenerateOp(TypedDict):
     ignore_eos: NotRequired[bool]
     constraint: NotRequired[Constraint | None]
     system_prefix: NotRequired[str | None]
+    reserve: NotRequired[int]  # room the reply needs: a prompt leaving less is refused as context_length (to fit)
 
 
 class CancelOp(TypedDict):
@@ -72,11 +73,12 @@ class CancelOp(TypedDict):
 
 
 class TokenizeOp(TypedDict):
-    """Daemon → worker: count or list the tokens of a text."""
+    """Daemon → worker: list the tokens of a text, or only count them (a long text's list may not fit a frame)."""
 
     op: Literal["tokenize"]
     id: str
     text: str
+    count_only: NotRequired[bool]
 
 
 class EmbedOp(TypedDict):
@@ -115,9 +117,19 @@ class Usage(TypedDict):
     decode_ms: float
 
 
+class FrameTooLarge(ValueError):
+    """A message that would exceed ``MAX_FRAME``: refused before sending, so the peer never sees it."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"a frame of {size} bytes exceeds the {MAX_FRAME >> 20} MiB limit")
+        self.size = size
+
+
 def encode(message: dict[str, Any]) -> bytes:
-    """One frame: header plus compact JSON."""
+    """One frame: header plus compact JSON; raises FrameTooLarge instead of writing one the peer would refuse."""
     body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(body) > MAX_FRAME:
+        raise FrameTooLarge(len(body))
     return HEADER.pack(len(body)) + body
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlite_utils
 
@@ -20,6 +24,8 @@ from localai.modelfile import Modelfile, ParameterValue, parse_file
 from localai.store import now, open_database
 
 log = logging.getLogger("localai.registry")
+T = TypeVar("T")
+_thread_registries = threading.local()
 
 EMBEDDED_MODEL = "smollm2:135m"
 EMBEDDED_ALIAS = "smollm2:latest"
@@ -65,13 +71,31 @@ class ModelRecord:
         )
 
 
-def normalize(name: str) -> str:
+MAX_NAME = 300
+# host/namespace/model:tag, each part starting with a letter or digit: no "..", no absolute paths, no spaces.
+_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]*(/[a-z0-9][a-z0-9._+-]*)*(:[a-z0-9][a-z0-9._+-]*)?")
+
+
+def normalize(name: str, *, param: str = "model") -> str:
     """``smollm2`` → ``smollm2:latest``; names are case-insensitive."""
     name = name.strip().lower()
     if not name:
-        raise InvalidRequest("model name is empty", param="model")
+        raise InvalidRequest("model name is empty", param=param)
+    if len(name) > MAX_NAME:
+        raise InvalidRequest(f"model names are at most {MAX_NAME} characters", param=param)
     last = name.rsplit("/", 1)[-1]
     return name if ":" in last else f"{name}:latest"
+
+
+def new_name(name: str, *, param: str = "model") -> str:
+    """The normalized name for a model being created, copied or aliased; refuses names that are not
+    ``[host/][namespace/]model[:tag]`` of letters, digits, ``.``, ``_``, ``+`` and ``-``."""
+    key = normalize(name, param=param)
+    if not _NAME.fullmatch(key):
+        raise InvalidRequest(
+            f"invalid model name {name[:80]!r}: use letters, digits, '.', '_', '-' in NAME, NAMESPACE/NAME or "
+            "NAME:TAG (each part starting with a letter or digit)", param=param)
+    return key
 
 
 class Registry:
@@ -93,6 +117,19 @@ class Registry:
     def reopen(self) -> Registry:
         """A new connection to the same database, for another thread (SQLite connections stay in theirs)."""
         return Registry.open(self.path)
+
+    def for_this_thread(self) -> Registry:
+        """This registry on the calling thread's own connection, opened once per thread and kept."""
+        connections: dict[Path | None, Registry] = _thread_registries.__dict__.setdefault("by_path", {})
+        registry = connections.get(self.path)
+        if registry is None:
+            registry = connections[self.path] = self.reopen()
+        return registry
+
+    async def off_loop(self, function: Callable[[Registry], T]) -> T:
+        """Run ``function(registry)`` on a worker thread: for slow work (hashing a GGUF, deleting blobs, large
+        rows) that must not stall the daemon's event loop."""
+        return await asyncio.to_thread(lambda: function(self.for_this_thread()))
 
     def close(self) -> None:
         self.db.close()
@@ -155,14 +192,14 @@ class Registry:
         ``FROM`` is a GGUF path (a split GGUF's first part), an MLX directory, ``package:<module>/<file>``,
         a pulled ``hf.co/OWNER/REPO[:QUANT]`` (looked up in the cache, never downloaded here) or a model.
         """
-        key = normalize(name)
+        key = new_name(name)
         row = self._build(key, modelfile, source)
         self._models.upsert(row, pk="name")
         return self.get(key)
 
     def sync(self, name: str, modelfile: Modelfile, *, source: str) -> ModelRecord | None:
         """Create ``name`` unless it already is exactly this; the record when it changed, else None."""
-        key = normalize(name)
+        key = new_name(name)
         row = self._build(key, modelfile, source)
         existing = self._row(key)
         if existing is not None and not existing["alias_of"] and all(
@@ -234,11 +271,12 @@ class Registry:
             raise ModelNotFound(f"model '{target}' is not installed")
         stamp = now()
         self._models.upsert(
-            {"name": normalize(alias), "alias_of": target_key, "created_at": stamp, "modified_at": stamp}, pk="name"
+            {"name": new_name(alias), "alias_of": target_key, "created_at": stamp, "modified_at": stamp}, pk="name"
         )
 
     def copy(self, source: str, destination: str) -> ModelRecord:
         """``localai cp``: a new name with the same weights and settings (weights are not copied)."""
+        destination = new_name(destination, param="destination")
         record = self.get(source)
         row = self._row(record.name)
         assert row is not None

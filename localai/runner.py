@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from localai import paths, protocol
-from localai.errors import InvalidRequest, WorkerCrashed, WorkerLoadFailed
-from localai.protocol import GenerateOp, ModelInfo
+from localai.errors import InvalidRequest, RequestTooLarge, WorkerCrashed, WorkerLoadFailed
+from localai.protocol import FrameTooLarge, GenerateOp, ModelInfo
 
 log = logging.getLogger("localai.runner")
 _ids = itertools.count(1)
@@ -36,6 +36,7 @@ class Worker:
         self.on_exit: Callable[[Worker], None] | None = None
         self.on_stats: Callable[[Worker, dict[str, Any]], None] | None = None
         self.reported_cache_stats: dict[str, float] = {}  # the last cumulative stats counted into metrics
+        self.failure: str | None = None  # what the engine reported before it exited, when it failed
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
@@ -50,14 +51,8 @@ class Worker:
         paths.logs_dir().mkdir(parents=True, exist_ok=True)
         log_file = open(paths.logs_dir() / "workers.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            command = [
-                sys.executable, "-m", "localai.worker", "--fd", str(child.fileno()),
-                "--backend", self.backend, "--options", json.dumps(self.options),
-            ]
-            if self.debug:
-                command.append("--debug")
             self.process = await asyncio.create_subprocess_exec(
-                *command, pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
+                *self.command(child.fileno()), pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
                 stdout=log_file, stderr=log_file, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         finally:
@@ -81,6 +76,12 @@ class Worker:
         log.info("worker %s loaded %s (pid %s)", self.backend, self.name, self.pid)
         return self.info
 
+    def command(self, fd: int) -> list[str]:
+        """The worker's command line; it inherits ``fd``, its end of the frame socket."""
+        command = [sys.executable, "-m", "localai.worker", "--fd", str(fd), "--backend", self.backend,
+                   "--options", json.dumps(self.options)]
+        return [*command, "--debug"] if self.debug else command
+
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
@@ -89,11 +90,17 @@ class Worker:
                     if self.on_stats is not None:
                         self.on_stats(self, message["cache"])
                     continue
+                if message.get("ev") == "fatal":
+                    self.failure = str(message.get("message", "unknown failure"))
+                    log.error("worker for %s (pid %s) failed: %s", self.name, self.pid, self.failure)
+                    continue
                 queue = self._queues.get(str(message.get("id")))
                 if queue is not None:
                     queue.put_nowait(message)
-        except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+        except (asyncio.IncompleteReadError, ConnectionError):
             pass
+        except ValueError as exc:  # an oversized or undecodable frame: the protocol is broken, so is the worker
+            log.error("worker for %s (pid %s) sent a bad frame (%s); killing it", self.name, self.pid, exc)
         finally:
             self.alive = False
             for queue in self._queues.values():
@@ -101,6 +108,8 @@ class Worker:
             if self.process is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.process.wait(), 5)
+                if self.process.returncode is None:
+                    await self.kill()  # the daemon gives up on it: it must not keep its RAM
                 code = self.process.returncode
                 if code not in (0, None):
                     log.error("worker for %s (pid %s) died with exit code %s", self.name, self.pid, code)
@@ -111,7 +120,11 @@ class Worker:
         if not self.alive or self._writer is None:
             raise WorkerCrashed(f"the worker for '{self.name}' is not running")
         try:
-            self._writer.write(protocol.encode(message))
+            frame = protocol.encode(message)
+        except FrameTooLarge as exc:
+            raise RequestTooLarge(f"the request is too large for the model's worker: {exc}") from exc
+        try:
+            self._writer.write(frame)
             await self._writer.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerCrashed(f"the worker for '{self.name}' stopped: {exc}") from exc
@@ -127,10 +140,7 @@ class Worker:
                 message = await queue.get()
                 if message is _CRASHED:
                     finished = True
-                    raise WorkerCrashed(
-                        f"the worker serving '{self.name}' crashed during the request; it will be reloaded "
-                        "on the next request"
-                    )
+                    raise self.crashed("during the request")
                 kind = message.get("ev")
                 if kind in ("done", "error"):
                     finished = True
@@ -143,37 +153,45 @@ class Worker:
                 with contextlib.suppress(Exception):
                     await self._send({"op": "cancel", "id": op["id"]})
 
-    async def tokenize(self, text: str) -> list[int]:
-        request_id = f"tok-{next(_ids)}"
+    def crashed(self, when: str) -> WorkerCrashed:
+        """The error a request sees when the worker died under it."""
+        cause = f" ({self.failure})" if self.failure else ""
+        return WorkerCrashed(f"the worker serving '{self.name}' crashed {when}{cause}; it will be reloaded on the "
+                             "next request")
+
+    async def _call(self, op: dict[str, Any], param: str) -> dict[str, Any]:
+        """Send a one-answer op and wait for its answer; an engine error is a 400 naming ``param``."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._queues[request_id] = queue
+        self._queues[op["id"]] = queue
         try:
-            await self._send({"op": "tokenize", "id": request_id, "text": text})
+            await self._send(op)
             message = await queue.get()
             if message is _CRASHED:
-                raise WorkerCrashed(f"the worker serving '{self.name}' crashed")
-            return list(message["tokens"])
+                raise self.crashed(f"while answering a {op['op']} request")
+            if message.get("ev") == "error":
+                error = RequestTooLarge if message.get("kind") == "too_large" else InvalidRequest
+                raise error(message.get("message", f"{op['op']} failed"), param=param)
+            return message
         finally:
-            self._queues.pop(request_id, None)
+            self._queues.pop(op["id"], None)
+
+    async def tokenize(self, text: str) -> list[int]:
+        message = await self._call({"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text}, "input")
+        return list(message["tokens"])
+
+    async def count_tokens(self, text: str) -> int:
+        message = await self._call({"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text, "count_only": True},
+                                   "messages")
+        return int(message["count"])
 
     async def embed(self, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
         """Vectors for ``texts`` from the worker's embedding context, and the tokens evaluated."""
-        request_id = f"emb-{next(_ids)}"
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._queues[request_id] = queue
-        try:
-            await self._send({"op": "embed", "id": request_id, "texts": texts, "truncate": truncate})
-            message = await queue.get()
-            if message is _CRASHED:
-                raise WorkerCrashed(f"the worker serving '{self.name}' crashed")
-            if message.get("ev") == "error":
-                raise InvalidRequest(message.get("message", "embedding failed"), param="input")
-            return [list(v) for v in message["vectors"]], int(message["prompt_tokens"])
-        finally:
-            self._queues.pop(request_id, None)
+        op = {"op": "embed", "id": f"emb-{next(_ids)}", "texts": texts, "truncate": truncate}
+        message = await self._call(op, "input")
+        return [list(v) for v in message["vectors"]], int(message["prompt_tokens"])
 
-    async def stop(self, timeout: float = 10.0) -> None:
-        """Ask the worker to exit; kill it if it does not."""
+    async def stop(self, timeout: float = 60.0) -> None:
+        """Ask the worker to exit (it first writes its queued cache entries); kill it if it does not."""
         if self.alive:
             with contextlib.suppress(Exception):
                 await self._send({"op": "shutdown"})

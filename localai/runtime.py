@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError
 from localai.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.fitting import apply as fitting_apply
 from localai.metrics import Metrics
-from localai.modelfile import FLOAT_PARAMETERS, INT_PARAMETERS, LOAD_PARAMETERS
+from localai.modelfile import LOAD_PARAMETERS
 from localai.protocol import Constraint, GenerateOp, Sampling
 from localai.registry import ModelRecord, Registry
 from localai.runner import new_request_id
@@ -24,6 +25,7 @@ from localai.tool_calls import OutputParser
 
 log = logging.getLogger("localai.runtime")
 SAMPLING_KEYS = frozenset(Sampling.__annotations__)
+MAX_FIT_ATTEMPTS = 12
 
 
 @dataclass
@@ -106,13 +108,22 @@ class Runtime:
             original = request.messages
             key = conversation_key(record.name, request.session_id, original) if original else ""
             dropped, tool_level = self.fit_memory.get(key) if (fitting and original) else (0, 0)
+            last_error = ""
             cut_chars = 0
+            previous_length: int | None = None
             while True:
                 messages = original
                 if original is not None and (dropped or cut_chars):
                     messages = fitting_apply(original, dropped, cut_chars)
                 fitted = replace(request, tools=slim_tools(request.tools, tool_level)) if tool_level else request
-                op = self._operation(record, loaded, fitted, messages)
+                op = await asyncio.to_thread(self._operation, record, loaded, fitted, messages)
+                if previous_length is not None and (len(op["prompt"]) >= previous_length
+                                                    or (fit is not None and fit.attempts >= MAX_FIT_ATTEMPTS)):
+                    # Every attempt must shrink the prompt; one that does not would loop, holding a slot.
+                    raise ContextLengthExceeded(
+                        f"{last_error} (localai could not shorten it further: what is left is the system prompt, "
+                        "the last user message and what follows it)", param="messages")
+                previous_length = len(op["prompt"])
                 frames = loaded.worker.generate(op)
                 first = await frames.__anext__()
                 if first.get("ev") != "error":
@@ -128,7 +139,7 @@ class Runtime:
                 step = None
                 if fitting and original is not None:
                     n_ctx = int(first["n_ctx"])
-                    budget = n_ctx - min(request.max_tokens or 512, n_ctx // 4)
+                    budget = n_ctx - int(op.get("reserve", 0))
                     step = next_cut(original, dropped, cut_chars, int(first["prompt_tokens"]), budget, n_ctx)
                     slimmer = bool(request.tools) and tool_level < 3
                     if slimmer and (step is None or (step[1] > cut_chars and tool_level == 0)):
@@ -138,6 +149,7 @@ class Runtime:
                     hint = "" if fitting else " (fitting is off for this request or model)"
                     raise ContextLengthExceeded(first["message"] + hint, param="messages")
                 dropped, cut_chars = step
+                last_error = first["message"]
                 fit = fit or Fit()
                 fit.attempts += 1
             if original is not None and (dropped or cut_chars or tool_level):
@@ -165,8 +177,8 @@ class Runtime:
         """How many tokens the request's prompt is, as the model tokenizes it."""
         record = self.registry.get(request.model)
         async with self.scheduler.lease(record, keep_alive=request.keep_alive) as loaded:
-            prompt = self.render_prompt(record, loaded, request, request.messages)
-            return len(await loaded.worker.tokenize(prompt))
+            prompt = await asyncio.to_thread(self.render_prompt, record, loaded, request, request.messages)
+            return await loaded.worker.count_tokens(prompt)
 
     async def embed(self, model: str, texts: list[str], *, truncate: bool = True,
                     keep_alive: float | None = None) -> tuple[list[list[float]], int]:
@@ -254,8 +266,10 @@ class Runtime:
         if max_tokens is None and isinstance(params.get("num_predict"), int) and int(params["num_predict"]) >= 0:  # type: ignore[arg-type]
             max_tokens = int(params["num_predict"])  # type: ignore[arg-type]
         prompt = self.render_prompt(record, loaded, request, messages)
+        info = loaded.worker.info
         return GenerateOp(
             op="generate", id=new_request_id(), prompt=prompt,
+            reserve=output_reserve(max_tokens, info["n_ctx"] if info else 0),
             system_prefix=self._system_prefix(record, loaded, request, messages, prompt),
             max_tokens=max_tokens, stop=stop, sampling=sampling,  # type: ignore[typeddict-item]
             session=request.session_id, ignore_eos=request.ignore_eos,
@@ -263,19 +277,16 @@ class Runtime:
         )
 
 
+def output_reserve(max_tokens: int | None, n_ctx: int) -> int:
+    """Room a prompt must leave for its reply: what the request may generate (512 when it sets no limit), at most
+    a quarter of the context. ``localai launch`` gives agents that quarter as their output limit, so a reply is
+    never cut by a full context before the limit the agent was told (agents treat that as an error, or loop)."""
+    wanted = max_tokens if max_tokens is not None and max_tokens >= 0 else 512
+    return min(wanted, n_ctx // 4)
+
+
 def _load_overrides(request: GenerationRequest) -> dict[str, Any]:
     return {k: v for k, v in request.load_options.items() if k in LOAD_PARAMETERS}
-
-
-def sampling_from_options(options: dict[str, Any]) -> dict[str, Any]:
-    """Ollama-style ``options`` split into typed sampling values (unknown keys are ignored)."""
-    result: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in INT_PARAMETERS and key in SAMPLING_KEYS:
-            result[key] = int(value)
-        elif key in FLOAT_PARAMETERS and key in SAMPLING_KEYS:
-            result[key] = float(value)
-    return result
 
 
 async def _close_quietly(frames: AsyncIterator[dict[str, Any]]) -> None:

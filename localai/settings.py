@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Annotated
@@ -13,12 +14,16 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 DEFAULT_PORT = 11435
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)?")
 _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+MAX_DURATION = 10 * 365 * 24 * 3600.0  # ten years: longer is "forever" (-1), and past it datetimes overflow
 
 
 def parse_duration(value: str | int | float) -> float:
     """Seconds from ``"5m"``, ``"1h30m"``, ``"300"``, ``300`` or ``"-1"`` (negative means forever)."""
     if isinstance(value, (int, float)):
-        return float(value)
+        try:
+            return _bounded(float(value), value)
+        except OverflowError:
+            return _bounded(math.inf, value)
     text = value.strip().lower()
     if not text:
         raise ValueError("empty duration")
@@ -31,8 +36,14 @@ def parse_duration(value: str | int | float) -> float:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     if pos != len(text):
-        raise ValueError(f"invalid duration {value!r}: use seconds or a number with ms, s, m or h")
-    return sign * total
+        raise ValueError(f"invalid duration {str(value)[:40]!r}: use seconds or a number with ms, s, m or h")
+    return _bounded(sign * total, value)
+
+
+def _bounded(seconds: float, value: object) -> float:
+    if not math.isfinite(seconds) or abs(seconds) > MAX_DURATION:
+        raise ValueError(f"duration {str(value)[:40]!r} is out of range: at most ten years (use -1 for forever)")
+    return seconds
 
 
 class Settings(BaseSettings):
@@ -76,9 +87,19 @@ class Settings(BaseSettings):
         description="Bytes a pull must leave free on the Hugging Face cache's disk; a pull that would not is "
         "refused before it downloads anything.",
     )
+    responses_ttl: float = Field(
+        default=30 * 24 * 3600.0,
+        description="How long stored `/v1/responses` results are kept for `previous_response_id`: seconds or "
+        "`720h`.",
+    )
+    responses_max: int = Field(default=10_000, ge=1, description="Most stored `/v1/responses` results kept.")
+    max_request_bytes: int = Field(
+        default=32 << 20, ge=1 << 16,
+        description="Largest request body the API accepts, in bytes; larger ones get 413 before any work is done.",
+    )
     debug: bool = Field(default=False, description="Verbose logging in the daemon and workers.")
 
-    @field_validator("keep_alive", mode="before")
+    @field_validator("keep_alive", "responses_ttl", mode="before")
     @classmethod
     def _duration(cls, value: object) -> float:
         if isinstance(value, (str, int, float)):

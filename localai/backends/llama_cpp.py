@@ -245,7 +245,11 @@ class LlamaCppEngine:
                         if self.cache is not None:
                             self.cache.flush()
                         return
-                    self._handle(op, emit)
+                    try:
+                        self._handle(op, emit)
+                    except Exception as exc:  # one bad op gets its error; the engine keeps serving the rest
+                        log.exception("op %s %s failed", op.get("op"), op.get("id"))
+                        emit({"ev": "error", "id": op.get("id"), "kind": "invalid", "message": str(exc)[:2000]})
             except queue.Empty:
                 pass
             self._admit(emit)
@@ -262,7 +266,11 @@ class LlamaCppEngine:
                 self._finish(request, "cancelled", emit)
             self.waiting = [item for item in self.waiting if item["id"] != op["id"]]
         elif kind == "tokenize":
-            emit({"ev": "tokens", "id": op["id"], "tokens": self.tokenize(op["text"])})
+            tokens = self.tokenize(op["text"])
+            answer: dict[str, Any] = {"ev": "tokens", "id": op["id"], "count": len(tokens)}
+            if not op.get("count_only"):
+                answer["tokens"] = tokens
+            emit(answer)
         elif kind == "embed":
             self._embed(op, emit)  # type: ignore[arg-type]
 
@@ -297,11 +305,14 @@ class LlamaCppEngine:
         prompt = self.tokenize(op["prompt"])
         if not prompt:
             prompt = [self.bos_id] if self.bos_id >= 0 else []
-        if len(prompt) >= self.num_ctx:
+        reserve = max(0, int(op.get("reserve") or 0))
+        if len(prompt) >= self.num_ctx or len(prompt) + reserve > self.num_ctx:
+            needs = f" and its reply needs room for up to {reserve}" if len(prompt) < self.num_ctx else ""
             emit({
                 "ev": "error", "id": op["id"], "kind": "context_length",
-                "message": f"the prompt is {len(prompt)} tokens but the model's context (num_ctx) is "
-                           f"{self.num_ctx} tokens; shorten the conversation or raise num_ctx",
+                "message": f"the prompt is {len(prompt)} tokens{needs}, but the model's context (num_ctx) is "
+                           f"{self.num_ctx} tokens; shorten the conversation, ask for fewer output tokens or raise "
+                           "num_ctx",
                 "prompt_tokens": len(prompt), "n_ctx": self.num_ctx,
             })
             return
@@ -337,7 +348,7 @@ class LlamaCppEngine:
             return slot, live_common
         entry, common = self.cache.best_prefix(prompt)
         if entry is None or common < MIN_TOKENS or common <= live_common + 16:
-            self.cache.stats["misses"] += 1
+            self.cache.count("misses")
             return slot, live_common
         try:
             payload = self.cache.load(entry)
@@ -352,8 +363,8 @@ class LlamaCppEngine:
             self.cache.remove(entry.id)
             return slot, 0
         slot.tokens = list(entry.tokens)
-        self.cache.stats["hits"] += 1
-        self.cache.stats["tokens_restored"] += common
+        self.cache.count("hits")
+        self.cache.count("tokens_restored", common)
         return slot, common
 
     def _system_boundary(self, prefix_text: str | None, prompt: list[int], common: int) -> int | None:
@@ -438,8 +449,9 @@ class LlamaCppEngine:
         if grammar_sampler:
             L.llama_sampler_chain_add(chain, grammar_sampler)
         if (options["repeat_penalty"] != 1.0 or options["presence_penalty"] or options["frequency_penalty"]):
+            last_n = int(options["repeat_last_n"])
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-                int(L.llama_vocab_n_tokens(self.vocab)), int(options["repeat_last_n"]),
+                int(L.llama_vocab_n_tokens(self.vocab)), self.num_ctx if last_n < 0 else min(last_n, self.num_ctx),
                 float(options["repeat_penalty"]),
                 float(options["frequency_penalty"]), float(options["presence_penalty"])))
         temperature = float(options["temperature"])
@@ -561,7 +573,7 @@ class LlamaCppEngine:
             self._save(request)
         self._release(request)
         if self.cache is not None:
-            emit({"ev": "stats", "cache": dict(self.cache.stats)})
+            emit({"ev": "stats", "cache": self.cache.stats_snapshot()})
 
     def _release(self, request: Request) -> None:
         L.llama_sampler_free(request.sampler)

@@ -129,9 +129,11 @@ def model_limits(show: dict[str, Any], default_context: int) -> tuple[int, int]:
     """The context window the daemon loads the model with, and the reply size worth asking for.
 
     The daemon's own ``num_ctx`` from ``/api/show`` (``scheduler.context_size``); from a daemon that does not
-    report it, the same rule applied to the displayed parameters. Output: ``num_predict`` when the Modelfile
-    caps replies, else a quarter of the context (what the runtime reserves for the reply when it fits a long
-    prompt).
+    report it, the same rule applied to the displayed parameters. Output: a quarter of the context, which is
+    what the runtime reserves for the reply when it fits a long prompt, so the daemon never cuts a reply before
+    the limit the agent was given. A Modelfile's ``num_predict`` is not used: it is the default for chats that
+    ask for no limit, and agents treat a reply cut at their limit as an error (Claude Code: "response exceeded
+    the N output token maximum").
     """
     parameters: dict[str, str] = {}
     for line in str(show.get("parameters") or "").splitlines():
@@ -144,9 +146,7 @@ def model_limits(show: dict[str, Any], default_context: int) -> tuple[int, int]:
         context = _int(parameters.get("num_ctx")) or min(trained or default_context, default_context)
         if trained:
             context = min(context, trained)  # the engine never goes beyond the trained context
-    predict = _int(parameters.get("num_predict"))
-    output = predict if predict > 0 else context // 4
-    return context, min(output, context)
+    return context, max(1, context // 4)
 
 
 def _int(value: str | None) -> int:

@@ -221,7 +221,7 @@ async def messages(body: MessagesRequest, request: Request) -> JSONResponse | St
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     headers = fit_headers(generation)
     if not body.stream:
-        result = await collect(generation)
+        result = await collect(generation, request)
         content: list[dict[str, Any]] = []
         if result.reasoning:
             content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})

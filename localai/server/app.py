@@ -15,7 +15,7 @@ from localai import __version__, paths
 from localai.runtime import Runtime
 from localai.server import anthropic, cache, ollama, openai, responses
 from localai.server.errors import install_error_handlers
-from localai.server.security import GuardMiddleware, JsonBodyMiddleware, is_loopback_host
+from localai.server.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, is_loopback_host
 from localai.settings import Settings
 from localai.watcher import ModelfileWatcher, stop_quietly
 
@@ -60,6 +60,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"], allow_headers=["*"],
         )
+    app.add_middleware(BodyGuardMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(JsonBodyMiddleware)
     host, _ = settings.bind
     app.add_middleware(GuardMiddleware, loopback_only=is_loopback_host(host), api_key=settings.api_key)

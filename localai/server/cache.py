@@ -1,4 +1,8 @@
-"""``/api/cache``: the persisted prompt cache's entries, statistics, pins, removal and pruning."""
+"""``/api/cache``: the persisted prompt cache's entries, statistics, pins, removal and pruning.
+
+The handlers are plain functions: they scan and delete files, so FastAPI runs them on its thread pool,
+off the event loop that streams everyone's tokens.
+"""
 
 from __future__ import annotations
 
@@ -34,28 +38,28 @@ def seconds(value: str | float, field: str) -> float:
 
 
 @router.get("/api/cache")
-async def list_cache() -> dict[str, Any]:
+def list_cache() -> dict[str, Any]:
     return {"stats": cache_admin.stats(), "entries": [asdict(e) for e in cache_admin.list_entries()]}
 
 
 @router.post("/api/cache/pin")
-async def pin(body: PinBody) -> dict[str, Any]:
+def pin(body: PinBody) -> dict[str, Any]:
     created = cache_admin.add_pin(session=body.session, entry=body.entry, ttl=seconds(body.ttl, "ttl"))
     return asdict(created)
 
 
 @router.delete("/api/cache/pin")
-async def unpin(body: PinBody) -> dict[str, Any]:
+def unpin(body: PinBody) -> dict[str, Any]:
     return {"removed": cache_admin.remove_pin(session=body.session, entry=body.entry)}
 
 
 @router.delete("/api/cache/{entry_id}")
-async def remove(entry_id: str) -> dict[str, Any]:
+def remove(entry_id: str) -> dict[str, Any]:
     return {"removed": cache_admin.remove_entries(entry=entry_id)}
 
 
 @router.post("/api/cache/prune")
-async def prune(body: PruneBody, request: Request) -> dict[str, Any]:
+def prune(body: PruneBody, request: Request) -> dict[str, Any]:
     settings: Settings = request.app.state.settings
     older = seconds(body.older_than, "older_than") if body.older_than is not None else None
     limit = body.max_bytes if body.max_bytes is not None else settings.cache_max_bytes

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 
-from localai.errors import InvalidRequest, LocalAIError
+from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.runtime import Generation, Runtime
 from localai.schema import (
     Finished,
@@ -20,6 +23,8 @@ from localai.schema import (
     ToolCallEnd,
     ToolResultBlock,
 )
+
+T = TypeVar("T")
 
 
 def runtime_of(request: Request) -> Runtime:
@@ -37,7 +42,36 @@ class Collected:
     finished: Finished
 
 
-async def collect(generation: Generation) -> Collected:
+async def until_disconnected(request: Request) -> None:
+    """Return when the client goes away (the body is already read, so the next ASGI message is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T], generation: Generation) -> T:
+    """Await ``work`` (a whole, non-streamed generation), stopping the generation if the client disconnects
+    first: a streamed reply stops at its next write, a collected one would otherwise run to its end."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(until_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task not in done:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        await generation.aclose()
+        raise ClientDisconnected("the client disconnected; the generation was stopped")
+    return task.result()
+
+
+async def collect(generation: Generation, request: Request | None = None) -> Collected:
+    """The whole generation; with ``request``, stopped as soon as that client disconnects."""
+    if request is not None:
+        return await unless_disconnected(request, collect(generation), generation)
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[ToolCallEnd] = []
@@ -77,6 +111,8 @@ def parse_arguments(text: str | dict[str, Any] | None, param: str) -> dict[str, 
         return {}
     if isinstance(text, dict):
         return text
+    if not isinstance(text, str):
+        raise InvalidRequest("the tool call's arguments must be a JSON object or its JSON text", param=param)
     try:
         value = json.loads(text)
     except ValueError as exc:

@@ -9,20 +9,21 @@ import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localai import __version__
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.gguf_meta import read_metadata
-from localai.modelfile import LOAD_PARAMETERS, Modelfile, coerce_parameter, parse
+from localai.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
 from localai.prompt import Template
 from localai.registry import ModelRecord
-from localai.runtime import Generation, sampling_from_options
+from localai.runtime import SAMPLING_KEYS, Generation
 from localai.scheduler import context_size
 from localai.schema import (
     Block,
@@ -40,7 +41,7 @@ from localai.schema import (
     ToolResultBlock,
 )
 from localai.server.common import collect, parse_arguments, runtime_of
-from localai.server.openai import ToolDef, tools_of, truncated_vector
+from localai.server.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
 from localai.server.sessions import session_id
 from localai.settings import parse_duration
 
@@ -118,6 +119,8 @@ class EmbedBody(BaseModel):
     keep_alive: str | float | None = None
     dimensions: int | None = Field(default=None, ge=1)
 
+    _inputs = field_validator("input")(check_embedding_inputs)
+
 
 class CopyBody(BaseModel):
     source: str = Field(min_length=1)
@@ -146,16 +149,34 @@ def keep_alive_seconds(value: str | float | None) -> float | None:
         raise InvalidRequest(str(exc), param="keep_alive") from exc
 
 
-def request_options(options: dict[str, Any]) -> tuple[SamplingOptions, dict[str, Any], int | None, list[str] | None]:
-    try:
-        sampling = SamplingOptions(**sampling_from_options(options))
-        load = {k: coerce_parameter(k, v, f"options.{k}") for k, v in options.items() if k in LOAD_PARAMETERS}
-    except (ValueError, LocalAIError) as exc:
-        raise InvalidRequest(f"invalid options: {exc}", param="options") from exc
-    num_predict = options.get("num_predict")
-    stop = options.get("stop")
-    return sampling, load, int(num_predict) if num_predict is not None and int(num_predict) >= 0 else None, (
-        [stop] if isinstance(stop, str) else stop
+@dataclass
+class Options:
+    """Ollama's ``options``, each known one checked for type and range (unknown keys are ignored, as Ollama does)."""
+
+    sampling: SamplingOptions
+    load: dict[str, Any]
+    num_predict: int | None
+    stop: list[str] | None
+    fit_context: bool | None
+
+
+def request_options(options: dict[str, Any]) -> Options:
+    known: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in PARAMETERS and value is not None:
+            try:
+                known[key] = coerce_parameter(key, value, f"options.{key}")
+            except LocalAIError as exc:
+                raise InvalidRequest(exc.message, param=f"options.{key}") from exc
+    num_predict = known.get("num_predict")
+    stop = known.get("stop")
+    fit = known.get("fit_context")
+    return Options(
+        sampling=SamplingOptions(**{k: v for k, v in known.items() if k in SAMPLING_KEYS}),
+        load={k: v for k, v in known.items() if k in LOAD_PARAMETERS},
+        num_predict=int(num_predict) if isinstance(num_predict, int) and num_predict >= 0 else None,
+        stop=list(stop) if isinstance(stop, list) else None,
+        fit_context=fit if isinstance(fit, bool) else None,
     )
 
 
@@ -199,11 +220,11 @@ def _tool_calls_json(calls: list[ToolCallEnd]) -> list[dict[str, Any]]:
                                          "arguments": call.parsed_arguments()}} for call in calls]
 
 
-async def _respond(generation: Generation, body_stream: bool, model: str, started: float,
+async def _respond(request: Request, generation: Generation, body_stream: bool, model: str, started: float,
                    piece: Callable[..., dict[str, Any]]) -> JSONResponse | StreamingResponse:
     """``piece(text, thinking=..., tool_calls=...)`` shapes each line's payload for chat or generate."""
     if not body_stream:
-        result = await collect(generation)
+        result = await collect(generation, request)
         extra: dict[str, Any] = {}
         if result.reasoning:
             extra["thinking"] = result.reasoning
@@ -257,7 +278,7 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not body.prompt and not body.system:
         return await _load_or_unload(request, body.model, keep_alive, "load", {"response": ""})
-    sampling, load, num_predict, stop = request_options(body.options)
+    options = request_options(body.options)
     started = time.perf_counter()
     if body.raw:
         generation_request = GenerationRequest(model=body.model, prompt=body.prompt)
@@ -265,8 +286,9 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
         messages = [Message("system", [TextBlock(body.system)])] if body.system else []
         messages.append(Message("user", [TextBlock(body.prompt)]))
         generation_request = GenerationRequest(model=body.model, messages=messages)
-    generation_request.sampling, generation_request.load_options = sampling, load
-    generation_request.max_tokens, generation_request.stop = num_predict, stop
+    generation_request.sampling, generation_request.load_options = options.sampling, options.load
+    generation_request.max_tokens, generation_request.stop = options.num_predict, options.stop
+    generation_request.fit_context = options.fit_context
     generation_request.keep_alive = keep_alive
     generation_request.session_id = session_id(request.headers)
     generation_request.response_format = format_
@@ -276,7 +298,7 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
     def piece(text: str, thinking: str | None = None, **_: Any) -> dict[str, Any]:
         return {"response": text, **({"thinking": thinking} if thinking else {})}
 
-    return await _respond(generation, body.stream, body.model, started, piece)
+    return await _respond(request, generation, body.stream, body.model, started, piece)
 
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -323,13 +345,12 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
     if not body.messages:
         return await _load_or_unload(request, body.model, keep_alive, "load", empty)
     messages = chat_messages(body)
-    sampling, load, num_predict, stop = request_options(body.options)
+    options = request_options(body.options)
     started = time.perf_counter()
-    fit = body.options.get("fit_context")
     generation = await runtime_of(request).start(GenerationRequest(
-        model=body.model, messages=messages, sampling=sampling, load_options=load, max_tokens=num_predict,
-        stop=stop, keep_alive=keep_alive, session_id=session_id(request.headers),
-        fit_context=None if fit is None else bool(fit), tools=tools_of(body.tools),
+        model=body.model, messages=messages, sampling=options.sampling, load_options=options.load,
+        max_tokens=options.num_predict, stop=options.stop, keep_alive=keep_alive,
+        session_id=session_id(request.headers), fit_context=options.fit_context, tools=tools_of(body.tools),
         response_format=format_, reasoning=thinking(body.think),
     ))
 
@@ -341,7 +362,7 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
             message["tool_calls"] = tool_calls
         return {"message": message}
 
-    return await _respond(generation, body.stream, body.model, started, piece)
+    return await _respond(request, generation, body.stream, body.model, started, piece)
 
 
 @router.post("/api/embed")
@@ -452,7 +473,7 @@ async def delete(body: ModelRef, request: Request) -> JSONResponse:
     runtime = runtime_of(request)
     name = body.model_name()
     record = runtime.registry.get(name)
-    removed = runtime.registry.remove(name)
+    removed = await runtime.registry.off_loop(lambda registry: registry.remove(name))  # deletes GB-sized blobs
     if record.name in removed:  # removing only an alias leaves the model loaded
         await runtime.scheduler.unload(record.name)
     return JSONResponse({"deleted": removed})
@@ -479,9 +500,10 @@ async def create(body: CreateBody, request: Request) -> JSONResponse:
             modelfile.parameters[key] = coerce_parameter(key, value, f"parameters.{key}")
     else:
         raise InvalidRequest("give 'modelfile' text or 'from'", param="modelfile")
-    registry = runtime_of(request).registry
-    try:
-        record = registry.create(name, modelfile)
+    if body.template is not None:
+        check_template(body.template, "template")
+    try:  # hashing a new GGUF reads every byte: off the event loop
+        record = await runtime_of(request).registry.off_loop(lambda registry: registry.create(name, modelfile))
     except ModelNotFound as exc:
         raise InvalidRequest(exc.message, param="from") from exc
     return JSONResponse({"status": "success", "model": record.name})

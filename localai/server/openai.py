@@ -293,7 +293,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     created = int(time.time())
     headers = fit_headers(generation)
     if not body.stream:
-        result = await collect(generation)
+        result = await collect(generation, request)
         message: dict[str, Any] = {"role": "assistant", "content": result.text if result.text or not result.calls
                                    else None}
         if result.reasoning:
@@ -348,7 +348,7 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     created = int(time.time())
     prefix = prompt if body.echo else ""
     if not body.stream:
-        result = await collect(generation)
+        result = await collect(generation, request)
         return JSONResponse({
             "id": completion_id, "object": "text_completion", "created": created, "model": body.model,
             "choices": [{"index": 0, "text": prefix + result.text, "logprobs": None,
@@ -415,7 +415,17 @@ class EmbeddingRequest(BaseModel):
     def _some_input(cls, value: str | list[str]) -> str | list[str]:
         if isinstance(value, list) and not value:
             raise ValueError("at least one input is required")
-        return value
+        return check_embedding_inputs(value)
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's own limit per request
+
+
+def check_embedding_inputs(value: str | list[str]) -> str | list[str]:
+    """At most ``MAX_EMBEDDING_INPUTS`` texts per request (a pydantic validator: raises ValueError)."""
+    if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:
+        raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(value)}")
+    return value
 
 
 def truncated_vector(vector: list[float], dimensions: int) -> list[float]:

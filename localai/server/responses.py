@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from localai.errors import InvalidRequest, LocalAIError, NotFound
+from localai.registry import Registry
 from localai.schema import (
     Finished,
     GenerationRequest,
@@ -48,8 +49,10 @@ from localai.server.common import (
     parse_arguments,
     runtime_of,
     sse,
+    unless_disconnected,
 )
 from localai.server.sessions import session_id
+from localai.settings import Settings
 
 router = APIRouter()
 IGNORED_ITEMS = frozenset({"item_reference", "web_search_call", "image_generation_call", "file_search_call",
@@ -164,7 +167,10 @@ def tools_of(tools: list[dict[str, Any]] | None) -> list[Tool]:
         if kind == "function":
             add(tool, where)
         elif kind == "namespace":
-            for inner_index, inner in enumerate(tool.get("tools") or []):
+            inner_tools = tool.get("tools") or []
+            if not isinstance(inner_tools, list):
+                raise InvalidRequest("a namespace tool's 'tools' must be a list", param=f"{where}.tools")
+            for inner_index, inner in enumerate(inner_tools):
                 if isinstance(inner, dict) and inner.get("type", "function") == "function":
                     add(inner, f"{where}.tools.{inner_index}", prefix=f"{tool.get('name')}.")
     return result
@@ -184,6 +190,9 @@ def tool_choice_of(value: str | dict[str, Any] | None) -> ToolChoice:
 
 def text_format(text: dict[str, Any] | None) -> ResponseFormat | None:
     spec = (text or {}).get("format")
+    if spec is not None and not isinstance(spec, dict):
+        raise InvalidRequest("text.format must be an object such as {\"type\": \"json_schema\", ...}",
+                             param="text.format")
     if not spec or spec.get("type") == "text":
         return None
     if spec.get("type") == "json_object":
@@ -198,29 +207,59 @@ def text_format(text: dict[str, Any] | None) -> ResponseFormat | None:
 # -- storage --------------------------------------------------------------------------------------
 
 class ResponseStore:
-    """Responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``."""
+    """Responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``.
+
+    Rows hold whole conversations (megabytes for a long agent session), so every read and write runs off the
+    event loop. Retention: rows older than ``LOCALAI_RESPONSES_TTL`` go, and only the newest
+    ``LOCALAI_RESPONSES_MAX`` are kept.
+    """
 
     def __init__(self, request: Request) -> None:
-        self.table = runtime_of(request).registry.db.table("responses")
+        self.registry = runtime_of(request).registry
+        self.settings: Settings = request.app.state.settings
 
-    def get(self, response_id: str) -> dict[str, Any]:
-        rows = list(self.table.rows_where("id = ?", [response_id]))
-        if not rows:
-            raise NotFound(f"no stored response '{response_id}' (responses are stored unless 'store' is false)",
-                           param="previous_response_id")
-        return rows[0]
+    async def get(self, response_id: str) -> dict[str, Any]:
+        return await self.registry.off_loop(lambda registry: _stored(registry, response_id))
 
-    def conversation(self, response_id: str) -> list[dict[str, Any]]:
+    async def conversation(self, response_id: str) -> list[dict[str, Any]]:
         """The input items that led to a stored response, followed by its output: the history to continue."""
-        row = self.get(response_id)
-        response = json.loads(row["response"])
-        return [*json.loads(row["conversation"]), *response["output"]]
+        def read(registry: Registry) -> list[dict[str, Any]]:
+            row = _stored(registry, response_id)
+            return [*json.loads(row["conversation"]), *json.loads(row["response"])["output"]]
 
-    def save(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        self.table.insert({"id": response["id"], "created_at": response["created_at"], "model": response["model"],
-                           "previous_response_id": response.get("previous_response_id"),
-                           "conversation": json.dumps(conversation), "response": json.dumps(response)},
-                          replace=True)
+        return await self.registry.off_loop(read)
+
+    async def save(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        ttl, keep = self.settings.responses_ttl, self.settings.responses_max
+
+        def write(registry: Registry) -> None:
+            table = registry.db.table("responses")
+            table.insert({"id": response["id"], "created_at": response["created_at"], "model": response["model"],
+                          "previous_response_id": response.get("previous_response_id"),
+                          "conversation": json.dumps(conversation), "response": json.dumps(response)},
+                         replace=True)
+            with registry.db.conn:
+                registry.db.execute("DELETE FROM responses WHERE created_at < ?", [int(time.time() - ttl)])
+                if table.count > keep:
+                    registry.db.execute("DELETE FROM responses WHERE id NOT IN "
+                                        "(SELECT id FROM responses ORDER BY created_at DESC LIMIT ?)", [keep])
+
+        await self.registry.off_loop(write)
+
+    async def delete(self, response_id: str) -> None:
+        def remove(registry: Registry) -> None:
+            _stored(registry, response_id)
+            registry.db.table("responses").delete(response_id)
+
+        await self.registry.off_loop(remove)
+
+
+def _stored(registry: Registry, response_id: str) -> dict[str, Any]:
+    rows = list(registry.db.table("responses").rows_where("id = ?", [response_id]))
+    if not rows:
+        raise NotFound(f"no stored response '{response_id[:100]}' (responses are stored unless 'store' is false, "
+                       "and kept for LOCALAI_RESPONSES_TTL)", param="previous_response_id")
+    return rows[0]
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -344,7 +383,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
     store = ResponseStore(request)
     items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
         else list(body.input)
-    history = store.conversation(body.previous_response_id) if body.previous_response_id else []
+    history = await store.conversation(body.previous_response_id) if body.previous_response_id else []
     conversation = [*history, *items]
     messages = input_messages(conversation)
     if not any(m.role in ("user", "tool") for m in messages):
@@ -372,27 +411,31 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
     headers = fit_headers(generation)
     builder = OutputBuilder()
 
-    def finish(finished: Finished) -> dict[str, Any]:
+    async def finish(finished: Finished) -> dict[str, Any]:
         builder.close()
         status = "incomplete" if finished.reason == "length" else "completed"
         response = response_json(body, response_id, created, status, builder.items, tools, finished)
         if body.store:
-            store.save(response, conversation)
+            await store.save(response, conversation)
         return response
 
     if not body.stream:
-        finished: Finished | None = None
-        try:
-            async for event in generation.events():
-                if isinstance(event, Finished):
-                    finished = event
-                else:
-                    builder.feed(event)
-        finally:
-            await generation.aclose()
+        async def whole() -> Finished | None:
+            finished: Finished | None = None
+            try:
+                async for event in generation.events():
+                    if isinstance(event, Finished):
+                        finished = event
+                    else:
+                        builder.feed(event)
+            finally:
+                await generation.aclose()
+            return finished
+
+        finished = await unless_disconnected(request, whole(), generation)
         if finished is None:
             raise LocalAIError("the generation ended without finishing")
-        return JSONResponse(finish(finished), headers=headers)
+        return JSONResponse(await finish(finished), headers=headers)
 
     async def stream() -> AsyncIterator[bytes]:
         try:
@@ -403,7 +446,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
                 yield sse(data, kind)
             async for event in generation.events():
                 if isinstance(event, Finished):
-                    response = finish(event)
+                    response = await finish(event)
                     builder.event("response.incomplete" if response["status"] == "incomplete"
                                   else "response.completed", response=response)
                 else:
@@ -425,7 +468,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request) -> dict[str, Any]:
     try:
-        row = ResponseStore(request).get(response_id)
+        row = await ResponseStore(request).get(response_id)
     except NotFound as exc:
         exc.param = "response_id"
         raise
@@ -435,8 +478,10 @@ async def get_response(response_id: str, request: Request) -> dict[str, Any]:
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
-    store = ResponseStore(request)
-    store.get(response_id)
-    store.table.delete(response_id)
+    try:
+        await ResponseStore(request).delete(response_id)
+    except NotFound as exc:
+        exc.param = "response_id"
+        raise
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
+import math
+import re
+from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 OPEN_PATHS = frozenset({"/", "/health"})
@@ -84,6 +88,116 @@ class JsonBodyMiddleware:
                 headers.append((b"content-type", b"application/json"))
                 scope = {**scope, "headers": headers}
         await self.app(scope, receive, send)
+
+
+MAX_DEPTH = 100  # JSON nesting; real requests (tool schemas included) stay under 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_THREADED_BODY = 256 << 10  # bodies larger than this are checked off the event loop
+
+
+class BodyProblem(ValueError):
+    """Why a JSON body is refused before any handler sees it."""
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BodyProblem(f"the number {text[:20]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise BodyProblem(f"{name} is not a JSON number")
+
+
+def check_json(body: bytes) -> None:
+    """Raise BodyProblem when a JSON body holds what no handler can use safely: non-finite or huge numbers,
+    lone UTF-16 surrogates (they cannot be encoded as UTF-8), or nesting deeper than ``MAX_DEPTH``.
+    A body that is not JSON at all is left to the handler's own validation."""
+    try:
+        value = json.loads(body, parse_float=_finite, parse_constant=_no_constant)
+    except RecursionError:
+        raise BodyProblem(f"the JSON body is nested more than {MAX_DEPTH} levels deep") from None
+    except BodyProblem:
+        raise
+    except ValueError:
+        return
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            match = _SURROGATE.search(item)
+            if match:
+                raise BodyProblem(f"a string holds a lone UTF-16 surrogate (\\u{ord(match.group()):04x}); "
+                                  "send valid Unicode")
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= 1 << 64:
+            raise BodyProblem(f"the integer {str(item)[:20]}... is out of range")
+        elif isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                raise BodyProblem(f"the JSON body is nested more than {MAX_DEPTH} levels deep")
+            children = item.items() if isinstance(item, dict) else ((None, child) for child in item)
+            for key, child in children:
+                if key is not None:
+                    stack.append((key, depth))
+                stack.append((child, depth + 1))
+
+
+class BodyGuardMiddleware:
+    """Reads request bodies up to ``max_bytes`` (413 beyond) and refuses JSON no handler can use (400), so a
+    65 MB message or a ``"\\ud800"`` never reaches a worker. The body is then replayed to the app, and later
+    ``receive`` calls go to the server, so handlers still see the client disconnect."""
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(scope, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(scope, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body and headers.get("content-type", "").startswith("application/json"):
+            try:
+                if len(body) > _THREADED_BODY:
+                    await asyncio.to_thread(check_json, body)
+                else:
+                    check_json(body)
+            except BodyProblem as exc:
+                await _refuse(scope, send, 400, "invalid_request_error", str(exc))
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, send: Send) -> None:
+        await _refuse(scope, send, 413, "request_too_large",
+                      f"the request body is over {self.max_bytes} bytes (LOCALAI_MAX_REQUEST_BYTES)")
 
 
 async def _refuse(scope: Scope, send: Send, status: int, kind: str, message: str) -> None:

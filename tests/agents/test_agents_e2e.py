@@ -36,10 +36,22 @@ def pinned_agents(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALAI_AGENTS_DIR", str(AGENTS_DIR))
 
 
+MODEL = "smollm2-agent"
+
+
 @pytest.fixture(scope="module")
 def agent_daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Daemon]:
-    """A daemon with the access log on (debug), so a test can see which endpoint served the agent."""
-    instance = start_daemon(tmp_path_factory.mktemp("agent-daemon"), keep_alive="-1", debug="true")
+    """A daemon with the access log on (debug), so a test can see which endpoint served the agent.
+
+    The agents get smollm2 with its replies ending at the first blank line: a 135M model can ramble until its
+    output limit, and an agent takes a reply cut there as an error (Claude Code) or as a reason to go on
+    (OpenCode loops). One paragraph keeps every agent's run short whatever the model says."""
+    instance = start_daemon(tmp_path_factory.mktemp("agent-daemon"), keep_alive="-1", debug="true",
+                            context_length="8192")
+    with instance.http() as http:
+        created = http.post("/api/create", json={"model": MODEL, "from": "smollm2", "parameters": {
+            "stop": ["\n\n", "<|im_end|>", "<|im_start|>"], "temperature": 0}})
+        assert created.status_code == 200, created.text
     yield instance
     instance.stop()
 
@@ -64,7 +76,7 @@ def run_agent(daemon: Daemon, tmp_path: Path, agent: str,
                 "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"})
     logged = len(daemon.log())
     result = subprocess.run(
-        [sys.executable, "-m", "localai", "launch", agent, "--model", "smollm2", "--yes", "--", *args],
+        [sys.executable, "-m", "localai", "launch", agent, "--model", MODEL, "--yes", "--", *args],
         cwd=work, env=env, capture_output=True, text=True, timeout=840, stdin=subprocess.DEVNULL,
     )
     return result, daemon.log()[logged:]

@@ -103,7 +103,7 @@ def test_runs_the_agent_with_its_arguments_and_returns_its_exit_code(daemon: Dae
     assert isinstance(env, dict)
     assert env["ANTHROPIC_BASE_URL"] == daemon.base_url
     assert env["ANTHROPIC_AUTH_TOKEN"] == "localai"
-    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "256"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "2048"
     assert env["PATH"].split(os.pathsep)[0] == str(agents_dir / "node_modules" / ".bin")
 
 
@@ -172,7 +172,8 @@ def test_a_daemon_that_cannot_start(tmp_path: Path, agents_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(("parameters", "trained", "expected"), [
-    ("num_ctx              8192\nnum_predict          256\nstop                 \"<|im_end|>\"", 8192, (8192, 256)),
+    # smollm2's num_predict 256 is a default for chats, not the agent's limit: a reply cut there is an agent error
+    ("num_ctx              8192\nnum_predict          256\nstop                 \"<|im_end|>\"", 8192, (8192, 2048)),
     ("num_ctx              32768", 8192, (8192, 2048)),  # the engine caps num_ctx at the trained context
     ("temperature          0.2", 131072, (32768, 8192)),  # no num_ctx: LOCALAI_CONTEXT_LENGTH, a quarter for replies
     ("num_ctx              4096\nnum_predict          -1", 0, (4096, 1024)),  # -1: no cap, so a quarter

@@ -1,0 +1,101 @@
+"""The daemon's handle on a worker process, against real workers: failures end the worker, never wedge it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from localai.errors import RequestTooLarge, WorkerCrashed
+from localai.protocol import MAX_FRAME, GenerateOp
+from localai.runner import Worker
+from localai.worker import EXIT_ENGINE_FAILED
+
+pytestmark = pytest.mark.model
+
+
+def smollm2_worker(path: Path) -> Worker:
+    return Worker("smollm2", "llama.cpp", {"model_path": str(path), "num_ctx": 512, "n_parallel": 1,
+                                           "n_threads": 2, "cache_dir": None})
+
+
+def op(request_id: str, **fields: object) -> GenerateOp:
+    base = {"op": "generate", "id": request_id, "prompt": "Hello", "max_tokens": 4, "stop": [],
+            "sampling": {"temperature": 0.0}}
+    return GenerateOp(**{**base, **fields})  # type: ignore[typeddict-item]
+
+
+async def drain(worker: Worker, generate: GenerateOp) -> list[dict[str, object]]:
+    return [frame async for frame in worker.generate(generate)]
+
+
+def test_an_engine_failure_ends_the_worker_and_the_request_says_why(smollm2_path: Path) -> None:
+    async def scenario() -> None:
+        worker = smollm2_worker(smollm2_path)
+        await worker.start(120)
+        frames = await drain(worker, op("ok"))
+        assert frames[-1]["ev"] == "done"
+        # Unvalidated input that only fails mid-decode (the daemon validates `stop`; the engine must not hang on it)
+        with pytest.raises(WorkerCrashed, match="TypeError"):
+            await drain(worker, op("bad", stop=[1]))
+        assert worker.process is not None
+        assert await asyncio.wait_for(worker.process.wait(), 30) == EXIT_ENGINE_FAILED
+        assert not worker.alive
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_too_large_for_a_frame_is_an_error_not_a_dead_worker(smollm2_path: Path) -> None:
+    async def scenario() -> None:
+        worker = smollm2_worker(smollm2_path)
+        await worker.start(120)
+        try:
+            text = "a b " * (9 << 20)  # ~18M tokens: their list would be a frame of more than 64 MiB
+            with pytest.raises(RequestTooLarge):
+                await worker.tokenize(text)
+            assert await worker.count_tokens(text[: 1 << 20]) > 100_000  # counting never ships the list
+            assert worker.alive and (await drain(worker, op("after")))[-1]["ev"] == "done"
+            with pytest.raises(RequestTooLarge):  # and the daemon never sends a frame the worker would refuse
+                await worker.tokenize("x" * (MAX_FRAME + 1))
+            assert worker.alive
+        finally:
+            await worker.stop()
+
+    asyncio.run(scenario())
+
+
+BAD_WORKER = r"""
+import json, socket, struct, sys, time
+sock = socket.socket(fileno=int(sys.argv[1]))
+body = json.dumps({"ev": "ready", "info": {"n_parallel": 1}}).encode()
+sock.sendall(struct.pack(">I", len(body)) + body)
+sock.recv(1 << 20)  # the generate op
+sock.sendall(struct.pack(">I", 100 << 20))  # announces a 100 MiB frame: a broken protocol
+time.sleep(3600)  # and would sit on its memory forever
+"""
+
+
+class BadWorker(Worker):
+    def __init__(self, script: Path) -> None:
+        super().__init__("bad", "llama.cpp", {})
+        self.script = script
+
+    def command(self, fd: int) -> list[str]:
+        return [sys.executable, str(self.script), str(fd)]
+
+
+def test_a_worker_the_daemon_gives_up_on_is_killed(tmp_path: Path) -> None:
+    script = tmp_path / "bad_worker.py"
+    script.write_text(BAD_WORKER)
+
+    async def scenario() -> None:
+        worker = BadWorker(script)
+        await worker.start(30)
+        with pytest.raises(WorkerCrashed):
+            await drain(worker, op("x"))
+        assert worker.process is not None
+        assert await asyncio.wait_for(worker.process.wait(), 30) is not None  # killed, not left running
+
+    asyncio.run(scenario())
