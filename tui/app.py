@@ -59,11 +59,12 @@ class LocalAIApp(App[None]):
     COMMANDS = App.COMMANDS | {ModelCommands, ConversationCommands}
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f1", "switch_mode('home')", "Home", priority=True),
-        Binding("f2", "switch_mode('chat')", "Chat", priority=True),
-        Binding("f3", "switch_mode('models')", "Models", priority=True),
-        Binding("f4", "switch_mode('running')", "Running", priority=True),
-        Binding("f5", "switch_mode('cache')", "Cache", priority=True),
-        Binding("f6", "switch_mode('agents')", "Agents", priority=True),
+        # Shown on the Home screen's menu rather than in every footer.
+        Binding("f2", "switch_mode('chat')", "Chat", priority=True, show=False),
+        Binding("f3", "switch_mode('models')", "Models", priority=True, show=False),
+        Binding("f4", "switch_mode('running')", "Running", priority=True, show=False),
+        Binding("f5", "switch_mode('cache')", "Cache", priority=True, show=False),
+        Binding("f6", "switch_mode('agents')", "Agents", priority=True, show=False),
     ]
 
     connected: var[bool] = var(False)

@@ -27,10 +27,10 @@ from .settings import SettingsScreen
 class ChatScreen(LocalAIScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop"),
-        Binding("ctrl+n", "new", "New chat"),
+        Binding("ctrl+n", "new", "New"),
         Binding("ctrl+l", "conversations", "Conversations"),
         Binding("ctrl+o", "choose_model", "Model"),
-        Binding("ctrl+t", "settings", "System & parameters"),
+        Binding("ctrl+t", "settings", "Settings"),
         Binding("ctrl+r", "copy_reply", "Copy reply"),
         Binding("ctrl+b", "copy_code", "Copy code"),
     ]

@@ -14,26 +14,28 @@ from textual.widgets.option_list import Option
 from .base import LocalAIScreen
 
 LOGO = "localai"
-ENTRIES = (
-    ("chat", "c", "Chat", "talk to a model; conversations are kept"),
-    ("agents", "a", "Launch an agent", "Claude Code, Codex, OpenCode, Aider... on a local model"),
-    ("models", "m", "Models", "installed models, the library, pull and remove"),
-    ("running", "r", "Running", "loaded models, workers, requests, keep-alive"),
-    ("cache", "k", "Cache", "the prompt cache: entries, hit ratio, pins"),
+ENTRIES = (  # mode, key here, key anywhere, title, what it is
+    ("chat", "c", "F2", "Chat", "talk to a model; conversations are kept"),
+    ("agents", "a", "F6", "Launch an agent", "Claude Code, Codex, OpenCode, Aider... on a local model"),
+    ("models", "m", "F3", "Models", "installed models, the library, pull and remove"),
+    ("running", "r", "F4", "Running", "loaded models, workers, requests, keep-alive"),
+    ("cache", "k", "F5", "Cache", "the prompt cache: entries, hit ratio, pins"),
 )
 
 
 class HomeScreen(LocalAIScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding(key, f"app.switch_mode('{mode}')", title, show=False) for mode, key, title, _ in ENTRIES
+        Binding(key, f"app.switch_mode('{mode}')", title, show=False) for mode, key, _, title, _ in ENTRIES
     ]
 
     def compose(self) -> ComposeResult:
         with Center(), Vertical(id="home"):
             yield Static(LOGO, id="logo")
             yield Static("run models and coding agents on your own machine", id="tagline")
-            yield OptionList(*(Option(f"[b]{key}[/b]  {title:<16} [dim]{hint}[/dim]", id=mode)
-                               for mode, key, title, hint in ENTRIES), id="menu")
+            yield OptionList(*(Option(f"[b]{key}[/b]  {title:<16} [dim]{hint:<56} {anywhere}[/dim]", id=mode)
+                               for mode, key, anywhere, title, hint in ENTRIES), id="menu")
+            yield Static("F1 comes back here from anywhere · ctrl+p finds models and conversations · ctrl+q quits",
+                         id="home-hint")
             yield Static("connecting to the daemon…", id="daemon-status")
         yield Footer()
 
