@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.pilot import Pilot
 
 from localai.client import AsyncClient
 from localai.conversations import ConversationStore
@@ -85,3 +86,17 @@ def wait_until(condition: Callable[[], Any], what: str, timeout: float = 120) ->
             return value
         time.sleep(0.1)
     raise AssertionError(f"gave up waiting for {what}")
+
+
+async def settle(pilot: Pilot[Any]) -> None:
+    """Wait until the app is idle: no worker running (loading data, streaming) and the screen repainted.
+    Workers started by a message handled after a key press are caught by the second round."""
+    idle_rounds = 0
+    while idle_rounds < 2:
+        await pilot.pause()
+        running = [worker for worker in pilot.app.workers if not worker.is_finished]
+        if running:
+            idle_rounds = 0
+            await pilot.app.workers.wait_for_complete(running)
+        else:
+            idle_rounds += 1

@@ -12,20 +12,12 @@ from textual.pilot import Pilot
 
 from localai.tui.app import LocalAIApp
 from localai.tui.screens.chat import ChatScreen
-from tests.tui.conftest import store_row
+from tests.tui.conftest import settle, store_row
 from tests.tui.fakedaemon import REPLY, FakeDaemon
 
 SIZE = (120, 36)
 SESSION = "5e551on0000000000000000000000001"
 
-
-async def settle(pilot: Pilot[Any]) -> None:
-    """Let every worker (data loading) finish and the screen repaint."""
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 def conversation() -> None:

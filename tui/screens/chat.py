@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, ClassVar
 
 from textual import work
@@ -11,6 +12,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.reactive import var
 from textual.widgets import Footer, Static
+from textual.widgets.markdown import MarkdownStream
 from textual.worker import Worker
 
 from localai.conversations import ChatMessage, ChatStats, Conversation, title_from
@@ -128,7 +130,7 @@ class ChatScreen(LocalAIScreen):
         """Stream the reply. Cancelling this worker (Esc) closes the HTTP stream, which stops decoding."""
         message = reply.message
         conversation = self.conversation
-        stream = reply.stream()
+        stream: MarkdownStream | None = None  # started with the first text, so an early failure has none to stop
         failed: BaseException | None = None
         try:
             await self.api.client.ensure_running()  # starts the daemon again if it went away
@@ -136,6 +138,7 @@ class ChatScreen(LocalAIScreen):
                 text = item.get("message", {}).get("content", "")
                 if text:
                     message.content += text
+                    stream = stream or reply.stream()
                     await stream.write(text)
                 if item.get("done"):
                     message.stats = ChatStats.from_final(item)
@@ -145,7 +148,10 @@ class ChatScreen(LocalAIScreen):
         except Exception as exc:
             failed = exc
         finally:
-            await stream.stop()
+            if stream is not None:
+                # A stream stopped before its task first ran re-raises that task's cancellation: not ours.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await stream.stop()
             self._finish(conversation, prompt, reply, failed)
 
     def _finish(self, conversation: Conversation, prompt: ChatMessage, reply: Reply,
