@@ -8,6 +8,7 @@ cannot be read (a messages column that is not JSON) is listed as broken and neve
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,7 +216,7 @@ class ConversationStore:
     def export(self, conversation_id: str, directory: Path) -> Path:
         """Write the conversation to ``<directory>/<title>-<id>.md`` atomically; returns the path."""
         conversation = self.load(conversation_id)
-        stem = "".join(c if c.isalnum() else "-" for c in conversation.display_title.lower()).strip("-")[:40]
+        stem = "-".join(re.findall(r"[^\W_]+", conversation.display_title.lower()))[:40].strip("-")
         path = directory / f"{stem or 'conversation'}-{conversation.id[:8]}.md"
         temp = path.with_name(f".{path.name}.tmp")
         temp.write_text(conversation.to_markdown(), encoding="utf-8")
