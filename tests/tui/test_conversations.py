@@ -64,9 +64,11 @@ def test_export_writes_markdown(tmp_path: Path) -> None:
     conversation.title = "Lists / tuples?"
     conversation.messages = [ChatMessage("user", "Reverse?"), ChatMessage("assistant", "`x[::-1]`", stopped=True)]
     store.save(conversation)
-    path = store.export(conversation.id, tmp_path)
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    path = store.export(conversation.id, exports)
     assert path.name == f"lists-tuples-{conversation.id[:8]}.md"
     text = path.read_text()
     assert text.startswith("# Lists / tuples?\n") and "`temperature=0.2`" in text
     assert "## User\n\nReverse?" in text and "## Assistant\n\n`x[::-1]`\n\n*(stopped)*" in text
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temp file left behind
+    assert [p.name for p in exports.iterdir()] == [path.name]  # no temp file left behind
