@@ -3,6 +3,7 @@ models and conversations, and the one place where errors become notifications.""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import subprocess
 import sys
@@ -89,6 +90,8 @@ class LocalAIApp(App[None]):
         self._store_factory = store
         self._store: ConversationStore | None = None
         self._reported: dict[str, float] = {}
+        self._connecting = asyncio.Event()
+        self._connect_error: LocalAIError | None = None
 
     @property
     def store(self) -> ConversationStore:
@@ -113,9 +116,20 @@ class LocalAIApp(App[None]):
         try:
             await self.api.client.ensure_running()
         except LocalAIError as exc:
+            self._connect_error = exc
             self.report(exc)
             return
+        finally:
+            self._connecting.set()
         self.connected = True
+
+    async def ready(self) -> None:
+        """Wait while the daemon is being reached (or started) at launch, so screens do not race it; raises
+        the launch's error, if any, once (the next call tries again)."""
+        await self._connecting.wait()
+        if self._connect_error is not None:
+            error, self._connect_error = self._connect_error, None
+            raise error
 
     # -- navigation -----------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@ a missing model, and the daemon killed while a reply streams. Each must end in a
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -90,3 +91,29 @@ async def test_daemon_killed_while_a_reply_streams(fresh_daemon: Daemon, build: 
         await until(pilot, lambda: not screen.generating and screen.query_one(PromptInput).text, "the prompt back")
         assert screen.query_one(PromptInput).text == "Are you there?"
         assert screen.conversation.messages[-1].role == "assistant"
+
+
+async def test_worker_crash_mid_reply_is_a_notification_and_the_next_message_works(
+        fresh_daemon: Daemon, build: Callable[..., LocalAIApp]) -> None:
+    app = build(client(fresh_daemon), model="smollm2", options={"num_predict": 2000, "temperature": 0})
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.connected, "the daemon")
+        screen = app.screen
+        assert isinstance(screen, ChatScreen)
+        screen.query_one(PromptInput).text = "Write a very long story about a dragon."
+        await pilot.press("enter")
+        await until(pilot, lambda: screen.query(Reply) and len(screen.query(Reply).last().message.content) > 20,
+                    "the reply to start")
+        with fresh_daemon.unix() as http:
+            (model,) = http.get("/api/ps").json()["models"]
+        os.kill(model["pid"], signal.SIGKILL)  # the worker process running llama.cpp dies
+        await until(pilot, lambda: not screen.generating, "the reply to end")
+        assert screen.query(Reply).last().message.stopped
+        notes = [f"{n.title}: {n.message}" for n in app._notifications]
+        assert any(note.startswith("Worker crashed:") and "Send again" in note for note in notes), notes
+        screen.conversation.options = {"num_predict": 8, "temperature": 0}
+        screen.query_one(PromptInput).text = "Say hello."
+        await pilot.press("enter")
+        await until(pilot, lambda: len(screen.query(Reply)) == 2 and not screen.generating, "the next reply")
+        last = screen.query(Reply).last().message
+        assert last.content and last.stats is not None  # the daemon loaded the model again

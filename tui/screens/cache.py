@@ -110,6 +110,7 @@ class CacheScreen(LocalAIScreen):
 
     @work(exclusive=True, group="refresh", exit_on_error=False)
     async def refresh_cache(self) -> None:
+        await self.tui.ready()
         stats, entries = await self.api.cache()
         metrics = await self.api.metrics()
         name_of = model_namer(await self.api.models(with_details=False), metrics.models)

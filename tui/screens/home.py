@@ -56,6 +56,7 @@ class HomeScreen(LocalAIScreen):
 
     @work(exclusive=True, group="status", exit_on_error=False)
     async def refresh_status(self) -> None:
+        await self.tui.ready()
         version = await self.api.version()
         loaded = await self.api.loaded()
         names = ", ".join(model.name for model in loaded) or "none"

@@ -92,6 +92,7 @@ class ModelsScreen(LocalAIScreen):
 
     @work(exclusive=True, group="installed", exit_on_error=False)
     async def refresh_installed(self) -> None:
+        await self.tui.ready()
         self.installed = await self.api.models()
         table = self.query_one("#installed", DataTable)
         selected = selected_key(table)

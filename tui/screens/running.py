@@ -46,6 +46,7 @@ class RunningScreen(LocalAIScreen):
 
     @work(exclusive=True, group="refresh", exit_on_error=False)
     async def refresh_loaded(self) -> None:
+        await self.tui.ready()
         self.loaded = await self.api.loaded()
         metrics = await self.api.metrics()
         table = self.query_one(DataTable)

@@ -55,7 +55,10 @@ class Reply(Vertical, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Markdown(self.message.content, classes="reply-body")
-        yield Label(stats_line(self.message.stats, stopped=self.message.stopped), classes="reply-stats")
+        message = self.message
+        waiting = not (message.content or message.stats or message.stopped)
+        yield Label("waiting for the model…" if waiting else stats_line(message.stats, stopped=message.stopped),
+                    classes="reply-stats")
 
     @property
     def body(self) -> Markdown:
