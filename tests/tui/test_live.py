@@ -132,7 +132,8 @@ async def test_running_shows_the_loaded_model_and_unloads_it(live: Daemon,
         await pilot.press("y")
         await until(pilot, lambda: not loaded(live), "the daemon to unload it")
         await until(pilot, lambda: table.row_count == 0, "the table to follow")
-        assert any("Unloaded smollm2:135m" in str(n.message) for n in app._notifications)
+        await until(pilot, lambda: any("Unloaded smollm2:135m" in str(n.message) for n in app._notifications),
+                    "the confirmation")
 
 
 async def test_cache_screen_after_two_turns(live: Daemon, build: Callable[..., LocalAIApp]) -> None:
