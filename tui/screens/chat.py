@@ -13,11 +13,11 @@ from textual.containers import VerticalScroll
 from textual.reactive import var
 from textual.widgets import Footer, Static
 from textual.widgets.markdown import MarkdownStream
-from textual.worker import Worker
 
 from localai.conversations import ChatMessage, ChatStats, Conversation, title_from
 from localai.errors import LocalAIError
 
+from ..api import InstalledModel
 from ..widgets.messages import Reply, UserMessage
 from ..widgets.prompt import PromptInput
 from .base import LocalAIScreen
@@ -187,10 +187,6 @@ class ChatScreen(LocalAIScreen):
     def action_stop(self) -> None:
         self._cancel_reply()
 
-    @property
-    def reply_worker(self) -> Worker[None] | None:
-        return next((w for w in self.workers if w.group == "reply"), None)
-
     # -- copying --------------------------------------------------------------------------------
 
     def _reply(self) -> Reply | None:
@@ -241,7 +237,7 @@ class ChatScreen(LocalAIScreen):
             if self.conversation.messages:
                 self._save()
 
-    def _current_model_name(self, models: list[Any]) -> str | None:
+    def _current_model_name(self, models: list[InstalledModel]) -> str | None:
         model = self.conversation.model
         names = [m.name for m in models]
         for candidate in (model, f"{model}:latest"):

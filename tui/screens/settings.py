@@ -33,8 +33,8 @@ def parse_parameters(text: str) -> dict[str, Any]:
             raise ModelfileError(f"{where}: unknown parameter '{name}' (known: {', '.join(sorted(PARAMETERS))})")
         if not value:
             raise ModelfileError(f"{where}: '{name}' needs a value")
-        if value.startswith('"') and value.endswith('"') and len(value) > 1:
-            value = json.loads(value) if _is_json_string(value) else value[1:-1]
+        if len(value) > 1 and value[0] == value[-1] == '"':
+            value = _unquote(value)
         coerced = coerce_parameter(name, value, where)
         if name in LIST_PARAMETERS:
             items = coerced if isinstance(coerced, list) else [coerced]
@@ -52,11 +52,13 @@ def format_parameters(options: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _is_json_string(value: str) -> bool:
+def _unquote(value: str) -> str:
+    """A quoted value as JSON reads it (``"\\n"`` is a newline), else just without its quotes."""
     try:
-        return isinstance(json.loads(value), str)
+        loaded = json.loads(value)
     except ValueError:
-        return False
+        return value[1:-1]
+    return loaded if isinstance(loaded, str) else value[1:-1]
 
 
 class SettingsScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
