@@ -1,13 +1,18 @@
-"""The CLI's and TUI's client: httpx over the daemon's Unix socket, starting the daemon when needed."""
+"""The CLI's and TUI's clients: httpx over the daemon's Unix socket, starting the daemon when needed.
+
+``Client`` is synchronous (the CLI); ``AsyncClient`` is its asyncio twin (the TUI, whose screens must never
+block). Both take an httpx transport, so tests can swap the I/O seam.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Generator
 from typing import Any
 
 import httpx
@@ -54,22 +59,14 @@ class Client:
             return
         if self.transport is not None:
             raise DaemonUnavailable("the daemon is not answering")
-        paths.ensure_home()
-        paths.logs_dir().mkdir(parents=True, exist_ok=True)
-        log_path = paths.server_log_path()
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "localai", "serve"], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                start_new_session=True, env=os.environ.copy(),
-            )
+        process = spawn_daemon()
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.is_running():
                 return
-            if process.poll() is not None:
-                raise DaemonUnavailable(f"the daemon exited with code {process.returncode}; see {log_path}")
+            _check_alive(process)
             time.sleep(0.1)
-        raise DaemonUnavailable(f"the daemon did not start within {START_TIMEOUT:.0f} s; see {log_path}")
+        raise _start_timeout()
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -100,6 +97,123 @@ class Client:
                     yield item
         except httpx.HTTPError as exc:
             raise DaemonUnavailable(f"lost the connection to the daemon: {exc}") from exc
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`Client`, for the TUI: one pooled connection set, closed by ``aclose()``.
+
+    Cancelling the task that iterates :meth:`stream` closes the response, which cancels the request in the
+    daemon (a generation stops decoding, a pull stops downloading).
+    """
+
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None, base_url: str = "http://localhost",
+                 timeout: float = 30.0) -> None:
+        self.transport = transport
+        self.base_url = base_url
+        self.timeout = timeout
+        self._client: httpx.AsyncClient | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            transport = self.transport or httpx.AsyncHTTPTransport(uds=str(paths.socket_path()))
+            self._client = httpx.AsyncClient(transport=transport, base_url=self.base_url,
+                                             timeout=httpx.Timeout(self.timeout, connect=5.0))
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- daemon lifecycle -------------------------------------------------------------------------
+
+    async def is_running(self) -> bool:
+        if self.transport is None and not paths.socket_path().exists():
+            return False
+        try:
+            response = await self._http().get("/health", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def ensure_running(self) -> None:
+        """Start ``localai serve`` in the background unless a daemon already answers."""
+        if await self.is_running():
+            return
+        if self.transport is not None:
+            raise DaemonUnavailable("the daemon is not answering")
+        process = await asyncio.to_thread(spawn_daemon)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if await self.is_running():
+                return
+            _check_alive(process)
+            await asyncio.sleep(0.1)
+        raise _start_timeout()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                      timeout: float | None = None) -> Any:
+        """One JSON request; ``timeout`` None keeps the client's default."""
+        response = await self._send(method, path, body, timeout)
+        return response.json() if response.content else {}
+
+    async def text(self, path: str) -> str:
+        """A GET whose answer is text (``/metrics``)."""
+        return (await self._send("GET", path, None, None)).text
+
+    async def _send(self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None) -> httpx.Response:
+        try:
+            response = await self._http().request(method, path, json=body,
+                                                  timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT)
+        except httpx.HTTPError as exc:
+            raise DaemonUnavailable(f"cannot reach the daemon: {_describe(exc)}") from exc
+        if response.status_code >= 400:
+            raise _api_error(response.status_code, response.content)
+        return response
+
+    async def stream(self, path: str, body: dict[str, Any],
+                     headers: dict[str, str] | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Yield NDJSON objects from a streaming Ollama-native endpoint, with no read timeout."""
+        try:
+            async with self._http().stream("POST", path, json=body, headers=headers,
+                                           timeout=httpx.Timeout(None, connect=5.0)) as response:
+                if response.status_code >= 400:
+                    raise _api_error(response.status_code, await response.aread())
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    item = json.loads(line)
+                    if "error" in item:
+                        raise APIError(500, item["error"])
+                    yield item
+        except httpx.HTTPError as exc:
+            raise DaemonUnavailable(f"lost the connection to the daemon: {_describe(exc)}") from exc
+
+
+def spawn_daemon() -> subprocess.Popen[bytes]:
+    """``localai serve`` in the background, in its own session, logging to the server log."""
+    paths.ensure_home()
+    paths.logs_dir().mkdir(parents=True, exist_ok=True)
+    with open(paths.server_log_path(), "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "localai", "serve"], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True, env=os.environ.copy(),
+        )
+
+
+def _check_alive(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        raise DaemonUnavailable(f"the daemon exited with code {process.returncode}; see {paths.server_log_path()}")
+
+
+def _start_timeout() -> DaemonUnavailable:
+    return DaemonUnavailable(f"the daemon did not start within {START_TIMEOUT:.0f} s; see {paths.server_log_path()}")
+
+
+def _describe(exc: httpx.HTTPError) -> str:
+    return str(exc) or type(exc).__name__
 
 
 def _api_error(status: int, content: bytes) -> LocalAIError:

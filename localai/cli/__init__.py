@@ -37,6 +37,9 @@ def cli() -> None:
 
 
 def main() -> None:
-    from localai.cli import bench, cache, launch, models, pull, run, serve  # noqa: F401 - registers the commands
+    from localai.cli import bench, cache, launch, models, pull, run, serve, tui  # noqa: F401 - registers them
 
-    cli()
+    if len(sys.argv) == 1 and sys.stdin.isatty() and sys.stdout.isatty():
+        cli(["tui"], prog_name="localai")  # bare `localai` in a terminal opens the TUI, as `ollama` opens its menu
+    else:
+        cli()  # without a terminal, bare `localai` prints the help as it always has

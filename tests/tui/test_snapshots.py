@@ -1,0 +1,100 @@
+"""Snapshot tests: each screen at 120x36 on the fake daemon's fixed data, so layout changes are reviewed as SVG
+diffs (``pytest tests/tui --snapshot-update`` rewrites them; look at them before committing)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from localai.tui.app import LocalAIApp
+from localai.tui.screens.chat import ChatScreen
+from tests.tui.conftest import settle, store_row
+from tests.tui.fakedaemon import REPLY, FakeDaemon
+
+SIZE = (120, 36)
+SESSION = "5e551on0000000000000000000000001"
+
+
+
+def conversation() -> None:
+    stats = {"prompt_tokens": 120, "cached_tokens": 96, "completion_tokens": 32, "eval_seconds": 0.4}
+    store_row(SESSION, "Reverse a list in Python", "smollm2", [
+        {"role": "user", "content": "How do I reverse a list in Python?"},
+        {"role": "assistant", "content": REPLY, "stats": stats},
+        {"role": "user", "content": "And in place?"},
+        {"role": "assistant", "content": "Use `items.reverse()`: it reverses the list in place and returns None.",
+         "stats": {**stats, "prompt_tokens": 171, "cached_tokens": 152, "completion_tokens": 18}},
+    ], options='{"num_predict": 64, "temperature": 0.2}')
+    store_row("0000000000000000000000000000beef", "Damaged on disk", "smollm2", "[{not json",
+              updated_at="2026-01-14T08:00:00+00:00")
+
+
+def test_home(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=settle)
+
+
+def test_chat(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    conversation()
+
+    async def resume(pilot: Pilot[Any]) -> None:
+        await pilot.press("f2")
+        screen = pilot.app.screen
+        assert isinstance(screen, ChatScreen)
+        screen.resume(SESSION)
+        await settle(pilot)
+
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=resume)
+
+
+def test_conversations(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon,
+                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(uuid, "uuid4", lambda: uuid.UUID(int=0xC0FFEE))  # the new chat behind the list
+    conversation()
+
+    async def open_list(pilot: Pilot[Any]) -> None:
+        await pilot.press("f2", "ctrl+l")
+        await settle(pilot)
+
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=open_list)
+
+
+def test_settings(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    conversation()
+
+    async def open_settings(pilot: Pilot[Any]) -> None:
+        await pilot.press("f2")
+        screen = pilot.app.screen
+        assert isinstance(screen, ChatScreen)
+        screen.resume(SESSION)
+        await pilot.press("ctrl+t")
+        await settle(pilot)
+
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=open_settings)
+
+
+def test_models(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    async def pulled(pilot: Pilot[Any]) -> None:
+        await pilot.press("f3")
+        await settle(pilot)
+        screen = pilot.app.screen
+        screen.start_pull("qwen2.5-coder:3b")  # type: ignore[attr-defined]
+        await settle(pilot)
+
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=pulled)
+
+
+def test_running(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, press=["f4"], run_before=settle)
+
+
+def test_cache(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    conversation()
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, press=["f5"], run_before=settle)
+
+
+def test_agents(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, press=["f6"], run_before=settle)

@@ -1,0 +1,1 @@
+"""The TUI's screens, one module each, and the modal dialogs they share."""
