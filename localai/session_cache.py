@@ -98,14 +98,17 @@ class SessionCache:
 
     # -- lookup and load -------------------------------------------------------------------------
 
-    def best_prefix(self, prompt: list[int]) -> tuple[Entry | None, int]:
-        """The entry sharing the longest token prefix with ``prompt``, and that prefix's length."""
+    def best_prefix(self, prompt: list[int], *, whole: bool = False) -> tuple[Entry | None, int]:
+        """The entry sharing the longest token prefix with ``prompt``, and that prefix's length. With ``whole``,
+        only entries that are entirely a prefix of the prompt (for engines that cannot cut a restored state)."""
         best: Entry | None = None
         best_common = 0
         with self._lock:
             candidates = list(self.entries.values())
         for entry in candidates:
             common = common_prefix(entry.tokens, prompt)
+            if whole and common < len(entry.tokens):
+                continue
             if common > best_common or (common == best_common and best is not None and entry.size < best.size):
                 best, best_common = entry, common
         return best, best_common
@@ -312,8 +315,8 @@ class SessionCache:
     def _scan(self) -> None:
         for temp in self.dir.glob(".tmp-*"):
             with contextlib.suppress(OSError):
-                if time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
-                    temp.unlink()  # a write that never finished (a fresh one may be another worker's, in flight)
+                if not _writer_alive(temp) or time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
+                    temp.unlink()  # a write that never finished (a live writer's may be in flight: left alone)
         for path in self.dir.glob("*.kv"):
             if path.name.startswith("."):
                 continue
@@ -351,7 +354,7 @@ def write_entry(path: Path, fingerprint_hex: str, tokens: list[int], payload: by
         "fingerprint": fingerprint_hex, "n_tokens": len(tokens), "payload_bytes": len(payload),
         "checksum": _checksum(token_bytes, payload), "session": session, "created": time.time(), "kind": kind,
     }).encode()
-    temp = path.with_name(f".tmp-{path.name}")
+    temp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
         with open(temp, "wb") as handle:
             handle.write(MAGIC + HEADER_LEN.pack(len(header)) + header)
@@ -362,6 +365,20 @@ def write_entry(path: Path, fingerprint_hex: str, tokens: list[int], payload: by
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)
+
+
+def _writer_alive(temp: Path) -> bool:
+    """Whether the process named in a temp file's name (``.tmp-<pid>-<id>.kv``) still runs."""
+    pid = temp.name.split("-")[1] if temp.name.count("-") >= 2 else ""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def read_header(path: Path, fingerprint_hex: str) -> tuple[dict[str, Any], list[int]]:

@@ -71,10 +71,12 @@ def test_foreign_fingerprint_is_never_read(tmp_path: Path) -> None:
 def test_interrupted_write_leaves_no_entry(tmp_path: Path) -> None:
     directory = tmp_path / ("f" * 32)
     directory.mkdir(parents=True)
-    stale = directory / ".tmp-abc.kv"
+    crashed = directory / ".tmp-999999999-abc.kv"  # its writer is gone
+    crashed.write_bytes(b"LAIKV002 half written")
+    stale = directory / f".tmp-{os.getpid()}-old.kv"  # a live pid, but far too old to be in flight
     stale.write_bytes(b"LAIKV002 half written")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
-    in_flight = directory / ".tmp-def.kv"  # another worker on this folder, writing right now
+    in_flight = directory / f".tmp-{os.getpid()}-def.kv"  # another worker on this folder, writing right now
     in_flight.write_bytes(b"LAIKV002 being written")
     cache = make(tmp_path)
     assert cache.entries == {} and list(directory.iterdir()) == [in_flight]
