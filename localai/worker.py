@@ -19,6 +19,8 @@ import sys
 import threading
 from typing import Any
 
+from localai.backends.engine import Engine, LoadOptions
+from localai.backends.serving import Serving
 from localai.protocol import FrameSocket, FrameTooLarge
 
 log = logging.getLogger("localai.worker")
@@ -83,13 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def load_engine(backend: str, options: dict[str, Any], *, debug: bool) -> Any:
-    """Import and load the named backend. Only worker processes ever import an engine."""
+def load_engine(backend: str, options: dict[str, Any], *, debug: bool) -> Serving:
+    """Import and load the named backend behind the serving loop. Only worker processes ever import an engine."""
+    load = LoadOptions(**options)
+    engine: Engine
     if backend == "llama.cpp":
-        from localai.backends.llama_cpp import LlamaCppEngine, LoadOptions
+        from localai.backends.llama_cpp import LlamaCppEngine
 
-        return LlamaCppEngine(LoadOptions(**options), debug=debug)
-    raise ValueError(f"unknown backend {backend!r}")
+        engine = LlamaCppEngine(load, debug=debug)
+    else:
+        raise ValueError(f"unknown backend {backend!r}")
+    return Serving(engine, load)
 
 
 if __name__ == "__main__":

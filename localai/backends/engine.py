@@ -1,0 +1,117 @@
+"""What an engine supplies to the engine-neutral serving loop (``backends/serving.py``).
+
+An engine owns a loaded model and ``n_seq`` sequences of KV state. The serving loop decides which request runs
+on which sequence, what goes into each decode step, when state is saved to or restored from the prompt cache,
+and how text, stops and usage are reported; the engine only evaluates tokens, samples, and moves KV state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple, Protocol
+
+from localai.protocol import Constraint, ModelInfo, Sampling
+
+
+@dataclass
+class LoadOptions:
+    """How to load a model (from the daemon's load options); a change in any of these means a reload.
+    Each engine uses what applies to it."""
+
+    model_path: str
+    num_ctx: int
+    n_parallel: int = 4
+    n_threads: int = 2
+    n_batch: int = 512
+    num_gpu: int = -1
+    use_mmap: bool = True
+    flash_attention: bool = False
+    kv_type: str = "f16"
+    model_sha256: str = ""
+    template: str | None = None
+    cache_dir: str | None = None
+    cache_max_bytes: int = 8 << 30
+
+
+class BatchItem(NamedTuple):
+    """One token of a decode step: which sequence, at which position, and whether its logits are wanted."""
+
+    seq: int
+    token: int
+    pos: int
+    logits: bool
+
+
+class DecodeFailed(Exception):
+    """A decode step failed; ``no_room`` when the KV cache is full (idle sequences can be dropped and retried)."""
+
+    def __init__(self, message: str, *, no_room: bool = False) -> None:
+        super().__init__(message)
+        self.no_room = no_room
+
+
+class EmbeddingsUnsupported(ValueError):
+    """This engine has no embeddings; the request gets a 400 saying so."""
+
+
+class Engine(Protocol):
+    """A loaded model behind the serving loop."""
+
+    backend: ClassVar[str]
+    n_ctx: int  # tokens per sequence
+    n_seq: int  # sequences (sessions live at once)
+    n_batch: int  # most tokens in one decode step
+    can_trim: bool  # a restored state can be cut back to any shorter prefix (not so for sliding-window caches)
+
+    def info(self) -> ModelInfo:
+        """What the daemon learns about the model in the worker's ``ready`` frame."""
+        ...
+
+    def fingerprint_parts(self) -> dict[str, Any]:
+        """Everything that must match for saved KV state to be valid here (model hash, engine build, layout)."""
+        ...
+
+    def tokenize(self, text: str) -> list[int]:
+        """Tokens of a rendered prompt: special tokens parsed, BOS added once when the model wants one."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a generated token stands for (pieces of a UTF-8 character are joined by the caller)."""
+        ...
+
+    def is_end(self, token: int) -> bool:
+        """Whether a token ends generation (EOS, end of turn)."""
+        ...
+
+    def new_sampler(self, sampling: Sampling, constraint: Constraint | None) -> Any:
+        """A sampler for one request; raises ``GrammarError`` when the constraint cannot be built."""
+        ...
+
+    def free_sampler(self, sampler: Any) -> None: ...
+
+    def decode(self, batch: list[BatchItem]) -> None:
+        """Evaluate one step's tokens (several sequences at once); raises ``DecodeFailed``."""
+        ...
+
+    def sample(self, sampler: Any, row: int) -> int:
+        """The next token from the logits of batch position ``row`` of the last decode (it is then accepted)."""
+        ...
+
+    def seq_keep(self, seq: int, n_tokens: int) -> bool:
+        """Keep only the first ``n_tokens`` positions of a sequence; False when the state cannot be cut there."""
+        ...
+
+    def seq_clear(self, seq: int) -> None: ...
+
+    def seq_state(self, seq: int) -> bytes:
+        """One sequence's KV state, serialized (empty when the engine could not write it)."""
+        ...
+
+    def seq_restore(self, seq: int, state: bytes) -> bool:
+        """Load a serialized state into a sequence; False when the engine refuses it."""
+        ...
+
+    def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
+        """One L2-normalised vector per input and the tokens evaluated; raises ``EmbeddingsUnsupported`` or
+        ``ValueError`` for bad input. Must not touch the chat sequences."""
+        ...

@@ -1,0 +1,388 @@
+"""The engine-neutral serving loop inside a worker: admission, continuous batching, the prompt cache, stops, usage.
+
+Requests are decoded together: every step holds the next token of each generating request plus prompt chunks of
+the requests still prefilling. Each sequence keeps the tokens its KV holds, so a request that shares a prefix
+with a sequence (or with a cached state on RAM or disk) evaluates only the rest. The engine behind it
+(``backends/engine.py``) evaluates, samples and moves KV state; everything else is here, the same for every engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from localai.backends.engine import BatchItem, DecodeFailed, Engine, LoadOptions
+from localai.backends.grammars import GrammarError
+from localai.backends.text import StopMatcher
+from localai.protocol import EmbedOp, GenerateOp, ModelInfo
+from localai.session_cache import MIN_TOKENS, CorruptEntry, SessionCache, fingerprint
+
+log = logging.getLogger("localai.worker")
+Emit = Callable[[dict[str, Any]], None]
+
+# Text is sent to the daemon at most this often (the first token at once): every frame wakes the daemon
+# and the client, which on a small CPU preempts the engine's compute threads mid-token.
+FLUSH_INTERVAL = 0.025
+
+
+@dataclass
+class Slot:
+    """One engine sequence and the tokens its KV state holds."""
+
+    seq: int
+    tokens: list[int] = field(default_factory=list)
+    last_used: float = 0.0
+    busy: bool = False
+
+
+@dataclass
+class Request:
+    """A generation in progress on a slot."""
+
+    id: str
+    slot: Slot
+    session: str | None
+    prompt: list[int]
+    next_prompt: int
+    cached: int
+    max_tokens: int
+    sampler: Any
+    matcher: StopMatcher
+    ignore_eos: bool
+    started: float
+    prompt_done: float = 0.0
+    generated: int = 0
+    pending_token: int | None = None
+    unsent: str = ""
+    sent_at: float = 0.0
+    snapshot_at: int | None = None  # prompt length of the system segment, to save as a shared entry
+
+
+class Serving:
+    """Serves one engine over the worker protocol."""
+
+    def __init__(self, engine: Engine, options: LoadOptions) -> None:
+        self.engine = engine
+        self.slots = [Slot(seq=index) for index in range(engine.n_seq)]
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[GenerateOp] = []
+        self.cache: SessionCache | None = None
+        if options.cache_dir and options.cache_max_bytes > 0:
+            self.cache = SessionCache(Path(options.cache_dir), fingerprint(engine.fingerprint_parts()),
+                                      max_bytes=options.cache_max_bytes)
+
+    def info(self) -> ModelInfo:
+        return self.engine.info()
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def serve(self, inbox: queue.Queue[dict[str, Any] | None], emit: Emit) -> None:
+        """Run until ``None`` arrives in the inbox: admit, batch, decode, sample, emit."""
+        while True:
+            block = not self.requests and not self.waiting
+            try:
+                while True:
+                    op = inbox.get(block=block)
+                    block = False
+                    if op is None:
+                        if self.cache is not None:
+                            self.cache.flush()
+                        return
+                    try:
+                        self._handle(op, emit)
+                    except Exception as exc:  # one bad op gets its error; the engine keeps serving the rest
+                        log.exception("op %s %s failed", op.get("op"), op.get("id"))
+                        emit({"ev": "error", "id": op.get("id"), "kind": "invalid", "message": str(exc)[:2000]})
+            except queue.Empty:
+                pass
+            self._admit(emit)
+            if self.requests:
+                self._step(emit)
+
+    def _handle(self, op: dict[str, Any], emit: Emit) -> None:
+        kind = op.get("op")
+        if kind == "generate":
+            self.waiting.append(op)  # type: ignore[arg-type]
+        elif kind == "cancel":
+            request = self.requests.get(op["id"])
+            if request is not None:
+                self._finish(request, "cancelled", emit)
+            self.waiting = [item for item in self.waiting if item["id"] != op["id"]]
+        elif kind == "tokenize":
+            tokens = self.engine.tokenize(op["text"])
+            answer: dict[str, Any] = {"ev": "tokens", "id": op["id"], "count": len(tokens)}
+            if not op.get("count_only"):
+                answer["tokens"] = tokens
+            emit(answer)
+        elif kind == "embed":
+            self._embed(op, emit)  # type: ignore[arg-type]
+
+    def _embed(self, op: EmbedOp, emit: Emit) -> None:
+        try:
+            tokens = [self.engine.tokenize(text) for text in op["texts"]]
+            vectors, counted = self.engine.embed(tokens, truncate=op["truncate"])
+        except ValueError as exc:
+            emit({"ev": "error", "id": op["id"], "kind": "invalid", "message": str(exc)})
+            return
+        emit({"ev": "embeddings", "id": op["id"], "vectors": vectors, "prompt_tokens": counted})
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def _admit(self, emit: Emit) -> None:
+        while self.waiting:
+            free = [slot for slot in self.slots if not slot.busy]
+            if not free:
+                return
+            op = self.waiting.pop(0)
+            try:
+                self._start(op, free, emit)
+            except GrammarError as exc:
+                emit({"ev": "error", "id": op["id"], "kind": "constraint", "message": str(exc)})
+            except Exception as exc:  # a bad request must not take the worker down
+                log.exception("request %s failed to start", op.get("id"))
+                emit({"ev": "error", "id": op["id"], "kind": "invalid", "message": str(exc)})
+
+    def _start(self, op: GenerateOp, free: list[Slot], emit: Emit) -> None:
+        engine = self.engine
+        started = time.perf_counter()
+        prompt = engine.tokenize(op["prompt"])
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        reserve = max(0, int(op.get("reserve") or 0))
+        if len(prompt) >= engine.n_ctx or len(prompt) + reserve > engine.n_ctx:
+            needs = f" and its reply needs room for up to {reserve}" if len(prompt) < engine.n_ctx else ""
+            emit({
+                "ev": "error", "id": op["id"], "kind": "context_length",
+                "message": f"the prompt is {len(prompt)} tokens{needs}, but the model's context (num_ctx) is "
+                           f"{engine.n_ctx} tokens; shorten the conversation, ask for fewer output tokens or raise "
+                           "num_ctx",
+                "prompt_tokens": len(prompt), "n_ctx": engine.n_ctx,
+            })
+            return
+        sampler = engine.new_sampler(op.get("sampling") or {}, op.get("constraint"))  # may refuse: before any slot
+        slot, common = self._choose_slot(free, prompt)
+        slot, common = self._restore_if_better(prompt, slot, common)
+        if common >= len(prompt):
+            common = len(prompt) - 1  # replay the last token to get fresh logits
+        if not engine.seq_keep(slot.seq, common):
+            engine.seq_clear(slot.seq)
+            common = 0
+        slot.tokens = slot.tokens[:common]
+        slot.busy = True
+        slot.last_used = time.monotonic()
+        room = engine.n_ctx - len(prompt)
+        requested = op.get("max_tokens")
+        max_tokens = room if requested is None or requested < 0 else min(requested, room)
+        request = Request(
+            id=op["id"], slot=slot, session=op.get("session"), prompt=prompt, next_prompt=common, cached=common,
+            max_tokens=max_tokens, sampler=sampler, matcher=StopMatcher(op.get("stop") or []),
+            ignore_eos=bool(op.get("ignore_eos")), started=started,
+        )
+        request.snapshot_at = self._system_boundary(op.get("system_prefix"), prompt, common)
+        self.requests[request.id] = request
+        emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common})
+        if max_tokens <= 0:
+            self._finish(request, "length", emit)
+
+    def _choose_slot(self, free: list[Slot], prompt: list[int]) -> tuple[Slot, int]:
+        """The slot for a prompt, and how many of its tokens it already holds.
+
+        With a cache, a slot is reused only when all it holds is a prefix of the prompt (the same
+        conversation continuing, or an empty slot), so another session's live state is never trimmed;
+        otherwise the least recently used slot is taken (its state was saved after its last request).
+        Without a cache, the slot sharing the longest prefix wins.
+        """
+        scored = [(slot, _common_prefix(slot.tokens, prompt)) for slot in free]
+        if self.cache is not None:
+            keeping = [(slot, common) for slot, common in scored if common == len(slot.tokens)]
+            if keeping:
+                return max(keeping, key=lambda item: (item[1], -item[0].last_used))
+            lru = min(free, key=lambda slot: slot.last_used)
+            return lru, _common_prefix(lru.tokens, prompt)
+        return max(scored, key=lambda item: (item[1], -item[0].last_used))
+
+    # -- the prompt cache ------------------------------------------------------------------------
+
+    def _restore_if_better(self, prompt: list[int], slot: Slot, live_common: int) -> tuple[Slot, int]:
+        """Load the longest cached prefix from RAM/disk into the chosen slot when it beats its live KV."""
+        if self.cache is None:
+            return slot, live_common
+        entry, common = self.cache.best_prefix(prompt, whole=not self.engine.can_trim)
+        if entry is None or common < MIN_TOKENS or common <= live_common + 16:
+            self.cache.count("misses")
+            return slot, live_common
+        try:
+            payload = self.cache.load(entry)
+        except CorruptEntry:
+            return slot, live_common
+        self.engine.seq_clear(slot.seq)
+        if not self.engine.seq_restore(slot.seq, payload):
+            log.warning("the engine refused cache entry %s; recomputing", entry.id)
+            self.engine.seq_clear(slot.seq)
+            slot.tokens = []
+            self.cache.remove(entry.id)
+            return slot, 0
+        slot.tokens = list(entry.tokens)
+        self.cache.count("hits")
+        self.cache.count("tokens_restored", common)
+        return slot, common
+
+    def _system_boundary(self, prefix_text: str | None, prompt: list[int], common: int) -> int | None:
+        """Where the system-and-tools segment ends, when prefill will cross it and it is not stored yet."""
+        if self.cache is None or not prefix_text:
+            return None
+        prefix = self.engine.tokenize(prefix_text)
+        boundary = len(prefix)
+        if boundary < MIN_TOKENS or boundary <= common or boundary >= len(prompt) - 1:
+            return None
+        if prompt[:boundary] != prefix or self.cache.has(prefix):
+            return None
+        return boundary
+
+    def _save(self, request: Request) -> None:
+        """Snapshot the sequence's KV state and queue it for the disk (after the response is done)."""
+        slot = request.slot
+        if self.cache is None or len(slot.tokens) < MIN_TOKENS:
+            return
+        state = self.engine.seq_state(slot.seq)
+        if state:
+            self.cache.save_async(list(slot.tokens), state, request.session)
+
+    def _snapshot_system(self, request: Request) -> None:
+        request.snapshot_at = None
+        slot = request.slot
+        if self.cache is None:
+            return
+        state = self.engine.seq_state(slot.seq)
+        if state:
+            self.cache.save_async(list(slot.tokens), state, None, kind="system")
+
+    # -- decoding --------------------------------------------------------------------------------
+
+    def _step(self, emit: Emit) -> None:
+        """Decode one batch: every generating request's next token, then prompt chunks."""
+        batch: list[BatchItem] = []
+        owners: list[Request] = []
+        for request in self.requests.values():
+            if request.pending_token is not None:
+                batch.append(BatchItem(request.slot.seq, request.pending_token, len(request.slot.tokens), True))
+                owners.append(request)
+        for request in self.requests.values():
+            if request.pending_token is not None or request.next_prompt >= len(request.prompt):
+                continue
+            room = self.engine.n_batch - len(batch)
+            if room <= 0:
+                break
+            start = request.next_prompt
+            last_index = len(request.prompt) - 1
+            # The last prompt token always goes in a step of its own, so its logits come from the same
+            # kernel path whether the prefix was cached or not: greedy output does not depend on caching.
+            end = last_index if start < last_index else len(request.prompt)
+            if request.snapshot_at is not None and start < request.snapshot_at:
+                end = min(end, request.snapshot_at)  # stop at the system segment's end to snapshot it
+            chunk = request.prompt[start:min(start + room, end)]
+            base = len(request.slot.tokens)
+            for offset, token in enumerate(chunk):
+                batch.append(BatchItem(request.slot.seq, token, base + offset, start + offset == last_index))
+                owners.append(request)
+        try:
+            try:
+                self.engine.decode(batch)
+            except DecodeFailed as exc:
+                if not (exc.no_room and self._evict_idle()):
+                    raise
+                self.engine.decode(batch)
+        except DecodeFailed as exc:
+            self._fail_batch(owners, str(exc), emit)
+            return
+        now = time.perf_counter()
+        for row, (item, request) in enumerate(zip(batch, owners, strict=True)):
+            if request.id not in self.requests:
+                continue
+            if request.pending_token is not None and item.logits:
+                request.slot.tokens.append(request.pending_token)
+                request.pending_token = None
+            elif request.next_prompt < len(request.prompt):
+                request.slot.tokens.append(request.prompt[request.next_prompt])
+                request.next_prompt += 1
+                if request.next_prompt == request.snapshot_at:
+                    self._snapshot_system(request)
+                if not item.logits:
+                    continue
+                request.prompt_done = now
+            else:
+                continue
+            self._accept(request, self.engine.sample(request.sampler, row), emit)
+
+    def _accept(self, request: Request, token: int, emit: Emit) -> None:
+        if not request.ignore_eos and self.engine.is_end(token):
+            self._finish(request, "stop", emit)
+            return
+        request.generated += 1
+        request.unsent += request.matcher.feed(self.engine.token_bytes(token))
+        now = time.perf_counter()
+        if request.unsent and (not request.sent_at or now - request.sent_at >= FLUSH_INTERVAL):
+            emit({"ev": "text", "id": request.id, "text": request.unsent})
+            request.unsent, request.sent_at = "", now
+        if request.matcher.stopped:
+            self._finish(request, "stop", emit)
+        elif request.generated >= request.max_tokens or len(request.slot.tokens) + 1 >= self.engine.n_ctx:
+            self._finish(request, "length", emit)
+        else:
+            request.pending_token = token
+
+    def _finish(self, request: Request, reason: str, emit: Emit) -> None:
+        tail = request.unsent + request.matcher.flush()
+        if tail and reason != "cancelled":
+            emit({"ev": "text", "id": request.id, "text": tail})
+        now = time.perf_counter()
+        prompt_done = request.prompt_done or now
+        emit({
+            "ev": "done", "id": request.id, "finish_reason": reason, "stop_sequence": request.matcher.matched,
+            "usage": {
+                "prompt_tokens": len(request.prompt), "completion_tokens": request.generated,
+                "cached_tokens": request.cached,
+                "prompt_ms": (prompt_done - request.started) * 1000.0,
+                "decode_ms": (now - prompt_done) * 1000.0,
+            },
+        })
+        if reason != "cancelled":
+            self._save(request)
+        self._release(request)
+        if self.cache is not None:
+            emit({"ev": "stats", "cache": self.cache.stats_snapshot()})
+
+    def _release(self, request: Request) -> None:
+        self.engine.free_sampler(request.sampler)
+        request.slot.busy = False
+        request.slot.last_used = time.monotonic()
+        del self.requests[request.id]
+
+    def _evict_idle(self) -> bool:
+        """Free the KV of idle sequences (least recently used first) so a batch fits."""
+        idle = sorted((slot for slot in self.slots if not slot.busy and slot.tokens), key=lambda s: s.last_used)
+        for slot in idle:
+            self.engine.seq_clear(slot.seq)
+            slot.tokens = []
+        return bool(idle)
+
+    def _fail_batch(self, owners: list[Request], message: str, emit: Emit) -> None:
+        for request in {id(r): r for r in owners}.values():
+            if request.id in self.requests:
+                self.engine.seq_clear(request.slot.seq)
+                request.slot.tokens = []
+                emit({"ev": "error", "id": request.id, "kind": "engine", "message": message})
+                self._release(request)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    limit = min(len(a), len(b))
+    index = 0
+    while index < limit and a[index] == b[index]:
+        index += 1
+    return index
