@@ -230,7 +230,7 @@ class Runtime:
         tools = request.parses_tool_calls() and request.messages is not None
         if not tools and not thinks:
             return None
-        return OutputParser(tools=tools, reasoning=thinks)
+        return OutputParser(tools=tools, reasoning=thinks, names=[tool.name for tool in request.tools])
 
     def _constraint(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> Constraint | None:
         """The grammar the output must follow: a forced or lazy tool call, or the response format."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,13 +68,16 @@ class _Call:
     name: str | None = None
     args_start: int | None = None
     streamed: int = 0  # characters of the arguments already sent
+    opener: str = ""  # the marker that began it, given back as text if it turns out not to be a call
+    unknown: bool = False  # names a function the request did not offer: text, not a call
 
 
 class OutputParser:
     """Feed text deltas in, get events out; ``finish()`` flushes what is held back."""
 
-    def __init__(self, *, tools: bool, reasoning: bool) -> None:
+    def __init__(self, *, tools: bool, reasoning: bool, names: Collection[str] | None = None) -> None:
         self.tools = tools
+        self.names = frozenset(names) if names is not None else None  # the offered functions (None: any)
         self.calls: list[ToolCallEnd] = []
         self._state = "think?" if reasoning else "start"
         self._buffer = ""
@@ -173,11 +177,11 @@ class OutputParser:
             self._emit_text(events, self._buffer[:position].rstrip())
             self._buffer = self._buffer[position + len(marker):]
             if marker == HERMES_OPEN:
-                self._begin_call(close=HERMES_CLOSE)
+                self._begin_call(close=HERMES_CLOSE, opener=marker)
             elif marker == MISTRAL_MARK:
                 self._state = "mistral"
             else:  # <|python_tag|>: a bare JSON call follows
-                self._begin_call(close=None)
+                self._begin_call(close=None, opener=marker)
             return True
         hold = 0
         if not final:  # what may begin a marker, and whitespace that a following marker would drop
@@ -196,11 +200,13 @@ class OutputParser:
                 self._state = "text"
                 return True
             return False
+        opener = MISTRAL_MARK
         if stripped[0] == "[":
             self._array = True
             stripped = stripped[1:]
+            opener += "["
         self._buffer = stripped
-        self._begin_call(close=None)
+        self._begin_call(close=None, opener=opener)
         return True
 
     def _bare_json(self, events: list[Event], final: bool) -> bool:
@@ -210,7 +216,7 @@ class OutputParser:
         if HEAD.match(inner):
             self._array = buffer.startswith("[")
             self._buffer = inner
-            self._begin_call(close=None)
+            self._begin_call(close=None, opener="[" if self._array else "")
             return True
         if not final and (not inner or _could_be_head(inner)):
             return False
@@ -218,7 +224,7 @@ class OutputParser:
         if end is None and not final:
             return False  # some other JSON document: decide once it is complete
         candidate = _as_call(buffer[:end]) if end is not None else None
-        if candidate is None:
+        if candidate is None or not self._offered(candidate[0]):
             self._state = "text"
             return True
         self._emit_whole_call(events, _Call(index=len(self.calls)), *candidate)
@@ -226,10 +232,15 @@ class OutputParser:
         self._state = "start"
         return True
 
-    def _begin_call(self, *, close: str | None) -> None:
-        self._call = _Call(index=len(self.calls))
+    def _begin_call(self, *, close: str | None, opener: str = "") -> None:
+        self._call = _Call(index=len(self.calls), opener=opener)
         self._close = close
         self._state = "call"
+
+    def _offered(self, name: str) -> bool:
+        """A call only of a function the request offered: a small model may copy the prompt's example
+        (``"<function name>"``) or invent one; that is text, never a call the client cannot run."""
+        return self.names is None or name in self.names
 
     def _in_call(self, events: list[Event], final: bool) -> bool:
         call = self._call
@@ -240,11 +251,13 @@ class OutputParser:
             if match:
                 call.name = json.loads(f'"{match.group(1)}"')
                 call.args_start = match.end()
-                events.append(ToolCallStart(call.index, call.id, call.name))
+                call.unknown = not self._offered(call.name)
+                if not call.unknown:
+                    events.append(ToolCallStart(call.index, call.id, call.name))
         start = call.args_start
         while start is not None and start < len(buffer) and buffer[start].isspace() and not call.streamed:
             start = call.args_start = start + 1  # the value has not begun yet
-        if start is not None and start < len(buffer) and buffer[start] in "{[":
+        if start is not None and start < len(buffer) and buffer[start] in "{[" and not call.unknown:
             end = json_end(buffer, start)
             upto = (end if end is not None else len(buffer)) - start
             if upto > call.streamed:
@@ -254,7 +267,7 @@ class OutputParser:
             close_at = buffer.find(self._close)
             if close_at == -1:
                 return False
-            self._end_call(events, buffer[:close_at])
+            self._end_call(events, buffer[:close_at], self._close)
             self._buffer = buffer[close_at + len(self._close):]
             self._state = "start"
             return True
@@ -281,15 +294,16 @@ class OutputParser:
         self._state = "start"
         return True
 
-    def _end_call(self, events: list[Event], raw: str) -> None:
+    def _end_call(self, events: list[Event], raw: str, closer: str = "") -> None:
         call = self._call
         assert call is not None
         self._call = None
         parsed = _as_call(raw.strip())
+        if call.unknown or (call.name is None and (parsed is None or not self._offered(parsed[0]))):
+            self._emit_text(events, call.opener + raw + closer)  # never became a call: it was text after all
+            return
         if call.name is None:
-            if parsed is None:  # never became a call: it was text after all
-                self._emit_text(events, raw)
-                return
+            assert parsed is not None
             self._emit_whole_call(events, call, *parsed)
             return
         start = call.args_start or 0

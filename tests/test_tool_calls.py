@@ -103,3 +103,30 @@ def test_json_end_respects_strings_and_nesting() -> None:
     assert json_end('{"a": "}", "b": [1, {"c": 2}]} tail') == len('{"a": "}", "b": [1, {"c": 2}]}')
     assert json_end('{"a": 1') is None
     assert json_end("plain") is None
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 1000])
+@pytest.mark.parametrize("output", [
+    '<tool_call>\n{"name": "<function name>", "arguments": {}}\n</tool_call>',  # smollm2 copying the preamble
+    '{"name": "rm_rf", "parameters": {"path": "/"}}',
+    '[TOOL_CALLS] [{"name": "invented", "arguments": {}}]',
+    '{"arguments": {}, "name": "invented"}',
+])
+def test_a_call_of_a_function_not_offered_is_text(output: str, chunk: int) -> None:
+    parser = OutputParser(tools=True, reasoning=False, names=["get_weather"])
+    events: list[Event] = []
+    for start in range(0, len(output), chunk):
+        events += parser.feed(output[start:start + chunk])
+    events += parser.finish()
+    assert not [e for e in events if isinstance(e, ToolCallStart | ToolCallDelta | ToolCallEnd)]
+    assert "invented" in text_of(events) or "rm_rf" in text_of(events) or "<function name>" in text_of(events)
+    assert not parser.calls
+
+
+def test_offered_calls_still_parse_among_unknown_ones() -> None:
+    parser = OutputParser(tools=True, reasoning=False, names=["get_weather"])
+    output = ('<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+              '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    events = parser.feed(output) + parser.finish()
+    assert calls_of(events) == [("get_weather", {"city": "Oslo"})]
+    assert "nope" in text_of(events)
