@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip
 # llama-cpp-python builds from source: CPU by default. For GPUs see README (CMAKE_ARGS).
 export CMAKE_ARGS ?=
 
-.PHONY: demo test lint typecheck unit install install-test install-agents bench clean
+.PHONY: demo test test-fast lint typecheck unit install install-test install-agents bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,7 +46,11 @@ endif
 
 ## test: install everything the tests need (agents included), then lint, type-check and run the whole suite
 test: install-test install-agents lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
+
+## test-fast: lint, type-check and the tests that load no model and run no agent (about a minute and a half)
+test-fast: install-test lint typecheck
+	$(BIN)/python -m pytest -q --durations=10 -m "not model and not agents"
 
 lint: install-test
 	$(BIN)/ruff check localai tests tui

@@ -21,7 +21,10 @@ FLOAT_PARAMETERS = frozenset(
 )
 BOOL_PARAMETERS = frozenset({"use_mmap", "fit_context"})
 LIST_PARAMETERS = frozenset({"stop"})
-PARAMETERS = INT_PARAMETERS | FLOAT_PARAMETERS | BOOL_PARAMETERS | LIST_PARAMETERS
+# The engine a model runs on (see scheduler.engine_for); `scripted` is the test stand-in (no model is loaded).
+ENGINES = ("llama.cpp", "mlx", "scripted")
+CHOICE_PARAMETERS: dict[str, tuple[str, ...]] = {"engine": ENGINES}
+PARAMETERS = INT_PARAMETERS | FLOAT_PARAMETERS | BOOL_PARAMETERS | LIST_PARAMETERS | frozenset(CHOICE_PARAMETERS)
 # Parameters that change how the model is loaded (a change means a reload), not how it samples.
 LOAD_PARAMETERS = frozenset({"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread"})
 # What each numeric parameter may be. Values outside would crash or overflow the engine (1e400), allocate without
@@ -38,7 +41,7 @@ MAX_STOP_CHARS = 256
 MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
 INSTRUCTIONS = frozenset({"from", "parameter", "template", "system", "adapter", "license", "message", "requires"})
 
-ParameterValue = int | float | bool | list[str]
+ParameterValue = int | float | bool | str | list[str]
 
 
 @dataclass
@@ -192,6 +195,11 @@ def coerce_parameter(name: str, raw: Any, where: str = "parameter") -> Parameter
         if lowered not in ("true", "false", "1", "0"):
             raise ModelfileError(f"{where}: {name} must be true or false, got {raw!r}")
         return lowered in ("true", "1")
+    if name in CHOICE_PARAMETERS:
+        if raw not in CHOICE_PARAMETERS[name]:
+            raise ModelfileError(f"{where}: {name} must be one of {', '.join(CHOICE_PARAMETERS[name])}, "
+                                 f"got {str(raw)[:40]!r}")
+        return str(raw)
     if name in LIST_PARAMETERS:
         items = [raw] if isinstance(raw, str) else raw
         if not isinstance(items, list) or not all(isinstance(item, str) for item in items):

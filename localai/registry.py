@@ -61,7 +61,11 @@ class ModelRecord:
 
     @property
     def engine(self) -> str:
-        """The backend that runs these weights: ``llama.cpp`` for GGUF, ``mlx`` for MLX directories."""
+        """The engine these weights run on by default: ``llama.cpp`` for GGUF, ``mlx`` for MLX directories, unless
+        the Modelfile pins one (``PARAMETER engine``)."""
+        pinned = self.parameters.get("engine")
+        if isinstance(pinned, str):
+            return pinned
         return "mlx" if self.format == "mlx" else "llama.cpp"
 
     def modelfile(self) -> Modelfile:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import platform
+import importlib.util
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -75,14 +75,38 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
     }
 
 
-def engine_for(record: ModelRecord) -> str:
-    """The backend a worker runs for ``record``; MLX models are refused off Apple Silicon, before any spawn."""
-    if record.engine == "mlx" and not (sys.platform == "darwin" and platform.machine() == "arm64"):
-        raise EngineUnavailable(
-            f"'{record.name}' is an MLX model, and MLX runs only on Apple Silicon Macs; on this machine pull a "
-            "GGUF build of it instead (localai pull hf.co/OWNER/REPO-GGUF:Q4_K_M)", param="model",
-        )
+RUNS = {"llama.cpp": ("gguf",), "mlx": ("mlx",), "scripted": ("gguf", "mlx")}  # which weights each engine loads
+
+
+def chosen_engine(record: ModelRecord, preferred: str | None = None) -> str:
+    """Which engine ``record`` runs on, without checking that it can (what ``show`` and ``list`` report)."""
+    pinned = record.parameters.get("engine")
+    if isinstance(pinned, str):
+        return pinned
+    if preferred is not None and record.format in RUNS.get(preferred, ()):
+        return preferred
     return record.engine
+
+
+def engine_for(record: ModelRecord, preferred: str | None = None) -> str:
+    """The engine a worker runs for ``record``, checked before any spawn.
+
+    A Modelfile's ``PARAMETER engine`` pins it (a 400 when it cannot load these weights); otherwise
+    ``LOCALAI_ENGINE`` (``preferred``) where it can load them, else the weights' own engine. MLX needs the
+    ``mlx`` package: where it is not installed the answer is a 400 naming the extra.
+    """
+    engine = chosen_engine(record, preferred)
+    if record.format not in RUNS[engine]:
+        raise EngineUnavailable(f"'{record.name}' pins engine {engine}, which cannot load {record.format} "
+                                "weights; remove PARAMETER engine or point FROM at weights it loads", param="model")
+    if engine == "mlx" and importlib.util.find_spec("mlx") is None:
+        extra = "localai[mlx]" if sys.platform == "darwin" else "localai[mlx]' (mlx-lm with mlx[cpu]"
+        raise EngineUnavailable(
+            f"'{record.name}' runs on the MLX engine, and mlx is not installed here; install it with: "
+            f"pip install '{extra}', or pull a GGUF build of the model (localai pull hf.co/OWNER/REPO-GGUF:Q4_K_M)",
+            param="model",
+        )
+    return engine
 
 
 class Scheduler:
@@ -93,6 +117,7 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.loaded: dict[str, LoadedModel] = {}
         self.waiting = 0
+        self.queued: dict[str, int] = {}  # requests waiting for a slot (or a load), per model
         self._load_lock = asyncio.Lock()
 
     @contextlib.asynccontextmanager
@@ -103,6 +128,7 @@ class Scheduler:
         if self.waiting >= self.settings.max_queue:
             raise ServerBusy(f"server busy: {self.waiting} requests are already waiting; retry shortly")
         self.waiting += 1
+        self.queued[record.name] = self.queued.get(record.name, 0) + 1
         model: LoadedModel | None = None
         try:
             while True:
@@ -113,6 +139,9 @@ class Scheduler:
                 model.slots.release()  # it died while we waited: load it again
         finally:
             self.waiting -= 1
+            self.queued[record.name] -= 1
+            if not self.queued[record.name]:
+                del self.queued[record.name]
         model.active += 1
         if model._expiry is not None:
             model._expiry.cancel()
@@ -130,9 +159,9 @@ class Scheduler:
                 self._schedule_expiry(model)
 
     async def _ensure_loaded(self, record: ModelRecord, overrides: dict[str, Any] | None) -> LoadedModel:
-        engine = engine_for(record)
+        engine = engine_for(record, self.settings.engine)
         options = load_options(record, self.settings, overrides)
-        key = tuple(sorted(options.items()))  # the weights' digest is among the options
+        key = (engine, *sorted(options.items()))  # the weights' digest is among the options
         current = self.loaded.get(record.name)
         if current is not None and current.worker.alive and current.load_key == key:
             return current

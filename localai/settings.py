@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -73,6 +73,12 @@ class Settings(BaseSettings):
     )
     num_thread: int | None = Field(default=None, ge=1, description="CPU threads per worker (default: all cores).")
     flash_attention: bool = Field(default=False, description="Run llama.cpp with flash attention.")
+    engine: Literal["llama.cpp", "mlx", "scripted"] | None = Field(
+        default=None,
+        description="The preferred engine: models whose weights it can load run on it, and a library pull with "
+        "both sources takes its format (default: MLX on Apple Silicon when mlx is installed, else llama.cpp). "
+        "`scripted` answers from a script without loading a model (for tests).",
+    )
     origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated browser origins allowed by CORS (none by default)."
     )

@@ -93,6 +93,10 @@ def load_engine(backend: str, options: dict[str, Any], *, debug: bool) -> Servin
         from localai.backends.llama_cpp import LlamaCppEngine
 
         engine = LlamaCppEngine(load, debug=debug)
+    elif backend == "scripted":
+        from localai.backends.scripted import ScriptedEngine
+
+        engine = ScriptedEngine(load)
     else:
         raise ValueError(f"unknown backend {backend!r}")
     return Serving(engine, load)

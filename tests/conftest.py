@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import socket
@@ -99,10 +100,16 @@ class Daemon:
                 self.process.wait()
 
 
+TEST_DEFAULTS = {"num_thread": "2", "num_parallel": "2", "context_length": "4096"}
+
+
 def start_daemon(home: Path, **settings: str) -> Daemon:
+    """A daemon on a free port. Test daemons load models small (2 sequences of 4096 tokens) unless a test asks
+    for more: the KV cache of 4 x 8192 tokens that users get costs every model load in the suite."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
-    env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{port}", "LOCALAI_NUM_THREAD": "2"})
+    env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{port}"})
+    env.update({f"LOCALAI_{k.upper()}": v for k, v in TEST_DEFAULTS.items()})
     env.update({f"LOCALAI_{k.upper()}": v for k, v in settings.items()})
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "daemon.log", "wb")  # noqa: SIM115 - owned by the child
@@ -136,3 +143,30 @@ def fresh_daemon(tmp_path: Path, smollm2_path: Path) -> Iterator[Daemon]:
     instance = start_daemon(tmp_path / "daemon")
     yield instance
     instance.stop()
+
+
+# -- tiers -------------------------------------------------------------------------------------------------
+# `model`: the test (or a fixture it uses) loads the real model or starts a real daemon; `agents`: it runs real
+# coding agents. Set here from what each test uses, so no test can forget its marker: `make test-fast` runs
+# `-m "not model and not agents"` (no model load at all), `make test` runs everything.
+MODEL_FIXTURES = frozenset({"smollm2_path", "daemon", "fresh_daemon"})
+AGENT_FIXTURES = frozenset({"agent_daemon", "pinned_agents"})
+
+
+def _starts_a_daemon(function: object) -> bool:
+    try:
+        return "start_daemon(" in inspect.getsource(function)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        info = getattr(item, "_fixtureinfo", None)
+        fixtures = [d.func for defs in (info.name2fixturedefs.values() if info else ()) for d in defs]
+        function = getattr(item, "function", None)
+        if names & AGENT_FIXTURES:
+            item.add_marker(pytest.mark.agents)
+        if names & MODEL_FIXTURES or any(_starts_a_daemon(f) for f in [function, *fixtures] if f is not None):
+            item.add_marker(pytest.mark.model)

@@ -43,7 +43,7 @@ def test_list_show_create_cp_rm_ps_stop(daemon: Daemon, tmp_path: Path) -> None:
     listed = daemon.cli("list")
     assert listed.returncode == 0 and "smollm2:135m" in listed.stdout and "Q4_1" in listed.stdout
 
-    assert "num_ctx" in daemon.cli("show", "smollm2", "--parameters").stdout
+    assert "num_predict" in daemon.cli("show", "smollm2", "--parameters").stdout
     assert daemon.cli("show", "smollm2", "--modelfile").stdout.startswith("FROM /")
     summary = daemon.cli("show", "smollm2").stdout
     assert "8192" in summary and "llama" in summary

@@ -34,7 +34,7 @@ def test_create_from_model_inherits_and_overrides(registry: Registry) -> None:
     record = registry.create("terse", parse('FROM smollm2\nPARAMETER temperature 0\nSYSTEM """Be terse."""\n'))
     assert record.name == "terse:latest"
     assert record.parameters["temperature"] == 0
-    assert record.parameters["num_ctx"] == 8192  # inherited from smollm2's Modelfile
+    assert record.parameters["num_predict"] == 256  # inherited from smollm2's Modelfile
     assert record.system == "Be terse."
 
 

@@ -1,8 +1,9 @@
-"""Constrained generation: GBNF grammars built from JSON schemas and tool definitions (worker side).
+"""Constrained generation: grammars built from JSON schemas and tool definitions (worker side).
 
-The daemon describes a constraint (``protocol.Constraint``); the worker turns it into a grammar
-with llama-cpp-python's JSON-schema converter. A schema that cannot be compiled raises
-``ValueError``, which becomes a 400 for the request and leaves the worker serving.
+The daemon describes a constraint (``protocol.Constraint``); the worker turns it into a grammar for its engine:
+GBNF through llama-cpp-python's JSON-schema converter for llama.cpp, a Lark grammar with embedded JSON schemas
+for llguidance (the MLX engine). Both enforce the same calls and schemas. A schema that cannot be compiled
+raises ``GrammarError``, which becomes a 400 for the request and leaves the worker serving.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
-
-from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from localai.protocol import Constraint
 
@@ -61,6 +60,8 @@ def sanitized(schema: Any) -> Any:
 
 
 def schema_grammar(schema: dict[str, Any], prop_order: list[str] | None = None) -> str:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf  # only llama.cpp workers build GBNF
+
     try:
         text = str(json_schema_to_gbnf(json.dumps(sanitized(schema)), prop_order))
     except Exception as exc:  # the converter raises whatever it meets: keep it a request error
@@ -74,11 +75,11 @@ def schema_grammar(schema: dict[str, Any], prop_order: list[str] | None = None) 
     return text
 
 
-def _arguments_schema(parameters: Any) -> dict[str, Any]:
+def _arguments_schema(parameters: Any, check: Any) -> dict[str, Any]:
     """A tool's parameters if they convert; otherwise any JSON object (an agent's call must not fail)."""
     if isinstance(parameters, dict) and parameters:
         try:
-            schema_grammar(parameters)
+            check(parameters)
             return parameters
         except GrammarError:
             pass
@@ -89,8 +90,10 @@ def _renamed_root(gbnf: str, name: str) -> str:
     return re.sub(r"^root ::=", f"{name} ::=", gbnf, flags=re.MULTILINE)
 
 
-def tool_call_grammar(constraint: Constraint) -> Grammar:
-    """One (forced) or any number of (lazy, after ``<tool_call>``) calls of the given tools."""
+def call_schema(constraint: Constraint, check: Any = None) -> tuple[dict[str, Any], str, str]:
+    """The JSON schema of one call of any of the constraint's tools, its arguments key and the call style.
+    ``check(schema)`` raises GrammarError for a tool's parameters the engine cannot compile (that tool then
+    takes any object: an agent's call must not fail)."""
     tools = constraint.get("tools") or []
     if not tools:
         raise GrammarError("a tool call was required but no tools were given")
@@ -98,12 +101,17 @@ def tool_call_grammar(constraint: Constraint) -> Grammar:
     key = "parameters" if style == "llama3" else "arguments"
     choices = []
     for tool in tools:
-        arguments = _arguments_schema(tool.get("parameters"))
+        arguments = _arguments_schema(tool.get("parameters"), check or schema_grammar)
         choices.append({
             "type": "object", "properties": {"name": {"const": tool["name"]}, key: arguments},
             "required": ["name", key], "additionalProperties": False,
         })
-    schema = choices[0] if len(choices) == 1 else {"oneOf": choices}
+    return (choices[0] if len(choices) == 1 else {"oneOf": choices}), key, style
+
+
+def tool_call_grammar(constraint: Constraint) -> Grammar:
+    """One (forced) or any number of (lazy, after ``<tool_call>``) calls of the given tools."""
+    schema, key, style = call_schema(constraint)
     call = _renamed_root(schema_grammar(schema, ["name", key]), "tool-call")
     lazy = bool(constraint.get("lazy"))
     if style == "hermes":
@@ -132,3 +140,43 @@ def grammar_for(constraint: Constraint | None) -> Grammar | None:
     if kind == "tool_call":
         return tool_call_grammar(constraint)
     raise GrammarError(f"unknown constraint type {kind!r}")
+
+
+# -- llguidance (the MLX engine) -----------------------------------------------------------------------------
+
+def lark_for(constraint: Constraint | None, validate: Any) -> str | None:
+    """The llguidance grammar that enforces ``constraint``, or None when generation is free (and for lazy tool
+    calls, which are parsed, not constrained, on this engine). ``validate(grammar)`` returns an error message or
+    "" (``LLMatcher.validate_grammar`` with the model's tokenizer)."""
+    from llguidance import LLMatcher
+
+    def compiled(schema: dict[str, Any]) -> str:
+        grammar = str(LLMatcher.grammar_from_json_schema(json.dumps(sanitized(schema))))
+        error = validate(grammar)
+        if error:
+            raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {error}")
+        return grammar
+
+    if not constraint:
+        return None
+    kind = constraint.get("type")
+    if kind == "json_object":
+        return compiled({"type": "object"})
+    if kind == "json_schema":
+        schema = constraint.get("schema")
+        if not isinstance(schema, dict):
+            raise GrammarError("the JSON schema must be an object")
+        return compiled(schema)
+    if kind != "tool_call":
+        raise GrammarError(f"unknown constraint type {kind!r}")
+    if constraint.get("lazy"):
+        return None
+    schema, _, style = call_schema(constraint, compiled)
+    call = "call: %json " + json.dumps(sanitized(schema))
+    start = {"hermes": 'start: "<tool_call>\\n" call "\\n</tool_call>"',
+             "mistral": 'start: "[" call ("," call)* "]"'}.get(style, "start: call")
+    grammar = str(LLMatcher.grammar_from_lark(f"{start}\n{call}"))
+    error = validate(grammar)
+    if error:
+        raise GrammarError(f"the tools cannot be compiled to a grammar: {error}")
+    return grammar

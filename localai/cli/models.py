@@ -104,8 +104,9 @@ def ps() -> None:
     running = client.is_running()
     models = client.request("GET", "/api/ps")["models"] if running else []
     _table(
-        ["NAME", "PID", "CONTEXT", "ACTIVE", "UNTIL"],
-        [[m["name"], str(m["pid"]), str(m["context_length"]), str(m["active_requests"]),
+        ["NAME", "ENGINE", "PID", "CONTEXT", "ACTIVE", "QUEUED", "UNTIL"],
+        [[m["name"], m.get("engine", ""), str(m["pid"]), str(m["context_length"]), str(m["active_requests"]),
+          str(m.get("queued", 0)),
           "forever" if m["expires_at"] is None and m["keep_alive"] < 0 else
           ("busy" if m["expires_at"] is None else ago(m["expires_at"]))] for m in models],
     )
@@ -156,7 +157,7 @@ def show(model: str, part: str | None) -> None:
     click.echo("  Model")
     for label, value in (("architecture", details["family"]), ("parameters", details["parameter_size"]),
                          ("context length", info["model_info"].get(f"{details['family']}.context_length")),
-                         ("quantization", details["quantization_level"])):
+                         ("quantization", details["quantization_level"]), ("engine", info.get("engine", ""))):
         click.echo(f"    {label:<16}{value}")
     if info["parameters"]:
         click.echo("\n  Parameters")

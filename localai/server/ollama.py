@@ -24,7 +24,7 @@ from localai.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_temp
 from localai.prompt import Template
 from localai.registry import ModelRecord
 from localai.runtime import SAMPLING_KEYS, Generation
-from localai.scheduler import context_size
+from localai.scheduler import chosen_engine, context_size
 from localai.schema import (
     Block,
     Finished,
@@ -43,7 +43,7 @@ from localai.schema import (
 from localai.server.common import collect, parse_arguments, runtime_of
 from localai.server.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
 from localai.server.sessions import session_id
-from localai.settings import parse_duration
+from localai.settings import Settings, parse_duration
 
 router = APIRouter()
 
@@ -401,11 +401,13 @@ def details(record: ModelRecord) -> dict[str, Any]:
 
 @router.get("/api/tags")
 async def tags(request: Request) -> dict[str, Any]:
+    settings: Settings = request.app.state.settings
     models = []
     for record in runtime_of(request).registry.all():
         models.append({
             "name": record.name, "model": record.name, "modified_at": record.modified_at, "size": record.size,
             "digest": record.sha256, "details": details(record), "context_length": record.context_length,
+            "engine": chosen_engine(record, settings.engine),  # localai extension
         })
     return {"models": models}
 
@@ -423,6 +425,7 @@ async def ps(request: Request) -> dict[str, Any]:
             "context_length": info["n_ctx"] if info else None, "active_requests": loaded.active,
             "processor": "cpu" if loaded.worker.options.get("num_gpu", -1) == 0 else "auto",
             "pid": loaded.worker.pid, "keep_alive": loaded.keep_alive,
+            "engine": loaded.worker.backend, "queued": runtime_of(request).scheduler.queued.get(loaded.name, 0),
         })
     return {"models": models}
 
@@ -465,6 +468,7 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         "path": record.path,  # localai extension: the weights file (benchmarks run llama.cpp tools on it)
         # localai extension: the context the daemon loads the model with (launch gives it to agents)
         "num_ctx": context_size(record, request.app.state.settings),
+        "engine": chosen_engine(record, request.app.state.settings.engine),  # localai extension
     }
 
 

@@ -96,14 +96,14 @@ def test_runs_the_agent_with_its_arguments_and_returns_its_exit_code(daemon: Dae
                     "-p", "two words", "--output-format", "json")
     assert result.returncode == 7, result.stderr
     assert "fake agent ran" in result.stdout
-    assert f"at {daemon.base_url}" in result.stderr and "8192-token context" in result.stderr
+    assert f"at {daemon.base_url}" in result.stderr and "4096-token context" in result.stderr
     ran = record(tmp_path)
     assert ran["argv"] == ["--model", "smollm2", "-p", "two words", "--output-format", "json"]
     env = ran["env"]
     assert isinstance(env, dict)
     assert env["ANTHROPIC_BASE_URL"] == daemon.base_url
     assert env["ANTHROPIC_AUTH_TOKEN"] == "localai"
-    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "2048"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "4096" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "1024"
     assert env["PATH"].split(os.pathsep)[0] == str(agents_dir / "node_modules" / ".bin")
 
 

@@ -107,28 +107,3 @@ def test_api_key_as_x_api_key_and_as_bearer(tmp_path: Any, smollm2_path: Any) ->
 def test_head_root_answers(daemon: Daemon) -> None:
     with daemon.http() as http:
         assert http.head("/").status_code == 200
-
-
-@pytest.mark.parametrize(("body", "status", "needle"), [
-    ({"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
-    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "x"}]}]},
-     400, "no earlier assistant message"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "not supported"),
-    ({"messages": [{"role": "user", "content": [{"type": "hologram"}]}]}, 400, "hologram"),
-    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "tool"}}, 400, "tool_choice.name"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [WEATHER],
-      "tool_choice": {"type": "tool", "name": "absent"}}, 400, "absent"),
-    ({"messages": []}, 400, "messages"),
-    ({"model": "missing-model", "messages": [{"role": "user", "content": "x"}]}, 404, "localai pull"),
-])
-def test_malformed_requests_get_anthropic_errors(daemon: Daemon, body: dict[str, Any], status: int,
-                                                 needle: str) -> None:
-    with daemon.http() as http:
-        response = http.post("/v1/messages", json={"model": "smollm2", "max_tokens": 8, **body})
-        assert response.status_code == status, response.text
-        payload = response.json()
-        assert payload["type"] == "error" and payload["error"]["type"] in ("invalid_request_error", "not_found_error")
-        assert needle in payload["error"]["message"]
-        broken = http.post("/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
-        assert broken.status_code == 400 and broken.json()["type"] == "error"
-        assert http.get("/health").status_code == 200

@@ -102,36 +102,6 @@ def test_unknown_model_is_404_naming_the_fix(sdk: openai.OpenAI) -> None:
     assert "localai pull qwen9:100b" in body["message"]
 
 
-@pytest.mark.parametrize(
-    ("change", "field"),
-    [
-        ({"temperature": 9}, "temperature"),
-        ({"messages": []}, "messages"),
-        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
-        ({"max_tokens": "many"}, "max_tokens"),
-        ({"n": 2}, "n"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-         "messages.0.content.0.type"),
-    ],
-)
-def test_bad_fields_are_400_naming_the_field(daemon: Daemon, change: dict[str, object], field: str) -> None:
-    body = {"model": "smollm2", "messages": PROMPT, **change}
-    with daemon.http() as http:
-        response = http.post("/v1/chat/completions", json=body)
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["param"] == field and error["type"] == "invalid_request_error"
-
-
-def test_malformed_json_is_400_and_the_daemon_stays_healthy(daemon: Daemon) -> None:
-    with daemon.http() as http:
-        response = http.post("/v1/chat/completions", content=b'{"model": "smollm2", "messages": [',
-                             headers={"content-type": "application/json"})
-        assert response.status_code == 400
-        assert "not valid JSON" in response.json()["error"]["message"]
-        assert http.get("/health").status_code == 200
-
-
 def test_prompt_over_the_context_is_400_with_both_numbers(sdk: openai.OpenAI, daemon: Daemon) -> None:
     too_long = [{"role": "user", "content": "word " * 9000}]
     with pytest.raises(openai.BadRequestError) as error:
@@ -140,7 +110,7 @@ def test_prompt_over_the_context_is_400_with_both_numbers(sdk: openai.OpenAI, da
         )
     body = error.value.body
     assert isinstance(body, dict) and body["code"] == "context_length_exceeded"
-    assert "8192" in body["message"] and "9" in body["message"].split("prompt is ")[1][:1]
+    assert "4096" in body["message"] and "9" in body["message"].split("prompt is ")[1][:1]  # test daemons: 4096
     # by default an over-long prompt is fitted (shortened in its middle) and answered, saying so in a header;
     # a 1,024-token copy of smollm2 keeps the prefill short
     with daemon.http() as http:

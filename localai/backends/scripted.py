@@ -1,0 +1,175 @@
+"""A deterministic stand-in engine for tests: no model, the real worker process, protocol and serving loop.
+
+Selected with ``LOCALAI_ENGINE=scripted`` (or ``PARAMETER engine scripted``). Tokens are the prompt's bytes
+(``EOS`` is 256). The reply is "Hello from the scripted engine." unless the prompt holds directives:
+
+- ``[[say:TEXT]]`` (the last one counts): reply TEXT;
+- ``[[slow]]``: a long reply at 20 tokens per second (for disconnects and Esc);
+- ``[[crash]]``: the decode step raises, so the engine thread fails and the worker exits.
+
+A constraint is honoured with a minimal valid instance: JSON for a schema, a Hermes ``<tool_call>`` for a forced
+tool. KV state is the token list itself, so the prompt cache (save, restore, trim, disk) runs for real.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.protocol import Constraint, ModelInfo, Sampling
+
+EOS = 256
+DEFAULT_REPLY = "Hello from the scripted engine."
+SLOW_REPLY = "tick " * 2000
+_SAY = re.compile(r"\[\[say:(.*?)\]\]", re.S)
+
+
+@dataclass
+class ScriptedSampler:
+    """Where a request is in its scripted reply."""
+
+    constraint: Constraint | None
+    reply: bytes | None = None
+    position: int = 0
+    slow: bool = False
+
+
+def minimal_instance(schema: Any) -> Any:
+    """The smallest value valid against common JSON schemas (required properties, first enum value)."""
+    if not isinstance(schema, dict):
+        return {}
+    if "enum" in schema and schema["enum"]:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return minimal_instance(schema[key][0])
+    kind = schema.get("type", "object")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        properties = schema.get("properties") or {}
+        return {name: minimal_instance(properties.get(name, {})) for name in schema.get("required") or []}
+    if kind == "array":
+        return [minimal_instance(schema.get("items", {})) for _ in range(int(schema.get("minItems", 0)))]
+    if kind == "string":
+        return "x" * max(1, int(schema.get("minLength", 1)))
+    if kind in ("integer", "number"):
+        return int(schema.get("minimum", 0)) if kind == "integer" else float(schema.get("minimum", 0))
+    if kind == "boolean":
+        return True
+    return None
+
+
+class ScriptedEngine:
+    """Answers from a script instead of a model."""
+
+    backend: ClassVar[str] = "scripted"
+    can_trim = True
+
+    def __init__(self, options: LoadOptions) -> None:
+        self.options = options
+        self.n_ctx = options.num_ctx
+        self.n_seq = options.n_parallel
+        self.n_batch = options.n_batch
+        self.sequences: list[list[int]] = [[] for _ in range(self.n_seq)]
+        self._rows: list[int] = []  # the sequence of each batch position that asked for logits
+
+    def info(self) -> ModelInfo:
+        return ModelInfo(backend=self.backend, engine_version="scripted 1", n_ctx=self.n_ctx, n_ctx_train=self.n_ctx,
+                         n_parallel=self.n_seq, n_vocab=257, bos_token="", eos_token="", chat_template=None,
+                         architecture="scripted", flash_attention=False, kv_type="none")
+
+    def fingerprint_parts(self) -> dict[str, Any]:
+        return {"engine": "scripted 1", "model_sha256": self.options.model_sha256 or self.options.model_path,
+                "n_ctx": self.n_ctx, "n_seq": self.n_seq, "template": self.options.template or ""}
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < EOS else b""
+
+    def is_end(self, token: int) -> bool:
+        return token == EOS
+
+    def new_sampler(self, sampling: Sampling, constraint: Constraint | None) -> ScriptedSampler:
+        return ScriptedSampler(constraint)
+
+    def free_sampler(self, sampler: Any) -> None:
+        pass
+
+    def decode(self, batch: list[BatchItem]) -> None:
+        rows = []
+        for item in batch:
+            history = self.sequences[item.seq]
+            if item.pos != len(history):
+                raise DecodeFailed(f"position {item.pos} does not follow sequence {item.seq}'s {len(history)} tokens")
+            history.append(item.token)
+            rows.append(item.seq)
+        self._rows = rows
+
+    def sample(self, sampler: Any, row: int) -> int:
+        assert isinstance(sampler, ScriptedSampler)
+        if sampler.reply is None:
+            prompt = bytes(t for t in self.sequences[self._rows[row]] if t < EOS).decode(errors="replace")
+            if "[[crash]]" in prompt:
+                raise RuntimeError("scripted crash")  # unguarded in the decode loop: the worker exits
+            sampler.slow = "[[slow]]" in prompt
+            sampler.reply = self._reply(prompt, sampler).encode()
+        if sampler.slow:
+            time.sleep(0.05)
+        if sampler.position >= len(sampler.reply):
+            return EOS
+        sampler.position += 1
+        return sampler.reply[sampler.position - 1]
+
+    def _reply(self, prompt: str, sampler: ScriptedSampler) -> str:
+        constraint = sampler.constraint or {}
+        if constraint.get("type") == "tool_call" and not constraint.get("lazy") and constraint.get("tools"):
+            tool = constraint["tools"][0]
+            call = {"name": tool["name"], "arguments": minimal_instance(tool["parameters"])}
+            return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
+        if constraint.get("type") == "json_schema":
+            return json.dumps(minimal_instance(constraint.get("schema") or {}))
+        if constraint.get("type") == "json_object":
+            return '{"scripted": true}'
+        if sampler.slow:
+            return SLOW_REPLY
+        said = _SAY.findall(prompt)
+        return said[-1] if said else DEFAULT_REPLY
+
+    def seq_keep(self, seq: int, n_tokens: int) -> bool:
+        del self.sequences[seq][n_tokens:]
+        return True
+
+    def seq_clear(self, seq: int) -> None:
+        self.sequences[seq] = []
+
+    def seq_state(self, seq: int) -> bytes:
+        return array.array("i", self.sequences[seq]).tobytes()
+
+    def seq_restore(self, seq: int, state: bytes) -> bool:
+        tokens = array.array("i")
+        tokens.frombytes(state)
+        self.sequences[seq] = tokens.tolist()
+        return True
+
+    def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
+        vectors = []
+        for index, tokens in enumerate(inputs):
+            if not tokens:
+                raise ValueError(f"input {index} is empty")
+            digest = hashlib.sha256(bytes(t % 256 for t in tokens)).digest()
+            values = [byte - 127.5 for byte in digest]
+            norm = math.sqrt(sum(v * v for v in values))
+            vectors.append([v / norm for v in values])
+        return vectors, sum(len(tokens) for tokens in inputs)
