@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import importlib.util
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator

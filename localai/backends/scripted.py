@@ -45,7 +45,7 @@ def minimal_instance(schema: Any) -> Any:
     """The smallest value valid against common JSON schemas (required properties, first enum value)."""
     if not isinstance(schema, dict):
         return {}
-    if "enum" in schema and schema["enum"]:
+    if schema.get("enum"):
         return schema["enum"][0]
     if "const" in schema:
         return schema["const"]
