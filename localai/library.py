@@ -16,6 +16,9 @@ from localai import paths
 from localai.errors import InvalidRequest, ModelNotFound
 
 SUFFIX = ".Modelfile"
+# ``family:TAG-mlx`` is the MLX source of ``family:TAG`` (an mlx-community build of the same model): a pull of
+# ``family:TAG`` takes it where the preferred engine is MLX (Apple Silicon, or LOCALAI_ENGINE=mlx).
+MLX_TAG_SUFFIX = "-mlx"
 _WORD = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
@@ -96,6 +99,7 @@ def resolve(name: str, root: Path | None = None) -> LibraryEntry:
             f"'{name}' is not in the library (it has: {families}); see `localai list --library`, or pull from "
             "Hugging Face with hf.co/OWNER/REPO:QUANT", param="model",
         )
+    tags = [item for item in tags if not item.endswith(MLX_TAG_SUFFIX)] or tags  # TAG-mlx: a source, not a size
     if tag in ("", "latest"):
         if len(tags) > 1:
             raise InvalidRequest(
@@ -107,6 +111,16 @@ def resolve(name: str, root: Path | None = None) -> LibraryEntry:
         if entry.name == f"{family}:{tag}":
             return entry
     raise ModelNotFound(f"the library has no {family}:{tag}; {family} comes in {', '.join(tags)}", param="model")
+
+
+def source_for(entry: LibraryEntry, engine: str | None, root: Path | None = None) -> LibraryEntry:
+    """The library Modelfile to pull for ``entry`` when ``engine`` is preferred: the ``TAG-mlx`` sibling for
+    MLX where the library has one, else ``entry`` itself (a tag asked for by name is always what is pulled)."""
+    if engine != "mlx" or entry.tag.endswith(MLX_TAG_SUFFIX):
+        return entry
+    name = f"{entry.name}{MLX_TAG_SUFFIX}"
+    path = modelfiles(root or paths.library_modelfiles_dir()).get(name)
+    return LibraryEntry(name, path, _description(path)) if path is not None else entry
 
 
 def is_library_name(name: str) -> bool:

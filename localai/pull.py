@@ -28,6 +28,7 @@ from localai import hub, library, paths
 from localai.errors import HubUnreachable, InvalidRequest, LocalAIError, ModelNotFound, PullFailed
 from localai.modelfile import Modelfile, parse_file
 from localai.registry import PACKAGE_SOURCE, ModelRecord, Registry, normalize, resolve_weights
+from localai.scheduler import preferred_engine
 from localai.settings import Settings
 
 log = logging.getLogger("localai.pull")
@@ -54,7 +55,10 @@ def plan(name: str, settings: Settings, token: str | None = None) -> PullPlan:
     alias = None
     if library.is_library_name(name):
         entry = library.resolve(name)
-        modelfile = parse_file(entry.path)
+        source = library.source_for(entry, preferred_engine(settings))
+        if source is not entry:
+            log.info("pulling %s from its MLX source %s", entry.name, source.name)
+        modelfile = parse_file(source.path)
         if ":" not in name or name.lower().endswith(":latest"):
             alias = f"{entry.family}:latest"
         if not hub.is_hub_reference(modelfile.from_):

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import platform
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -88,6 +89,26 @@ def chosen_engine(record: ModelRecord, preferred: str | None = None) -> str:
     return record.engine
 
 
+def mlx_importable() -> bool:
+    """Whether the MLX engine's packages are there (checked without loading them: the daemon stays small)."""
+    try:
+        return all(importlib.util.find_spec(name) is not None for name in ("mlx.core", "mlx_lm"))
+    except (ImportError, ValueError):  # a broken or shadowed mlx package
+        return False
+
+
+def apple_silicon() -> bool:
+    return sys.platform == "darwin" and platform.machine() == "arm64"
+
+
+def preferred_engine(settings: Settings) -> str | None:
+    """The engine a library pull takes the source of: LOCALAI_ENGINE, else MLX on Apple Silicon where mlx is
+    installed, else none (each weights' own engine: llama.cpp for GGUF)."""
+    if settings.engine is not None:
+        return settings.engine
+    return "mlx" if apple_silicon() and mlx_importable() else None
+
+
 def engine_for(record: ModelRecord, preferred: str | None = None) -> str:
     """The engine a worker runs for ``record``, checked before any spawn.
 
@@ -99,7 +120,7 @@ def engine_for(record: ModelRecord, preferred: str | None = None) -> str:
     if record.format not in RUNS[engine]:
         raise EngineUnavailable(f"'{record.name}' pins engine {engine}, which cannot load {record.format} "
                                 "weights; remove PARAMETER engine or point FROM at weights it loads", param="model")
-    if engine == "mlx" and importlib.util.find_spec("mlx") is None:
+    if engine == "mlx" and not mlx_importable():
         extra = "localai[mlx]" if sys.platform == "darwin" else "localai[mlx]' (mlx-lm with mlx[cpu]"
         raise EngineUnavailable(
             f"'{record.name}' runs on the MLX engine, and mlx is not installed here; install it with: "

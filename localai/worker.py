@@ -93,6 +93,10 @@ def load_engine(backend: str, options: dict[str, Any], *, debug: bool) -> Servin
         from localai.backends.llama_cpp import LlamaCppEngine
 
         engine = LlamaCppEngine(load, debug=debug)
+    elif backend == "mlx":
+        from localai.backends.mlx import MlxEngine
+
+        engine = MlxEngine(load, debug=debug)
     elif backend == "scripted":
         from localai.backends.scripted import ScriptedEngine
 

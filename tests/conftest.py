@@ -149,7 +149,7 @@ def fresh_daemon(tmp_path: Path, smollm2_path: Path) -> Iterator[Daemon]:
 # `model`: the test (or a fixture it uses) loads the real model or starts a real daemon; `agents`: it runs real
 # coding agents. Set here from what each test uses, so no test can forget its marker: `make test-fast` runs
 # `-m "not model and not agents"` (no model load at all), `make test` runs everything.
-MODEL_FIXTURES = frozenset({"smollm2_path", "daemon", "fresh_daemon"})
+MODEL_FIXTURES = frozenset({"smollm2_path", "daemon", "fresh_daemon", "mlx_model_path", "mlx_daemon"})
 AGENT_FIXTURES = frozenset({"agent_daemon", "pinned_agents"})
 
 

@@ -85,3 +85,18 @@ def test_lazy_tool_grammar_only_with_a_one_token_trigger(smollm2_path: Path) -> 
     forced = engine._grammar_sampler({"type": "tool_call", "tools": tools})  # type: ignore[typeddict-item]
     assert forced
     L.llama_sampler_free(forced)
+
+
+def test_closed_schemas_take_only_their_listed_properties_on_both_engines() -> None:
+    from localai.backends.grammars import closed
+
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                                               "c": {"type": "array", "items": {"properties": {"d": {}}}}},
+              "$defs": {"e": {"type": "object", "properties": {"f": {}}, "additionalProperties": True}}}
+    result = closed(schema)
+    assert result["additionalProperties"] is False
+    assert result["properties"]["a"]["additionalProperties"] is False
+    assert result["properties"]["c"]["items"]["additionalProperties"] is False
+    assert result["$defs"]["e"]["additionalProperties"] is True  # what a schema says is kept
+    assert "additionalProperties" not in closed({"type": "object"})  # a free object stays free
+    assert schema["properties"]["a"].get("additionalProperties") is None  # the client's schema is not changed

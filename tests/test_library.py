@@ -30,7 +30,8 @@ def test_the_library_has_a_dozen_laptop_models_each_complete() -> None:
         assert isinstance(modelfile.parameters.get("num_ctx"), int), entry.name
         assert hub.is_hub_reference(modelfile.from_), entry.name
         ref = hub.parse_reference(modelfile.from_)
-        assert ref.quant == "Q4_K_M", entry.name  # laptop-sized and present in every such repository
+        if not entry.tag.endswith(library.MLX_TAG_SUFFIX):  # MLX sources are 4-bit builds: a repository each
+            assert ref.quant == "Q4_K_M", entry.name  # laptop-sized and present in every such repository
 
 
 def test_every_library_family_ships_in_the_wheel() -> None:
@@ -66,3 +67,28 @@ def test_a_family_with_one_tag_resolves_without_it(tmp_path: Path) -> None:
     entry = library.resolve("solo", tmp_path)
     assert entry.name == "solo:1b" and entry.description == "Solo: one size."
     assert library.resolve("solo:latest", tmp_path) == entry
+
+
+def test_an_mlx_sibling_is_the_source_when_mlx_is_preferred(tmp_path: Path) -> None:
+    (tmp_path / "duo").mkdir()
+    (tmp_path / "duo" / "1b.Modelfile").write_text("# Duo 1B.\nFROM hf.co/a/duo-GGUF:Q4_K_M\n")
+    (tmp_path / "duo" / "1b-mlx.Modelfile").write_text("# Duo 1B, MLX.\nFROM hf.co/mlx-community/duo-4bit\n")
+    entry = library.resolve("duo", tmp_path)  # the MLX source is not a second size
+    assert entry.name == "duo:1b"
+    assert library.source_for(entry, "mlx", tmp_path).name == "duo:1b-mlx"
+    assert library.source_for(entry, "llama.cpp", tmp_path) == entry
+    assert library.source_for(entry, None, tmp_path) == entry
+    mlx = library.resolve("duo:1b-mlx", tmp_path)  # asked for by name, on any engine
+    assert library.source_for(mlx, "llama.cpp", tmp_path) == mlx == library.source_for(mlx, "mlx", tmp_path)
+    (tmp_path / "solo").mkdir()
+    (tmp_path / "solo" / "1b.Modelfile").write_text("# Solo.\nFROM hf.co/a/solo-GGUF:Q4_K_M\n")
+    solo = library.resolve("solo", tmp_path)
+    assert library.source_for(solo, "mlx", tmp_path) == solo  # no MLX source: the GGUF, which runs anywhere
+
+
+def test_every_mlx_source_names_an_mlx_community_repository_and_a_gguf_sibling() -> None:
+    sources = [entry for entry in library.entries() if entry.tag.endswith(library.MLX_TAG_SUFFIX)]
+    assert len(sources) >= 8
+    for entry in sources:
+        assert parse_file(entry.path).from_.startswith("hf.co/mlx-community/"), entry.name
+        assert library.resolve(entry.name[: -len(library.MLX_TAG_SUFFIX)]).path.exists()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import signal
@@ -17,9 +16,11 @@ from typing import Any
 import ollama
 import pytest
 
-from localai import hub, paths
+from localai import hub, library, paths
 from localai import pull as pulling
 from localai.errors import HubUnreachable
+from localai.modelfile import parse_file
+from localai.scheduler import mlx_importable
 from localai.settings import Settings
 from tests.conftest import Daemon, start_daemon
 from tests.hubserver import HubServer, split_gguf
@@ -170,7 +171,7 @@ def test_pull_an_mlx_repository(puller: Daemon, hub_server: HubServer) -> None:
     with puller.http() as http:
         response = http.post("/api/chat", json={"model": "mlx-community/tiny-chat-4bit", "stream": False,
                                                 "messages": [{"role": "user", "content": "hi"}]})
-    if importlib.util.find_spec("mlx") is None:  # the engine is missing: a 400 naming the extra to install
+    if not mlx_importable():  # the engine is missing: a 400 naming the extra to install
         assert response.status_code == 400
         assert "MLX" in response.json()["error"] and "localai[mlx]" in response.json()["error"]
     else:  # the MLX engine runs, and these stand-in weights (an empty safetensors) are no model
@@ -355,3 +356,20 @@ def test_concurrent_pulls_of_one_model_share_the_download(puller: Daemon, hub_se
     downloads = hub_server.downloads(SMOL_FILE)
     assert sum(download.sent for download in downloads) == os.path.getsize(
         Path(hub_server.file(SMOL_REPO, SMOL_FILE).content))  # type: ignore[arg-type]
+
+
+def test_a_library_pull_takes_the_mlx_source_where_mlx_is_preferred(hub_server: HubServer, isolated_home: Path) -> None:
+    """LOCALAI_ENGINE=mlx here stands for Apple Silicon (where it is the default): the library's TAG-mlx source
+    is pulled and registered under the name asked for; the GGUF repository is never asked."""
+    config = {"model_type": "qwen2", "max_position_embeddings": 32768, "quantization": {"bits": 4, "group_size": 64}}
+    repo = library.resolve("qwen2.5-coder:1.5b-mlx")
+    hub_server.add(parse_file(repo.path).from_.removeprefix("hf.co/"), {
+        "config.json": json.dumps(config).encode(), "model.safetensors": b"\x02\x00\x00\x00\x00\x00\x00\x00{}",
+        "tokenizer.json": b"{}", "tokenizer_config.json": b'{"chat_template": "{{ messages }}"}'}, tags=["mlx"])
+    with start_daemon(isolated_home, engine="mlx") as daemon:
+        result = daemon.cli("pull", "qwen2.5-coder:1.5b")
+        assert result.returncode == 0, result.stderr
+        with daemon.http() as http:
+            shown = http.post("/api/show", json={"model": "qwen2.5-coder:1.5b"}).json()
+    assert shown["engine"] == "mlx" and shown["details"]["format"] == "mlx"
+    assert not [entry for entry in hub_server.log if "GGUF" in entry.path]

@@ -144,6 +144,22 @@ def grammar_for(constraint: Constraint | None) -> Grammar | None:
 
 # -- llguidance (the MLX engine) -----------------------------------------------------------------------------
 
+def closed(schema: Any) -> Any:
+    """Objects that list their properties take no others unless they say so: llama.cpp's converter reads a
+    missing ``additionalProperties`` that way, JSON Schema (and llguidance) the other way. Both engines keep to
+    the properties a client listed, so a forced call's arguments never grow keys the tool does not take."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    result = {key: (({name: closed(sub) for name, sub in value.items()} if isinstance(value, dict) else value)
+                    if key in ("properties", "$defs", "definitions", "patternProperties") else closed(value))
+              for key, value in schema.items()}
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        result["additionalProperties"] = False
+    return result
+
+
 def lark_for(constraint: Constraint | None, validate: Any) -> str | None:
     """The llguidance grammar that enforces ``constraint``, or None when generation is free (and for lazy tool
     calls, which are parsed, not constrained, on this engine). ``validate(grammar)`` returns an error message or
@@ -151,7 +167,7 @@ def lark_for(constraint: Constraint | None, validate: Any) -> str | None:
     from llguidance import LLMatcher
 
     def compiled(schema: dict[str, Any]) -> str:
-        grammar = str(LLMatcher.grammar_from_json_schema(json.dumps(sanitized(schema))))
+        grammar = str(LLMatcher.grammar_from_json_schema(json.dumps(closed(sanitized(schema)))))
         error = validate(grammar)
         if error:
             raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {error}")
@@ -172,7 +188,7 @@ def lark_for(constraint: Constraint | None, validate: Any) -> str | None:
     if constraint.get("lazy"):
         return None
     schema, _, style = call_schema(constraint, compiled)
-    call = "call: %json " + json.dumps(sanitized(schema))
+    call = "call: %json " + json.dumps(closed(sanitized(schema)))
     start = {"hermes": 'start: "<tool_call>\\n" call "\\n</tool_call>"',
              "mistral": 'start: "[" call ("," call)* "]"'}.get(style, "start: call")
     grammar = str(LLMatcher.grammar_from_lark(f"{start}\n{call}"))
