@@ -97,6 +97,38 @@ def llama_bench(binary: str, model_path: str, threads: int, prompt_tokens: int, 
     return rates["pp"], rates["tg"]
 
 
+MLX_LM_REFERENCE = """
+import json, random, sys, time
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from mlx_lm.utils import load
+path, n_prompt, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+model, tokenizer = load(path)
+vocab = tokenizer.vocab_size
+tokens = mx.array([random.randrange(100, vocab - 100) for _ in range(n_prompt)])
+start = time.perf_counter()
+steps = generate_step(tokens, model, max_tokens=n_gen)
+next(steps)
+first = time.perf_counter()
+count = 1
+for _ in steps:
+    count += 1
+last = time.perf_counter()
+print(json.dumps({"pp": n_prompt / (first - start), "tg": (count - 1) / (last - first)}))
+"""
+
+
+def mlx_lm_reference(model_path: str, prompt_tokens: int, gen_tokens: int) -> tuple[float, float]:
+    """(pp, tg) tokens/s of mlx-lm's own generation loop (``generate_step``) on the same folder, in a fresh
+    process: a prompt of random tokens, then ``gen_tokens`` tokens (it does not stop at EOS)."""
+    import sys
+
+    output = subprocess.run([sys.executable, "-c", MLX_LM_REFERENCE, model_path, str(prompt_tokens),
+                             str(gen_tokens)], capture_output=True, text=True, check=True, timeout=900).stdout
+    rates = json.loads(output.strip().splitlines()[-1])
+    return float(rates["pp"]), float(rates["tg"])
+
+
 def summary(values: list[float]) -> str:
     if not values:
         return "n/a"

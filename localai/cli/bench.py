@@ -19,12 +19,14 @@ from localai.cli import cli, fail_cleanly
 @click.option("--repetitions", "-r", default=3, show_default=True)
 @click.option("--llama-bench", "llama_bench_path", default=None,
               help="Path to llama.cpp's llama-bench: run it on the same model file, interleaved, for comparison.")
+@click.option("--mlx-lm", "with_mlx_lm", is_flag=True,
+              help="For an MLX model: run mlx-lm's own generation in-process on the same folder, interleaved.")
 @click.option("--threads", "-t", default=None, type=int,
               help="Threads for llama-bench (default: LOCALAI_NUM_THREAD or all).")
 @click.pass_context
 @fail_cleanly
 def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: int, gen_tokens: int,
-          repetitions: int, llama_bench_path: str | None, threads: int | None) -> None:
+          repetitions: int, llama_bench_path: str | None, with_mlx_lm: bool, threads: int | None) -> None:
     """Measure prefill (pp) and decode (tg) tokens/s through the API."""
     if ctx.invoked_subcommand is not None:
         return
@@ -54,14 +56,19 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
                 pp, tg = measure.llama_bench(llama_bench_path, model_path, threads, prompt_tokens, gen_tokens)
                 theirs.prefill.append(pp)
                 theirs.decode.append(tg)
+            elif with_mlx_lm and model_path:
+                pp, tg = measure.mlx_lm_reference(model_path, ours.prompt_tokens[-1], gen_tokens)
+                theirs.prefill.append(pp)
+                theirs.decode.append(tg)
             click.echo(f"  run {index + 1}/{repetitions}: pp {ours.prefill[-1]:.1f} tok/s, "
                        f"tg {ours.decode[-1] if ours.decode else 0:.1f} tok/s", err=True)
     click.echo(f"model {model}  threads {threads}  prompt {ours.prompt_tokens[-1]} tokens  output {gen_tokens} tokens")
     click.echo(f"{'':22}{'prefill (pp) tok/s':<34}{'decode (tg) tok/s':<34}")
     click.echo(f"{'localai (API)':<22}{measure.summary(ours.prefill):<34}{measure.summary(ours.decode):<34}")
     if theirs.prefill:
-        click.echo(f"{'llama-bench':<22}{measure.summary(theirs.prefill):<34}{measure.summary(theirs.decode):<34}")
-        click.echo(f"{'localai / llama-bench':<22}{measure.percent(ours.prefill, theirs.prefill):<34}"
+        anchor = "llama-bench" if llama_bench_path else "mlx-lm"
+        click.echo(f"{anchor:<22}{measure.summary(theirs.prefill):<34}{measure.summary(theirs.decode):<34}")
+        click.echo(f"{'localai / ' + anchor:<22}{measure.percent(ours.prefill, theirs.prefill):<34}"
                    f"{measure.percent(ours.decode, theirs.decode):<34}")
 
 
@@ -74,12 +81,14 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
 @click.option("--restart-at", default=3, show_default=True, help="Turn before which the restart variant restarts.")
 @click.option("--llama-cpp-python", "with_llama_cpp_python", is_flag=True,
               help="Also run the trace against `python -m llama_cpp.server` on the same model file.")
+@click.option("--mlx-lm-server", "with_mlx_lm_server", is_flag=True,
+              help="Also run the trace against mlx-lm's own server on the same MLX model folder.")
 @click.option("--compare", multiple=True, metavar="NAME=URL",
               help="Also run the trace against another OpenAI-compatible /v1 URL (e.g. llama-server).")
 @click.option("--seed", default=7, show_default=True)
 @fail_cleanly
 def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think_time: float, restart_at: int,
-                 with_llama_cpp_python: bool, compare: tuple[str, ...], seed: int) -> None:
+                 with_llama_cpp_python: bool, with_mlx_lm_server: bool, compare: tuple[str, ...], seed: int) -> None:
     """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume."""
     import tempfile
 
@@ -89,7 +98,7 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
         raise click.BadParameter(f"must be between 1 and {turns - 1} (--turns {turns})", param_hint="--restart-at")
 
     from localai import bench_agents as trace
-    from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon
+    from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon, MlxLmServer
 
     options: dict[str, Any] = {"sessions": sessions, "turns": turns, "reply_tokens": reply_tokens,
                                "think_time": think_time, "seed": seed}
@@ -115,6 +124,10 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
             with LlamaCppPythonServer(model_path) as server:
                 server.warm_up()
                 results.append(trace.run_trace("llama-cpp-python", server.base_url, model, **options))
+        if with_mlx_lm_server:
+            with MlxLmServer(model_path) as mlx_server:
+                mlx_server.warm_up()
+                results.append(trace.run_trace("mlx_lm.server", mlx_server.base_url, model_path, **options))
         for item in compare:
             name, _, url = item.partition("=")
             results.append(trace.run_trace(name, url, model, **options))

@@ -117,3 +117,35 @@ class LlamaCppPythonServer:
 
     def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         stop_process(self.process)
+
+
+class MlxLmServer:
+    """mlx-lm's own server (``python -m mlx_lm server``, with its LRU prompt cache) on the same MLX folder.
+
+    Its requests name the folder as the model (mlx-lm loads the ``model`` a request names)."""
+
+    def __init__(self, model_path: str) -> None:
+        self.model_path = model_path
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> MlxLmServer:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mlx_lm", "server", "--model", self.model_path, "--port", str(self.port),
+             "--host", "127.0.0.1", "--log-level", "WARNING"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_healthy(f"http://127.0.0.1:{self.port}/v1/models", self.process)
+        return self
+
+    def warm_up(self) -> None:
+        httpx.post(f"{self.base_url}/chat/completions", timeout=300,
+                   json={"model": self.model_path, "messages": [{"role": "user", "content": "hi"}],
+                         "max_tokens": 1}).raise_for_status()
+
+    def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        stop_process(self.process)
