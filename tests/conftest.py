@@ -43,6 +43,17 @@ def smollm2_path() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def mlx_model_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
+    """SmolLM2-135M-Instruct's own weights as an MLX folder (float16; about 7 s to write)."""
+    from localai.scheduler import mlx_importable
+    from tests.mlxmodel import convert
+
+    if not mlx_importable():  # a failure, not a skip: `make test` installs the extra, so CI always runs these
+        pytest.fail("the MLX engine's tests need `pip install -e '.[mlx]'` (make test installs it)")
+    return convert(smollm2_path, tmp_path_factory.mktemp("mlx") / "SmolLM2-135M-Instruct-mlx")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -85,10 +85,14 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
               help="Also run the trace against mlx-lm's own server on the same MLX model folder.")
 @click.option("--compare", multiple=True, metavar="NAME=URL",
               help="Also run the trace against another OpenAI-compatible /v1 URL (e.g. llama-server).")
+@click.option("--from", "source", default=None, metavar="PATH",
+              help="Weights for --model in the benchmark's fresh homes (a GGUF or an MLX folder); the embedded "
+              "smollm2 needs none.")
 @click.option("--seed", default=7, show_default=True)
 @fail_cleanly
 def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think_time: float, restart_at: int,
-                 with_llama_cpp_python: bool, with_mlx_lm_server: bool, compare: tuple[str, ...], seed: int) -> None:
+                 with_llama_cpp_python: bool, with_mlx_lm_server: bool, compare: tuple[str, ...], source: str | None,
+                 seed: int) -> None:
     """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume."""
     import tempfile
 
@@ -104,12 +108,12 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
                                "think_time": think_time, "seed": seed}
     results = []
     with tempfile.TemporaryDirectory(prefix="localai-bench-") as scratch:
-        daemon = ManagedDaemon(scratch + "/home")
+        daemon = ManagedDaemon(scratch + "/home", source)
         with daemon:
             daemon.warm_up(model)
             model_path = daemon.model_path(model)
             results.append(trace.run_trace("localai", daemon.base_url, model, **options))
-        restart = ManagedDaemon(scratch + "/restart-home")
+        restart = ManagedDaemon(scratch + "/restart-home", source)
         with restart:
             restart.warm_up(model)
 

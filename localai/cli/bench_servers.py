@@ -48,8 +48,9 @@ def stop_process(process: subprocess.Popen[bytes] | None) -> None:
 class ManagedDaemon:
     """A ``localai serve`` with its own home and port, which the benchmark can restart."""
 
-    def __init__(self, home: str) -> None:
+    def __init__(self, home: str, source: str | None = None) -> None:
         self.home = home
+        self.source = source  # a FROM for models this fresh home does not have (an MLX folder, a GGUF)
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.last_load_seconds = 0.0
@@ -71,6 +72,11 @@ class ManagedDaemon:
         self.start()
 
     def warm_up(self, model: str) -> None:
+        with httpx.Client(timeout=300) as http:
+            if self.source and http.post(f"http://127.0.0.1:{self.port}/api/show",
+                                         json={"model": model}).status_code == 404:
+                http.post(f"http://127.0.0.1:{self.port}/api/create",
+                          json={"model": model, "modelfile": f"FROM {self.source}"}).raise_for_status()
         started = time.perf_counter()
         with httpx.Client(timeout=300) as http:
             http.post(f"http://127.0.0.1:{self.port}/api/generate", json={"model": model}).raise_for_status()

@@ -56,8 +56,8 @@ def agent_daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -
     instance.stop()
 
 
-def run_agent(daemon: Daemon, tmp_path: Path, agent: str,
-              *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
+def run_agent(daemon: Daemon, tmp_path: Path, agent: str, *args: str,
+              model: str = MODEL) -> tuple[subprocess.CompletedProcess[str], str]:
     """Run ``localai launch <agent> --model smollm2 --yes -- <args>`` in a fresh git repository and home;
     returns the result and what the daemon logged meanwhile."""
     integration = get(agent)
@@ -76,7 +76,7 @@ def run_agent(daemon: Daemon, tmp_path: Path, agent: str,
                 "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"})
     logged = len(daemon.log())
     result = subprocess.run(
-        [sys.executable, "-m", "localai", "launch", agent, "--model", MODEL, "--yes", "--", *args],
+        [sys.executable, "-m", "localai", "launch", agent, "--model", model, "--yes", "--", *args],
         cwd=work, env=env, capture_output=True, text=True, timeout=840, stdin=subprocess.DEVNULL,
     )
     return result, daemon.log()[logged:]
@@ -114,12 +114,29 @@ def test_opencode(agent_daemon: Daemon, tmp_path: Path) -> None:
     assert served(log, "POST /v1/chat/completions"), log[-3000:]
 
 
-def test_aider(agent_daemon: Daemon, tmp_path: Path) -> None:
-    result, log = run_agent(agent_daemon, tmp_path, "aider", "--message", PROMPT, "--yes-always",
-                            "--no-auto-commits", "--no-pretty", "--no-gitignore", "--no-show-release-notes")
+AIDER_ARGS = ("--message", PROMPT, "--yes-always", "--no-auto-commits", "--no-pretty", "--no-gitignore",
+              "--no-show-release-notes")
+
+
+def check_aider(result: subprocess.CompletedProcess[str], log: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     tokens = re.search(r"Tokens: [\d.,k]+ sent, (\d+) received", result.stdout)
     assert tokens and int(tokens.group(1)) > 0, result.stdout
     last_line = result.stdout[:tokens.start()].rstrip().splitlines()[-1]  # the end of the model's reply
     assert last_line.strip() and not last_line.startswith(("Repo-map", "Git repo", "Model:")), result.stdout
     assert served(log, "POST /v1/chat/completions"), log[-3000:]
+
+
+def test_aider(agent_daemon: Daemon, tmp_path: Path) -> None:
+    check_aider(*run_agent(agent_daemon, tmp_path, "aider", *AIDER_ARGS))
+
+
+def test_aider_on_the_mlx_engine(agent_daemon: Daemon, tmp_path: Path, mlx_model_path: Path) -> None:
+    """The same launch on an MLX model (SmolLM2's weights converted; MLX's CPU backend): Aider's prompt is the
+    shortest of the agents' (~600 tokens), which MLX on this CPU prefills in about half a minute."""
+    with agent_daemon.http() as http:
+        created = http.post("/api/create", json={"model": "smol-mlx-agent", "from": str(mlx_model_path),
+                                                 "parameters": {"stop": ["\n\n", "<|im_end|>"], "temperature": 0}})
+        assert created.status_code == 200, created.text
+        assert http.post("/api/show", json={"model": "smol-mlx-agent"}).json()["engine"] == "mlx"
+    check_aider(*run_agent(agent_daemon, tmp_path, "aider", *AIDER_ARGS, model="smol-mlx-agent"))
