@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -109,6 +110,31 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def chat(daemon: Daemon, messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """A greedy ``/v1/chat/completions`` on smollm2 (12 tokens) unless ``extra`` says otherwise; asserts 200."""
+    body = {"model": "smollm2", "messages": messages, "max_tokens": 12, "temperature": 0, **extra}
+    with daemon.http(timeout=300) as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def cached(result: dict[str, Any]) -> int:
+    """The prompt tokens a reply's usage says came from the cache."""
+    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def corrupt_cache_files(home: Path) -> int:
+    """Flips a byte near the end of every persisted prompt-cache file under ``home``; returns how many."""
+    files = list((home / "cache").rglob("*.kv"))
+    for path in files:
+        data = bytearray(path.read_bytes())
+        data[-100] ^= 0xFF
+        path.write_bytes(bytes(data))
+    return len(files)
 
 
 TEST_DEFAULTS = {"num_thread": "2", "num_parallel": "2", "context_length": "4096"}

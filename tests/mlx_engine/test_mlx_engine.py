@@ -15,7 +15,8 @@ import anthropic
 import openai
 import pytest
 
-from tests.conftest import Daemon, start_daemon
+from tests.conftest import Daemon, cached, corrupt_cache_files, start_daemon
+from tests.conftest import chat as shared_chat
 from tests.mlx_engine.conftest import MLX_MODEL, create_mlx_model
 
 SYSTEM = "You are a careful coding assistant. " + "Follow the project's conventions and explain briefly. " * 12
@@ -30,16 +31,7 @@ PROMPTS = ["What is the capital of France?", "Name a primary colour.", "Write a 
 
 
 def chat(daemon: Daemon, messages: list[dict[str, Any]], model: str = MLX_MODEL, **extra: Any) -> dict[str, Any]:
-    body = {"model": model, "messages": messages, "max_tokens": 6, "temperature": 0, **extra}
-    with daemon.http(timeout=300) as http:
-        response = http.post("/v1/chat/completions", json=body)
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
-
-
-def cached(result: dict[str, Any]) -> int:
-    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
+    return shared_chat(daemon, messages, model=model, **{"max_tokens": 6, **extra})
 
 
 def text(result: dict[str, Any]) -> str:
@@ -185,12 +177,7 @@ def test_restart_resumes_from_disk_and_a_corrupt_file_is_never_served(tmp_path: 
         create_mlx_model(baseline, mlx_model_path)
         fresh = chat(baseline, turn2)
     assert cached(fresh) == 0 and text(resumed) == text(fresh)
-    files = list((tmp_path / "home" / "cache").rglob("*.kv"))
-    assert files
-    for path in files:
-        data = bytearray(path.read_bytes())
-        data[-100] ^= 0xFF
-        path.write_bytes(bytes(data))
+    assert corrupt_cache_files(tmp_path / "home")
     with start_daemon(tmp_path / "home") as daemon:
         again = chat(daemon, turn2)
         assert cached(again) == 0 and text(again) == text(fresh)

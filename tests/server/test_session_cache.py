@@ -3,24 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from tests.conftest import Daemon, start_daemon
+from tests.conftest import Daemon, cached, chat, corrupt_cache_files, start_daemon
 
 SYSTEM = "You are a careful coding assistant. " + "Follow the project's conventions and explain briefly. " * 12
-
-
-def chat(daemon: Daemon, messages: list[dict[str, str]], **extra: Any) -> dict[str, Any]:
-    body = {"model": "smollm2", "messages": messages, "max_tokens": 12, "temperature": 0, **extra}
-    with daemon.http() as http:
-        response = http.post("/v1/chat/completions", json=body)
-    assert response.status_code == 200, response.text
-    result: dict[str, Any] = response.json()
-    return result
-
-
-def cached(result: dict[str, Any]) -> int:
-    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 def test_resume_after_restart_is_cached_and_gives_the_same_greedy_output(tmp_path: Path, smollm2_path: Path) -> None:
@@ -51,12 +37,7 @@ def test_corrupt_cache_files_are_recomputed_not_served(tmp_path: Path, smollm2_p
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello"}]
     with start_daemon(tmp_path / "home") as daemon:
         expected = chat(daemon, messages)
-    files = list((tmp_path / "home" / "cache").rglob("*.kv"))
-    assert files
-    for path in files:
-        data = bytearray(path.read_bytes())
-        data[-100] ^= 0xFF
-        path.write_bytes(bytes(data))
+    assert corrupt_cache_files(tmp_path / "home")
     with start_daemon(tmp_path / "home") as daemon:
         again = chat(daemon, messages)
         assert cached(again) == 0
