@@ -14,13 +14,12 @@ from textual.widgets import DataTable
 
 from localai.client import AsyncClient
 from localai.tui.app import LocalAIApp
-from localai.tui.screens.chat import ChatScreen
 from localai.tui.screens.models import ModelsScreen
 from localai.tui.widgets.messages import Reply
 from localai.tui.widgets.prompt import PromptInput
 from tests.conftest import Daemon, start_daemon
 from tests.hubserver import HubServer
-from tests.tui.test_live import until
+from tests.tui.test_live import start_long_reply, until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 SIZE = (120, 36)
@@ -72,12 +71,7 @@ async def test_daemon_killed_while_a_reply_streams(fresh_daemon: Daemon, build: 
     app = build(client(fresh_daemon), model="smollm2", options={"num_predict": 2000, "temperature": 0})
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.connected, "the daemon")
-        screen = app.screen
-        assert isinstance(screen, ChatScreen)
-        screen.query_one(PromptInput).text = "Write a very long story about a dragon."
-        await pilot.press("enter")
-        await until(pilot, lambda: screen.query(Reply) and len(screen.query(Reply).last().message.content) > 20,
-                    "the reply to start")
+        screen = await start_long_reply(pilot)
         fresh_daemon.process.send_signal(signal.SIGKILL)
         await until(pilot, lambda: not screen.generating, "the reply to end")
         reply = screen.query(Reply).last()
@@ -98,12 +92,7 @@ async def test_worker_crash_mid_reply_is_a_notification_and_the_next_message_wor
     app = build(client(fresh_daemon), model="smollm2", options={"num_predict": 2000, "temperature": 0})
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.connected, "the daemon")
-        screen = app.screen
-        assert isinstance(screen, ChatScreen)
-        screen.query_one(PromptInput).text = "Write a very long story about a dragon."
-        await pilot.press("enter")
-        await until(pilot, lambda: screen.query(Reply) and len(screen.query(Reply).last().message.content) > 20,
-                    "the reply to start")
+        screen = await start_long_reply(pilot)
         with fresh_daemon.unix() as http:
             (model,) = http.get("/api/ps").json()["models"]
         os.kill(model["pid"], signal.SIGKILL)  # the worker process running llama.cpp dies

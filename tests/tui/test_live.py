@@ -59,6 +59,20 @@ async def chat_turn(pilot: Pilot[Any], text: str) -> Reply:
     return screen.query(Reply).last()
 
 
+LONG_PROMPT = "Write a very long story about a dragon."
+
+
+async def start_long_reply(pilot: Pilot[Any]) -> ChatScreen:
+    """Sends a prompt that runs to the cap (with num_predict 2000, greedy) and waits for its first words."""
+    screen = pilot.app.screen
+    assert isinstance(screen, ChatScreen)
+    screen.query_one(PromptInput).text = LONG_PROMPT
+    await pilot.press("enter")
+    await until(pilot, lambda: screen.query(Reply) and len(screen.query(Reply).last().message.content) > 20,
+                "the reply to start")
+    return screen
+
+
 def loaded(daemon: Daemon) -> list[dict[str, Any]]:
     with daemon.unix() as http:
         return list(http.get("/api/ps").json()["models"])
@@ -97,12 +111,7 @@ async def test_escape_stops_decoding_in_the_daemon(live: Daemon, build: Callable
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.connected, "the daemon")
         await pilot.press("f2")
-        screen = app.screen
-        assert isinstance(screen, ChatScreen)
-        screen.query_one(PromptInput).text = "Write a very long story about a dragon."
-        await pilot.press("enter")
-        await until(pilot, lambda: screen.query(Reply) and len(screen.query(Reply).last().message.content) > 20,
-                    "the reply to start")
+        screen = await start_long_reply(pilot)
         await until(pilot, lambda: any(m["active_requests"] for m in loaded(live)), "the daemon to be decoding")
         await pilot.press("escape")
         await until(pilot, lambda: not screen.generating, "the reply to stop")
