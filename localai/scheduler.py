@@ -89,12 +89,19 @@ def chosen_engine(record: ModelRecord, preferred: str | None = None) -> str:
     return record.engine
 
 
+_MLX_FOUND = False
+
+
 def mlx_importable() -> bool:
-    """Whether the MLX engine's packages are there (checked without loading them: the daemon stays small)."""
-    try:
-        return all(importlib.util.find_spec(name) is not None for name in ("mlx.core", "mlx_lm"))
-    except (ImportError, ValueError):  # a broken or shadowed mlx package
-        return False
+    """Whether the MLX engine's packages are there (checked without loading them: the daemon stays small). Once
+    found, that is remembered; a miss is checked again, so installing the extra needs no daemon restart."""
+    global _MLX_FOUND
+    if not _MLX_FOUND:
+        try:
+            _MLX_FOUND = all(importlib.util.find_spec(name) is not None for name in ("mlx.core", "mlx_lm"))
+        except (ImportError, ValueError):  # a broken or shadowed mlx package
+            return False
+    return _MLX_FOUND
 
 
 def apple_silicon() -> bool:

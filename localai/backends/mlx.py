@@ -240,7 +240,7 @@ class MlxEngine:
                 wanted = [(row, index) for index, (row, item) in enumerate(items) if item.logits]
                 for row, index in wanted:
                     rows[row] = logits[0, index].astype(mx.float32)
-                mx.eval([rows[row] for row, _ in wanted] or [cache[0].state])
+                mx.eval([rows[row] for row, _ in wanted], [layer.state for layer in cache])  # no graph carried over
         except DecodeFailed:
             raise
         except (RuntimeError, ValueError, MemoryError) as exc:

@@ -102,7 +102,7 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
         raise click.BadParameter(f"must be between 1 and {turns - 1} (--turns {turns})", param_hint="--restart-at")
 
     from localai import bench_agents as trace
-    from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon, MlxLmServer
+    from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon, MlxLmServer, ReferenceServer
 
     options: dict[str, Any] = {"sessions": sessions, "turns": turns, "reply_tokens": reply_tokens,
                                "think_time": think_time, "seed": seed}
@@ -124,14 +124,15 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
 
             results.append(trace.run_trace("localai+restart", restart.base_url, model, before_turn=maybe_restart,
                                            **options))
+        references: list[tuple[str, ReferenceServer]] = []
         if with_llama_cpp_python:
-            with LlamaCppPythonServer(model_path) as server:
-                server.warm_up()
-                results.append(trace.run_trace("llama-cpp-python", server.base_url, model, **options))
+            references.append(("llama-cpp-python", LlamaCppPythonServer(model_path)))
         if with_mlx_lm_server:
-            with MlxLmServer(model_path) as mlx_server:
-                mlx_server.warm_up()
-                results.append(trace.run_trace("mlx_lm.server", mlx_server.base_url, model_path, **options))
+            references.append(("mlx_lm.server", MlxLmServer(model_path)))
+        for name, reference in references:
+            with reference as server:
+                server.warm_up()
+                results.append(trace.run_trace(name, server.base_url, server.request_model() or model, **options))
         for item in compare:
             name, _, url = item.partition("=")
             results.append(trace.run_trace(name, url, model, **options))

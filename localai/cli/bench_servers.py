@@ -7,8 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from types import TracebackType
+from typing import IO
 
 import httpx
 
@@ -94,64 +96,77 @@ class ManagedDaemon:
         stop_process(self.process)
 
 
-class LlamaCppPythonServer:
-    """``python -m llama_cpp.server`` on the same GGUF, context and threads (needs llama-cpp-python[server])."""
-
-    def __init__(self, model_path: str, n_ctx: int = 8192) -> None:
-        self.model_path = model_path
-        self.n_ctx = n_ctx
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __enter__(self) -> LlamaCppPythonServer:
-        threads = os.environ.get("LOCALAI_NUM_THREAD") or str(os.cpu_count() or 1)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path, "--n_ctx", str(self.n_ctx),
-             "--n_threads", threads, "--n_threads_batch", threads, "--port", str(self.port), "--host", "127.0.0.1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        wait_healthy(f"http://127.0.0.1:{self.port}/v1/models", self.process)
-        return self
-
-    def warm_up(self) -> None:
-        httpx.post(f"{self.base_url}/chat/completions", timeout=300,
-                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).raise_for_status()
-
-    def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
-        stop_process(self.process)
-
-
-class MlxLmServer:
-    """mlx-lm's own server (``python -m mlx_lm server``, with its LRU prompt cache) on the same MLX folder.
-
-    Its requests name the folder as the model (mlx-lm loads the ``model`` a request names)."""
+class ReferenceServer:
+    """Another project's OpenAI-compatible server, started on a free port for the length of a ``with`` block."""
 
     def __init__(self, model_path: str) -> None:
         self.model_path = model_path
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.log: IO[bytes] | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def __enter__(self) -> MlxLmServer:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "mlx_lm", "server", "--model", self.model_path, "--port", str(self.port),
-             "--host", "127.0.0.1", "--log-level", "WARNING"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        wait_healthy(f"http://127.0.0.1:{self.port}/v1/models", self.process)
+    install_hint = ""
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def request_model(self) -> str | None:
+        """The ``model`` its requests name (None: it serves one model whatever a request says)."""
+        return None
+
+    def __enter__(self) -> ReferenceServer:
+        self.log = log = tempfile.TemporaryFile()  # the child's stderr, for the error if it does not start
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_healthy(f"http://127.0.0.1:{self.port}/v1/models", self.process)
+        except DaemonUnavailable as exc:
+            log.seek(0)
+            last = (log.read().decode(errors="replace").strip().splitlines() or [""])[-1]
+            self.__exit__()
+            raise DaemonUnavailable(f"{self.command()[2]}: {exc.message}: {last} ({self.install_hint})") from exc
         return self
 
     def warm_up(self) -> None:
-        httpx.post(f"{self.base_url}/chat/completions", timeout=300,
-                   json={"model": self.model_path, "messages": [{"role": "user", "content": "hi"}],
-                         "max_tokens": 1}).raise_for_status()
+        body: dict[str, object] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        if self.request_model() is not None:
+            body["model"] = self.request_model()
+        httpx.post(f"{self.base_url}/chat/completions", timeout=300, json=body).raise_for_status()
 
     def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         stop_process(self.process)
+        if self.log is not None:
+            self.log.close()
+
+
+class LlamaCppPythonServer(ReferenceServer):
+    """``python -m llama_cpp.server`` on the same GGUF, context and threads (needs llama-cpp-python[server])."""
+
+    install_hint = "it needs llama-cpp-python[server]: pip install -e '.[bench]', or make bench"
+
+    def __init__(self, model_path: str, n_ctx: int = 8192) -> None:
+        super().__init__(model_path)
+        self.n_ctx = n_ctx
+
+    def command(self) -> list[str]:
+        threads = os.environ.get("LOCALAI_NUM_THREAD") or str(os.cpu_count() or 1)
+        return [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path, "--n_ctx", str(self.n_ctx),
+                "--n_threads", threads, "--n_threads_batch", threads, "--port", str(self.port), "--host", "127.0.0.1"]
+
+
+class MlxLmServer(ReferenceServer):
+    """mlx-lm's own server (``python -m mlx_lm server``, with its LRU prompt cache) on the same MLX folder.
+
+    Its requests name the folder as the model (mlx-lm loads the ``model`` a request names)."""
+
+    install_hint = "it needs mlx-lm: pip install -e '.[mlx]'"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "mlx_lm", "server", "--model", self.model_path, "--port", str(self.port),
+                "--host", "127.0.0.1", "--log-level", "WARNING"]
+
+    def request_model(self) -> str | None:
+        return self.model_path
