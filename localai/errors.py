@@ -14,6 +14,7 @@ class LocalAIError(Exception):
     error_type: str = "server_error"
     code: str | None = None
     exit_code: int = 1  # the CLI's exit status for this error
+    retry_after: int | None = None  # seconds, sent as Retry-After when set
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -168,6 +169,31 @@ class HubUnreachable(PullFailed):
 
     status_code = 503
     code = "hub_unreachable"
+
+
+class UpstreamUnavailable(LocalAIError):
+    """No replica of a remote model could take the request (each one's failure is in the message)."""
+
+    status_code = 503
+    error_type = "server_error"
+    code = "upstream_unavailable"
+    retry_after = 2
+
+
+class UpstreamTimeout(UpstreamUnavailable):
+    """Every replica tried timed out before it answered."""
+
+    status_code = 504
+    code = "upstream_timeout"
+
+
+class UpstreamFailed(LocalAIError):
+    """A remote model's replica failed after it had started answering, or answered with an error of its own
+    (a refused API key included): the message names the replica and what it said."""
+
+    status_code = 502
+    error_type = "server_error"
+    code = "upstream_error"
 
 
 class AgentError(LocalAIError):

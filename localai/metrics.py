@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 CACHE_STATS = {
     "hits": "Requests that restored a prefix from the RAM or disk tier",
@@ -42,6 +42,24 @@ class Metrics:
             "localai_requests", "Generation requests by outcome", ["model", "outcome"], registry=self.registry)
         self.loaded_models = Gauge("localai_loaded_models", "Models with a live worker", registry=self.registry)
         self.waiting = Gauge("localai_queue_waiting", "Requests waiting for a model", registry=self.registry)
+        # Remote models: per replica (its URL), see localai.upstreams.remote.
+        self.upstream_requests = Counter(
+            "localai_upstream_requests", "Requests sent to a remote model's replica, by outcome (ok, "
+            "failed_before_reply, broken_stream, http_<status>)", ["model", "replica", "outcome"],
+            registry=self.registry)
+        self.upstream_latency = Histogram(
+            "localai_upstream_request_seconds", "Time a replica took for a whole request", ["model", "replica"],
+            registry=self.registry, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+        self.upstream_ttfb = Histogram(
+            "localai_upstream_first_byte_seconds", "Time until a replica accepted a request (response headers)",
+            ["model", "replica"], registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.upstream_failovers = Counter(
+            "localai_upstream_failovers", "Requests moved to another replica after this one failed",
+            ["model", "replica"], registry=self.registry)
+        self.upstream_healthy = Gauge(
+            "localai_upstream_healthy", "1 while a replica is in rotation, 0 while it is taken out",
+            ["model", "replica"], registry=self.registry)
 
     def worker_cache_stats(self, model: str, reported: dict[str, float], stats: dict[str, Any]) -> None:
         """Count a worker's cumulative stats; ``reported`` is that worker's previous report, updated here."""

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,17 +15,29 @@ from localai.errors import ModelfileError
 
 INT_PARAMETERS = frozenset(
     {"num_ctx", "num_predict", "num_keep", "num_batch", "num_thread", "num_gpu", "main_gpu", "seed", "top_k",
-     "repeat_last_n"}
+     "repeat_last_n", "priority"}
 )
 FLOAT_PARAMETERS = frozenset(
-    {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty"}
+    {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+     "timeout", "connect_timeout"}
 )
 BOOL_PARAMETERS = frozenset({"use_mmap", "fit_context"})
-LIST_PARAMETERS = frozenset({"stop"})
+LIST_PARAMETERS = frozenset({"stop", "replica"})
+# Free text: a remote model's id upstream, and the environment variable holding its API key (never the key).
+STRING_PARAMETERS = frozenset({"upstream_model", "api_key_env"})
 # The engine a model runs on (see scheduler.engine_for); `scripted` is the test stand-in (no model is loaded).
 ENGINES = ("llama.cpp", "mlx", "scripted")
-CHOICE_PARAMETERS: dict[str, tuple[str, ...]] = {"engine": ENGINES}
-PARAMETERS = INT_PARAMETERS | FLOAT_PARAMETERS | BOOL_PARAMETERS | LIST_PARAMETERS | frozenset(CHOICE_PARAMETERS)
+# What serves a remote model (auto: detected from its /v1/models); see localai.upstreams.remote.
+UPSTREAM_KINDS = ("auto", "openai", "vllm", "sglang", "dynamo", "llama-server", "llama-cpp-python", "localai")
+CHOICE_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "engine": ENGINES, "routing": ("session", "round_robin"), "upstream_kind": UPSTREAM_KINDS,
+}
+# Parameters that only mean something for a remote model (FROM http://HOST:PORT/v1).
+REMOTE_PARAMETERS = frozenset({"upstream_model", "replica", "api_key_env", "timeout", "connect_timeout", "routing",
+                               "upstream_kind", "priority"})
+SECRET_PARAMETERS = frozenset({"api_key", "key", "token", "password"})  # refused with a pointer to api_key_env
+PARAMETERS = (INT_PARAMETERS | FLOAT_PARAMETERS | BOOL_PARAMETERS | LIST_PARAMETERS | STRING_PARAMETERS
+              | frozenset(CHOICE_PARAMETERS))
 # Parameters that change how the model is loaded (a change means a reload), not how it samples.
 LOAD_PARAMETERS = frozenset({"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread"})
 # What each numeric parameter may be. Values outside would crash or overflow the engine (1e400), allocate without
@@ -35,6 +48,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "seed": (-(1 << 63), (1 << 64) - 1), "top_k": (0, 1 << 20), "repeat_last_n": (-1, 1 << 20),
     "temperature": (0.0, 100.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0), "typical_p": (0.0, 1.0),
     "repeat_penalty": (0.0, 100.0), "presence_penalty": (-100.0, 100.0), "frequency_penalty": (-100.0, 100.0),
+    "timeout": (0.01, 86400.0), "connect_timeout": (0.01, 600.0), "priority": (-1000, 1000),
 }
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
@@ -42,6 +56,7 @@ MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
 INSTRUCTIONS = frozenset({"from", "parameter", "template", "system", "adapter", "license", "message", "requires"})
 
 ParameterValue = int | float | bool | str | list[str]
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
@@ -178,7 +193,7 @@ def _parameter(argument: str, where: str) -> tuple[str, ParameterValue]:
     raw = _unquote(raw.strip())
     if not name or raw == "":
         raise ModelfileError(f"{where}: PARAMETER needs a name and a value, e.g. PARAMETER temperature 0.7")
-    if name not in PARAMETERS:
+    if name not in PARAMETERS and name not in SECRET_PARAMETERS:
         raise ModelfileError(f"{where}: unknown parameter {name!r}; known: {', '.join(sorted(PARAMETERS))}")
     return name, coerce_parameter(name, raw, where)
 
@@ -200,6 +215,13 @@ def coerce_parameter(name: str, raw: Any, where: str = "parameter") -> Parameter
             raise ModelfileError(f"{where}: {name} must be one of {', '.join(CHOICE_PARAMETERS[name])}, "
                                  f"got {str(raw)[:40]!r}")
         return str(raw)
+    if name in STRING_PARAMETERS:
+        if not isinstance(raw, str) or not raw or len(raw) > 256:
+            raise ModelfileError(f"{where}: {name} must be a string of 1 to 256 characters, got {str(raw)[:40]!r}")
+        if name == "api_key_env" and not _ENV_NAME.fullmatch(raw):
+            raise ModelfileError(f"{where}: api_key_env names an environment variable (letters, digits and _), "
+                                 f"got {raw[:40]!r}; the key itself never goes in a Modelfile")
+        return raw
     if name in LIST_PARAMETERS:
         items = [raw] if isinstance(raw, str) else raw
         if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
@@ -208,6 +230,9 @@ def coerce_parameter(name: str, raw: Any, where: str = "parameter") -> Parameter
             raise ModelfileError(f"{where}: {name} takes at most {MAX_STOPS} strings of at most "
                                  f"{MAX_STOP_CHARS} characters")
         return list(items)
+    if name in SECRET_PARAMETERS:
+        raise ModelfileError(f"{where}: a Modelfile never holds an API key (it would be stored in clear); put the key "
+                             "in an environment variable of the daemon and name it: PARAMETER api_key_env NAME")
     raise ModelfileError(f"{where}: unknown parameter {name!r}")
 
 

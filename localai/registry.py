@@ -20,8 +20,9 @@ import sqlite_utils
 from localai import hub, paths, weights
 from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
 from localai.gguf_meta import read_metadata
-from localai.modelfile import Modelfile, ParameterValue, parse_file
+from localai.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file
 from localai.store import now, open_database
+from localai.upstreams.spec import REMOTE_FORMAT, RemoteSpec, check_url, is_remote_url
 
 log = logging.getLogger("localai.registry")
 T = TypeVar("T")
@@ -66,7 +67,14 @@ class ModelRecord:
         pinned = self.parameters.get("engine")
         if isinstance(pinned, str):
             return pinned
+        if self.format == REMOTE_FORMAT:
+            return "remote"
         return "mlx" if self.format == "mlx" else "llama.cpp"
+
+    @property
+    def remote(self) -> bool:
+        """Served by replicas elsewhere (``FROM http://HOST:PORT/v1``), not by a local worker."""
+        return self.format == REMOTE_FORMAT
 
     def modelfile(self) -> Modelfile:
         return Modelfile(
@@ -215,16 +223,24 @@ class Registry:
 
     def _build(self, key: str, modelfile: Modelfile, source: str | None) -> dict[str, Any]:
         base: ModelRecord | None = None
+        if is_remote_url(modelfile.from_):
+            return self._remote_row(key, modelfile, source, None)
         path = resolve_weights(modelfile.from_)
         if path is None:
             try:
                 base = self.get(modelfile.from_)
             except ModelNotFound:
                 raise ModelfileError(
-                    f"FROM {modelfile.from_}: neither a GGUF file nor an installed model; "
-                    "give a path to a .gguf file or the name of a model from `localai list`"
+                    f"FROM {modelfile.from_}: neither a GGUF file, an http(s) URL of a remote model nor an installed "
+                    "model; give a path to a .gguf file, http://HOST:PORT/v1 or the name of a model from "
+                    "`localai list`"
                 ) from None
+            if base.format == REMOTE_FORMAT:
+                return self._remote_row(key, modelfile, source, base)
             path = Path(base.path)
+        stray = sorted(REMOTE_PARAMETERS & set(modelfile.parameters))
+        if stray:
+            raise ModelfileError(f"PARAMETER {', '.join(stray)}: only remote models take it (FROM http://HOST:PORT/v1)")
         if modelfile.adapters:
             raise ModelfileError("ADAPTER (LoRA) is not supported yet")
         try:
@@ -252,6 +268,33 @@ class Registry:
             "messages": json.dumps(modelfile.messages or (base.messages if base else [])),
             "adapters": json.dumps(modelfile.adapters), "license": modelfile.license,
             "modelfile": modelfile.render(), "created_at": stamp, "modified_at": stamp,
+        }
+        existing = self._row(key)
+        if existing is not None and existing["created_at"]:
+            row["created_at"] = existing["created_at"]
+        return row
+
+    def _remote_row(self, key: str, modelfile: Modelfile, source: str | None,
+                    base: ModelRecord | None) -> dict[str, Any]:
+        """A remote model: no weights here, the replicas' URLs and settings (checked, never contacted)."""
+        if modelfile.adapters:
+            raise ModelfileError("ADAPTER is not supported for remote models")
+        if modelfile.template is not None:
+            raise ModelfileError("TEMPLATE does not apply to a remote model: the upstream renders its own template")
+        parameters: dict[str, ParameterValue] = dict(base.parameters) if base else {}
+        parameters.update(modelfile.parameters)
+        first = base.path if base else check_url(modelfile.from_, "FROM")
+        spec = RemoteSpec.of(first, parameters)
+        stamp = now()
+        row = {
+            "name": key, "alias_of": None, "source": source or (base.source if base else first), "path": first,
+            "format": REMOTE_FORMAT, "sha256": spec.digest(), "size": 0, "family": "remote", "quantization": "",
+            "parameter_size": "", "context_length": spec.num_ctx or 0, "parameters": json.dumps(parameters),
+            "template": None,
+            "system": modelfile.system if modelfile.system is not None else (base.system if base else None),
+            "messages": json.dumps(modelfile.messages or (base.messages if base else [])),
+            "adapters": "[]", "license": modelfile.license, "modelfile": modelfile.render(),
+            "created_at": stamp, "modified_at": stamp,
         }
         existing = self._row(key)
         if existing is not None and existing["created_at"]:
@@ -309,7 +352,7 @@ class Registry:
             removed += [r["name"] for r in self._models.rows_where("alias_of = ?", [key])]
         for item in removed:
             self._models.delete(item)
-        if delete_weights and not row["alias_of"] and row["path"]:
+        if delete_weights and not row["alias_of"] and row["path"] and row["format"] != REMOTE_FORMAT:
             still_used = self._models.count_where("path = ? and alias_of is null", [row["path"]])
             if not still_used:
                 try:

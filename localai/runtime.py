@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from localai import prompt as prompting
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError
@@ -22,6 +23,7 @@ from localai.scheduler import LoadedModel, Scheduler
 from localai.schema import Event, Finished, GenerationRequest, Message, TextDelta, ToolChoice, Usage
 from localai.settings import Settings
 from localai.tool_calls import OutputParser
+from localai.upstreams.remote import RemotePool, Remotes, request_body, routing_key
 
 log = logging.getLogger("localai.runtime")
 SAMPLING_KEYS = frozenset(Sampling.__annotations__)
@@ -42,6 +44,7 @@ class Generation:
     parser: OutputParser | None = None  # tool calls and reasoning, when the request can have them
     _closed: bool = field(default=False)
     _metrics: Metrics | None = None
+    replica: str | None = None  # the remote replica serving it (remote models)
 
     async def events(self) -> AsyncIterator[Event]:
         """Text, reasoning and tool-call events, then ``Finished`` (reason ``tool_calls`` when calls were made)."""
@@ -49,7 +52,9 @@ class Generation:
         try:
             async for frame in self._frames:
                 kind = frame.get("ev")
-                if kind == "text":
+                if kind == "event":  # already an event: a remote model's upstream parsed its own output
+                    yield frame["event"]
+                elif kind == "text":
                     if parser is None:
                         yield TextDelta(frame["text"])
                     else:
@@ -90,6 +95,7 @@ class Runtime:
         self.registry = registry
         self.scheduler = scheduler
         self.fit_memory = FitMemory()
+        self.remotes = Remotes(scheduler.metrics, settings.remote_health_interval)
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
@@ -100,9 +106,7 @@ class Runtime:
         record = self.registry.get(request.model)
         stack = contextlib.AsyncExitStack()
         try:
-            loaded = await stack.enter_async_context(
-                self.scheduler.lease(record, keep_alive=request.keep_alive, overrides=_load_overrides(request))
-            )
+            target = await self._target(stack, record, request)
             fitting = self._fitting_enabled(record, request)
             fit: Fit | None = None
             original = request.messages
@@ -116,15 +120,16 @@ class Runtime:
                 if original is not None and (dropped or cut_chars):
                     messages = fitting_apply(original, dropped, cut_chars)
                 fitted = replace(request, tools=slim_tools(request.tools, tool_level)) if tool_level else request
-                op = await asyncio.to_thread(self._operation, record, loaded, fitted, messages)
-                if previous_length is not None and (len(op["prompt"]) >= previous_length
+                op = await asyncio.to_thread(target.operation, fitted, messages)
+                length = target.size(op)
+                if previous_length is not None and (length >= previous_length
                                                     or (fit is not None and fit.attempts >= MAX_FIT_ATTEMPTS)):
                     # Every attempt must shrink the prompt; one that does not would loop, holding a slot.
                     raise ContextLengthExceeded(
                         f"{last_error} (localai could not shorten it further: what is left is the system prompt, "
                         "the last user message and what follows it)", param="messages")
-                previous_length = len(op["prompt"])
-                frames = loaded.worker.generate(op)
+                previous_length = length
+                frames = target.generate(op)
                 first = await frames.__anext__()
                 if first.get("ev") != "error":
                     stack.push_async_callback(_close_quietly, frames)
@@ -158,14 +163,26 @@ class Runtime:
                 self.fit_memory.put(key, dropped, tool_level)
                 log.warning("fitted a conversation for %s into its context: %s", record.name, fit.header())
             return Generation(
-                fit=fit, parser=self._parser(record, loaded, request),
+                fit=fit, parser=target.parser(request),
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
-                _metrics=self.scheduler.metrics,
+                _metrics=self.scheduler.metrics, replica=first.get("replica"),
             )
         except BaseException:
             await stack.aclose()
             raise
+
+    async def _target(self, stack: contextlib.AsyncExitStack, record: ModelRecord,
+                      request: GenerationRequest) -> Target:
+        """Where the request goes: a lease on a local worker, or a remote model's replicas."""
+        if record.remote:
+            pool = self.remotes.pool(record)
+            await pool.refresh()
+            return RemoteTarget(record, pool, pool.model_id(), pool.kind(), pool.context_length())
+        loaded = await stack.enter_async_context(
+            self.scheduler.lease(record, keep_alive=request.keep_alive, overrides=_load_overrides(request))
+        )
+        return LocalTarget(self, record, loaded)
 
     @staticmethod
     def _fitting_enabled(record: ModelRecord, request: GenerationRequest) -> bool:
@@ -176,6 +193,12 @@ class Runtime:
     async def count_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt is, as the model tokenizes it."""
         record = self.registry.get(request.model)
+        if record.remote:  # the upstream's tokenizer is not here: an estimate, about 4 characters a token
+            pool = self.remotes.pool(record)
+            await pool.refresh()
+            _, body = request_body(record, request, request.messages, pool.model_id(), pool.kind(), None)
+            text = json.dumps([body.get("messages", body.get("prompt")), body.get("tools")], ensure_ascii=False)
+            return max(1, len(text) // 4)
         async with self.scheduler.lease(record, keep_alive=request.keep_alive) as loaded:
             prompt = await asyncio.to_thread(self.render_prompt, record, loaded, request, request.messages)
             return await loaded.worker.count_tokens(prompt)
@@ -184,8 +207,21 @@ class Runtime:
                     keep_alive: float | None = None) -> tuple[list[list[float]], int]:
         """L2-normalised embeddings of ``texts`` and the tokens evaluated (a separate context in the worker)."""
         record = self.registry.get(model)
+        if record.remote:
+            return await self.remotes.pool(record).embed(texts)
         async with self.scheduler.lease(record, keep_alive=keep_alive) as loaded:
             return await loaded.worker.embed(texts, truncate=truncate)
+
+    async def load(self, model: str, keep_alive: float | None) -> None:
+        """Load a model now (Ollama's empty prompt); for a remote model, check that a replica answers."""
+        record = self.registry.get(model)
+        if record.remote:
+            pool = self.remotes.pool(record)
+            await pool.refresh()
+            pool.model_id()  # raises when no replica answered
+            return
+        async with self.scheduler.lease(record, keep_alive=keep_alive):
+            pass
 
     @staticmethod
     def template(record: ModelRecord, loaded: LoadedModel) -> prompting.Template:
@@ -275,6 +311,78 @@ class Runtime:
             session=request.session_id, ignore_eos=request.ignore_eos,
             constraint=self._constraint(record, loaded, request),
         )
+
+
+class Target(Protocol):
+    """Where a request is served: what the fitting loop in ``Runtime.start`` needs of it."""
+
+    def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+        """The request as the target takes it (called off the event loop: it may render a template)."""
+
+    def size(self, op: dict[str, Any]) -> int:
+        """How big the prompt is: fitting must make it smaller each attempt."""
+
+    def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Frames: ``prompt`` (accepted) or ``error`` first, then ``text``/``event`` frames and ``done``."""
+
+    def parser(self, request: GenerationRequest) -> OutputParser | None:
+        """What turns generated text into tool calls and reasoning, when the target yields raw text."""
+
+
+@dataclass
+class LocalTarget:
+    """A lease on a local worker: the prompt is rendered here and the worker generates."""
+
+    runtime: Runtime
+    record: ModelRecord
+    loaded: LoadedModel
+
+    def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+        return dict(self.runtime._operation(self.record, self.loaded, request, messages))
+
+    def size(self, op: dict[str, Any]) -> int:
+        return len(op["prompt"])
+
+    def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        return self.loaded.worker.generate(op)  # type: ignore[arg-type]
+
+    def parser(self, request: GenerationRequest) -> OutputParser | None:
+        return self.runtime._parser(self.record, self.loaded, request)
+
+
+@dataclass
+class RemoteTarget:
+    """A remote model's replicas: the request goes upstream as chat completions; events come back parsed."""
+
+    record: ModelRecord
+    pool: RemotePool
+    model_id: str
+    kind: str
+    n_ctx: int
+
+    def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+        path, body = request_body(self.record, request, messages, self.model_id, self.kind, self.pool.spec.priority)
+        headers: dict[str, str] = {}
+        if request.session_id:
+            headers["X-Session-Id"] = request.session_id
+            if self.kind == "dynamo":
+                headers["x-dynamo-session-id"] = request.session_id
+        max_tokens = body.get("max_tokens")
+        # The upstream counts the whole max_tokens against its context: leave exactly that room when fitting.
+        reserve = min(max_tokens, self.n_ctx) if max_tokens else output_reserve(None, self.n_ctx)
+        prompt = body.get("messages", body.get("prompt"))
+        return {"id": new_request_id("remote"), "path": path, "body": body, "headers": headers,
+                "key": routing_key(self.record, request), "reserve": reserve,
+                "size": len(json.dumps([prompt, body.get("tools")], ensure_ascii=False))}
+
+    def size(self, op: dict[str, Any]) -> int:
+        return int(op["size"])
+
+    def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        return self.pool.generate(op)
+
+    def parser(self, request: GenerationRequest) -> OutputParser | None:
+        return None  # the upstream parsed its own tool calls and reasoning
 
 
 def output_reserve(max_tokens: int | None, n_ctx: int) -> int:

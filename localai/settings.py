@@ -103,6 +103,11 @@ class Settings(BaseSettings):
         default=32 << 20, ge=1 << 16,
         description="Largest request body the API accepts, in bytes; larger ones get 413 before any work is done.",
     )
+    remote_health_interval: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="Seconds between health checks (`GET /models`) of a remote model's replicas once it is used; a "
+        "replica taken out is checked sooner (0.5 s, doubling up to this).",
+    )
     debug: bool = Field(default=False, description="Verbose logging in the daemon and workers.")
 
     @field_validator("keep_alive", "responses_ttl", mode="before")

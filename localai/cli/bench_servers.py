@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,13 +24,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float = 120,
+                 statuses: tuple[int, ...] = (200,)) -> None:
+    """Wait until ``url`` answers with one of ``statuses`` (401 too for a server that wants a key)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise DaemonUnavailable(f"the server exited with code {process.returncode}")
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
+            if httpx.get(url, timeout=1).status_code in statuses:
                 return
         except httpx.HTTPError:
             pass
@@ -119,16 +122,37 @@ class ReferenceServer:
         return None
 
     def __enter__(self) -> ReferenceServer:
-        self.log = log = tempfile.TemporaryFile()  # the child's stderr, for the error if it does not start
-        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=log)
+        self.start()
+        return self
+
+    def start(self) -> None:
+        """Start the server (again, on the same port, after ``kill``) and wait until it answers."""
+        if self.log is None:
+            # the child's stderr: for the error if it does not start, and its statistics
+            self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in __exit__
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=self.log)
         try:
-            wait_healthy(f"http://127.0.0.1:{self.port}/v1/models", self.process)
+            wait_healthy(f"http://127.0.0.1:{self.port}/v1/models", self.process, statuses=(200, 401))
         except DaemonUnavailable as exc:
-            log.seek(0)
-            last = (log.read().decode(errors="replace").strip().splitlines() or [""])[-1]
+            last = (self.stderr().strip().splitlines() or [""])[-1]
             self.__exit__()
             raise DaemonUnavailable(f"{self.command()[2]}: {exc.message}: {last} ({self.install_hint})") from exc
-        return self
+
+    def stderr(self) -> str:
+        """What the server has written to stderr so far."""
+        if self.log is None:
+            return ""
+        self.log.flush()
+        self.log.seek(0)
+        text = self.log.read().decode(errors="replace")
+        self.log.seek(0, os.SEEK_END)
+        return text
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies the way a crashed machine's does, without closing anything."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def warm_up(self) -> None:
         body: dict[str, object] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -140,6 +164,7 @@ class ReferenceServer:
         stop_process(self.process)
         if self.log is not None:
             self.log.close()
+            self.log = None
 
 
 class LlamaCppPythonServer(ReferenceServer):
@@ -147,14 +172,28 @@ class LlamaCppPythonServer(ReferenceServer):
 
     install_hint = "it needs llama-cpp-python[server]: pip install -e '.[bench]', or make bench"
 
-    def __init__(self, model_path: str, n_ctx: int = 8192) -> None:
+    def __init__(self, model_path: str, n_ctx: int = 8192, *, threads: int | None = None, alias: str | None = None,
+                 api_key: str | None = None) -> None:
         super().__init__(model_path)
         self.n_ctx = n_ctx
+        self.threads = threads
+        self.alias = alias
+        self.api_key = api_key
 
     def command(self) -> list[str]:
-        threads = os.environ.get("LOCALAI_NUM_THREAD") or str(os.cpu_count() or 1)
-        return [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path, "--n_ctx", str(self.n_ctx),
-                "--n_threads", threads, "--n_threads_batch", threads, "--port", str(self.port), "--host", "127.0.0.1"]
+        threads = str(self.threads or os.environ.get("LOCALAI_NUM_THREAD") or os.cpu_count() or 1)
+        command = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path, "--n_ctx", str(self.n_ctx),
+                   "--n_threads", threads, "--n_threads_batch", threads, "--port", str(self.port),
+                   "--host", "127.0.0.1"]
+        if self.alias:
+            command += ["--model_alias", self.alias]
+        if self.api_key:
+            command += ["--api_key", self.api_key]
+        return command
+
+    def prompt_tokens_evaluated(self) -> int:
+        """Prompt tokens the server computed so far (llama.cpp's timing lines; a reused prefix is not counted)."""
+        return sum(int(n) for n in re.findall(r"prompt eval time =.*?/\s*(\d+) tokens", self.stderr()))
 
 
 class MlxLmServer(ReferenceServer):

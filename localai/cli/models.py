@@ -67,7 +67,8 @@ def list_models(show_library: bool) -> None:
     models = _client().request("GET", "/api/tags")["models"]
     _table(
         ["NAME", "ID", "SIZE", "QUANT", "FAMILY", "CONTEXT", "MODIFIED"],
-        [[m["name"], m["digest"][:12], human_size(m["size"]), m["details"]["quantization_level"],
+        [[m["name"], m["digest"][:12], "remote" if "remote" in m else human_size(m["size"]),
+          m["details"]["quantization_level"],
           m["details"]["family"], str(m.get("context_length") or ""), ago(m["modified_at"])] for m in models],
     )
 
@@ -105,16 +106,23 @@ def ps() -> None:
     models = client.request("GET", "/api/ps")["models"] if running else []
     _table(
         ["NAME", "ENGINE", "PID", "CONTEXT", "ACTIVE", "QUEUED", "UNTIL"],
-        [[m["name"], m.get("engine", ""), str(m["pid"]), str(m["context_length"]), str(m["active_requests"]),
-          str(m.get("queued", 0)),
-          "forever" if m["expires_at"] is None and m["keep_alive"] < 0 else
-          ("busy" if m["expires_at"] is None else ago(m["expires_at"]))] for m in models],
+        [[m["name"], m.get("engine", ""), str(m["pid"] or "-"), str(m["context_length"] or "-"),
+          str(m["active_requests"]), str(m.get("queued", 0)), _until(m)] for m in models],
     )
     broken = _broken_modelfiles(client) if running else []
     if broken:
         click.echo("\nBroken Modelfiles (a model created from one earlier keeps that version):")
         for item in broken:
             click.echo(f"  {_where(item)}")
+
+
+def _until(model: dict[str, Any]) -> str:
+    if "replicas" in model:  # a remote model: nothing to unload, its replicas' health instead
+        up = sum(1 for replica in model["replicas"] if replica["healthy"])
+        return f"{up}/{len(model['replicas'])} replicas up"
+    if model["expires_at"] is None:
+        return "forever" if model["keep_alive"] is not None and model["keep_alive"] < 0 else "busy"
+    return ago(model["expires_at"])
 
 
 @cli.command()
@@ -159,6 +167,14 @@ def show(model: str, part: str | None) -> None:
                          ("context length", info["model_info"].get(f"{details['family']}.context_length")),
                          ("quantization", details["quantization_level"]), ("engine", info.get("engine", ""))):
         click.echo(f"    {label:<16}{value}")
+    remote = info.get("remote")
+    if remote:
+        click.echo("\n  Remote")
+        click.echo(f"    {'upstream model':<16}{remote.get('upstream_model') or '(not known yet)'}")
+        click.echo(f"    {'served by':<16}{remote.get('kind', '')}")
+        for replica in remote.get("replicas", []):
+            state = "up" if replica["healthy"] else f"down: {replica['reason']}"
+            click.echo(f"    {'replica':<16}{replica['url']}  ({state})")
     if info["parameters"]:
         click.echo("\n  Parameters")
         for line in info["parameters"].splitlines():

@@ -41,7 +41,7 @@ from localai.server.common import (
     check_tool_results,
     check_tool_schema,
     collect,
-    fit_headers,
+    generation_headers,
     runtime_of,
     sse,
 )
@@ -219,7 +219,7 @@ def usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> di
 async def messages(body: MessagesRequest, request: Request) -> JSONResponse | StreamingResponse:
     generation = await runtime_of(request).start(body.generation(request))
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
-    headers = fit_headers(generation)
+    headers = generation_headers(generation)
     if not body.stream:
         result = await collect(generation, request)
         content: list[dict[str, Any]] = []

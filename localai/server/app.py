@@ -29,6 +29,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         yield
         await stop_quietly(watcher, watching)
         await runtime.scheduler.shutdown()
+        await runtime.remotes.shutdown()
 
     app = FastAPI(title="localai", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
+from localai.registry import ModelRecord
 from localai.runtime import Generation, Runtime
 from localai.schema import (
     Finished,
@@ -90,6 +91,13 @@ async def collect(generation: Generation, request: Request | None = None) -> Col
     return Collected("".join(text), "".join(reasoning), calls, finished)
 
 
+async def remote_descriptions(runtime: Runtime, records: list[ModelRecord]) -> dict[str, dict[str, Any]]:
+    """What each remote model's upstream reports (context length, model id, replicas), probed concurrently."""
+    remote = [record for record in records if record.remote]
+    found = await asyncio.gather(*(runtime.remotes.describe(record) for record in remote))
+    return {record.name: info for record, info in zip(remote, found, strict=True)}
+
+
 def sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
     """One server-sent event; ``event`` names it (Anthropic and Responses streams do)."""
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
@@ -100,9 +108,13 @@ def sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def fit_headers(generation: Generation) -> dict[str, str]:
-    """Tells the client when its conversation was shortened to fit the context."""
-    return {"X-LocalAI-Context-Fitted": generation.fit.header()} if generation.fit else {}
+def generation_headers(generation: Generation) -> dict[str, str]:
+    """Tells the client when its conversation was shortened to fit the context, and which replica of a remote
+    model serves it."""
+    headers = {"X-LocalAI-Context-Fitted": generation.fit.header()} if generation.fit else {}
+    if generation.replica:
+        headers["X-LocalAI-Replica"] = generation.replica
+    return headers
 
 
 def parse_arguments(text: str | dict[str, Any] | None, param: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from localai.errors import LocalAIError, ServerBusy
+from localai.errors import LocalAIError
 
 log = logging.getLogger("localai.server")
 
@@ -43,7 +43,7 @@ def error_body(path: str, message: str, kind: str, status: int, *, param: str | 
 
 
 def error_response(request: Request, error: LocalAIError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after)} if isinstance(error, ServerBusy) else None
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
     body = error_body(request.url.path, error.message, error.error_type, error.status_code,
                       param=error.param, code=error.code)
     return JSONResponse(body, status_code=error.status_code, headers=headers)

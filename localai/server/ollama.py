@@ -40,7 +40,7 @@ from localai.schema import (
     ToolCallEnd,
     ToolResultBlock,
 )
-from localai.server.common import collect, parse_arguments, runtime_of
+from localai.server.common import collect, generation_headers, parse_arguments, remote_descriptions, runtime_of
 from localai.server.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
 from localai.server.sessions import session_id
 from localai.settings import Settings, parse_duration
@@ -230,7 +230,8 @@ async def _respond(request: Request, generation: Generation, body_stream: bool, 
             extra["thinking"] = result.reasoning
         if result.calls:
             extra["tool_calls"] = _tool_calls_json(result.calls)
-        return JSONResponse({**piece(result.text, **extra), **_final(model, result.finished, started)})
+        return JSONResponse({**piece(result.text, **extra), **_final(model, result.finished, started)},
+                            headers=generation_headers(generation))
 
     def line(payload: dict[str, Any]) -> bytes:
         return (json.dumps(payload, ensure_ascii=False) + "\n").encode()
@@ -253,7 +254,7 @@ async def _respond(request: Request, generation: Generation, body_stream: bool, 
         finally:
             await generation.aclose()
 
-    return StreamingResponse(stream(), media_type="application/x-ndjson")
+    return StreamingResponse(stream(), media_type="application/x-ndjson", headers=generation_headers(generation))
 
 
 async def _load_or_unload(request: Request, model: str, keep_alive: float | None, done_reason: str,
@@ -265,8 +266,7 @@ async def _load_or_unload(request: Request, model: str, keep_alive: float | None
         await runtime.scheduler.unload(record.name)
         done_reason = "unload"
     else:
-        async with runtime.scheduler.lease(record, keep_alive=keep_alive):
-            pass
+        await runtime.load(record.name, keep_alive)
     return JSONResponse({"model": model, "created_at": now_iso(), **piece, "done": True, "done_reason": done_reason})
 
 
@@ -402,14 +402,20 @@ def details(record: ModelRecord) -> dict[str, Any]:
 @router.get("/api/tags")
 async def tags(request: Request) -> dict[str, Any]:
     settings: Settings = request.app.state.settings
+    runtime = runtime_of(request)
+    records = runtime.registry.all()
+    remote = await remote_descriptions(runtime, records)
     models = []
-    for record in runtime_of(request).registry.all():
+    for record in records:
         models.append({
             "name": record.name, "model": record.name, "modified_at": record.modified_at, "size": record.size,
-            "digest": record.sha256, "details": details(record), "context_length": record.context_length,
+            "digest": record.sha256, "details": details(record),
+            "context_length": remote[record.name]["context_length"] if record.remote else record.context_length,
             "engine": chosen_engine(record, settings.engine),  # localai extension
+            **({"remote": remote[record.name]} if record.remote else {}),  # localai extension
         })
     return {"models": models}
+
 
 
 @router.get("/api/ps")
@@ -427,6 +433,14 @@ async def ps(request: Request) -> dict[str, Any]:
             "pid": loaded.worker.pid, "keep_alive": loaded.keep_alive,
             "engine": loaded.worker.backend, "queued": runtime_of(request).scheduler.queued.get(loaded.name, 0),
         })
+    for name, pool in runtime_of(request).remotes.pools.items():  # remote models in use: no process here
+        models.append({
+            "name": name, "model": name, "size": 0, "digest": pool.spec.digest(), "expires_at": None,
+            "details": {"parent_model": "", "format": "remote", "family": "remote", "families": ["remote"],
+                        "parameter_size": "", "quantization_level": ""}, "size_vram": 0,
+            "context_length": pool.context_length() or None, "active_requests": pool.active, "processor": "remote",
+            "pid": None, "keep_alive": None, "engine": "remote", "queued": 0, "replicas": pool.status(),
+        })
     return {"models": models}
 
 
@@ -441,7 +455,7 @@ def _gguf_template(path: str, mtime_ns: int) -> str | None:
 async def capabilities(record: ModelRecord) -> list[str]:
     """What the model can do, as Ollama clients read it: completion, tools, thinking."""
     template = record.template
-    if template is None and record.path:
+    if template is None and record.path and not record.remote:
         with contextlib.suppress(OSError):
             template = await asyncio.to_thread(_gguf_template, record.path, Path(record.path).stat().st_mtime_ns)
     found = ["completion", "tools"]  # tools work with every template (described in the prompt when not native)
@@ -459,16 +473,19 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         for name, value in record.parameters.items()
         for item in (value if isinstance(value, list) else [value])
     )
+    remote = (await runtime_of(request).remotes.describe(record)) if record.remote else None
+    num_ctx = remote["context_length"] if remote else context_size(record, request.app.state.settings)
     return {
         "modelfile": modelfile.render(), "parameters": parameters, "template": record.template or "",
         "system": record.system or "", "license": record.license or "", "details": details(record),
         "model_info": {"general.architecture": record.family,
-                       f"{record.family}.context_length": record.context_length},
+                       f"{record.family}.context_length": num_ctx if remote else record.context_length},
         "capabilities": await capabilities(record), "modified_at": record.modified_at,
         "path": record.path,  # localai extension: the weights file (benchmarks run llama.cpp tools on it)
         # localai extension: the context the daemon loads the model with (launch gives it to agents)
-        "num_ctx": context_size(record, request.app.state.settings),
+        "num_ctx": num_ctx,
         "engine": chosen_engine(record, request.app.state.settings.engine),  # localai extension
+        **({"remote": remote} if remote else {}),  # localai extension: upstream model, kind, replicas' health
     }
 
 

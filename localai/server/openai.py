@@ -14,6 +14,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
+from localai.registry import ModelRecord
+from localai.scheduler import chosen_engine, context_size
 from localai.schema import (
     Block,
     Finished,
@@ -39,12 +41,14 @@ from localai.server.common import (
     check_tool_results,
     check_tool_schema,
     collect,
-    fit_headers,
+    generation_headers,
     parse_arguments,
+    remote_descriptions,
     runtime_of,
     sse,
 )
 from localai.server.sessions import session_id
+from localai.settings import Settings
 
 router = APIRouter()
 
@@ -291,7 +295,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     generation = await runtime_of(request).start(generation_request)
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
-    headers = fit_headers(generation)
+    headers = generation_headers(generation)
     if not body.stream:
         result = await collect(generation, request)
         message: dict[str, Any] = {"role": "assistant", "content": result.text if result.text or not result.calls
@@ -382,25 +386,35 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def model_json(name: str, modified_at: str) -> dict[str, Any]:
+def model_json(name: str, record: ModelRecord, settings: Settings, remote: dict[str, Any] | None) -> dict[str, Any]:
+    """An OpenAI model object, with localai's extensions: the context it serves and the engine (``remote`` for a
+    model served elsewhere)."""
+    modified_at = record.modified_at
     created = int(time.mktime(time.strptime(modified_at[:19], "%Y-%m-%dT%H:%M:%S"))) if modified_at else 0
-    return {"id": name, "object": "model", "created": created, "owned_by": "localai"}
+    context = remote["context_length"] if remote else context_size(record, settings)
+    return {"id": name, "object": "model", "created": created, "owned_by": "localai",
+            "context_length": context or None, "engine": chosen_engine(record, settings.engine)}
 
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    records = runtime_of(request).registry.all()
-    return {"object": "list", "data": [model_json(r.name, r.modified_at) for r in records]}
+    runtime = runtime_of(request)
+    records = runtime.registry.all()
+    remote = await remote_descriptions(runtime, records)
+    settings = request.app.state.settings
+    return {"object": "list", "data": [model_json(r.name, r, settings, remote.get(r.name)) for r in records]}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    runtime = runtime_of(request)
     try:
-        record = runtime_of(request).registry.get(model_id)
+        record = runtime.registry.get(model_id)
     except ModelNotFound as exc:
         exc.param = "model_id"
         raise
-    return model_json(model_id, record.modified_at)
+    remote = (await runtime.remotes.describe(record)) if record.remote else None
+    return model_json(model_id, record, request.app.state.settings, remote)
 
 
 class EmbeddingRequest(BaseModel):

@@ -45,7 +45,7 @@ from localai.server.common import (
     SSE_HEADERS,
     check_tool_results,
     check_tool_schema,
-    fit_headers,
+    generation_headers,
     parse_arguments,
     runtime_of,
     sse,
@@ -408,7 +408,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
         raise
     response_id = _id("resp")
     created = int(time.time())
-    headers = fit_headers(generation)
+    headers = generation_headers(generation)
     builder = OutputBuilder()
 
     async def finish(finished: Finished) -> dict[str, Any]:

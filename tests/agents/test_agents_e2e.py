@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from localai.agents import get
+from localai.cli.bench_servers import LlamaCppPythonServer
 from tests.conftest import Daemon, start_daemon
 
 AGENTS_DIR = Path(__file__).resolve().parents[2] / ".agents"
@@ -140,3 +141,18 @@ def test_aider_on_the_mlx_engine(agent_daemon: Daemon, tmp_path: Path, mlx_model
         assert created.status_code == 200, created.text
         assert http.post("/api/show", json={"model": "smol-mlx-agent"}).json()["engine"] == "mlx"
     check_aider(*run_agent(agent_daemon, tmp_path, "aider", *AIDER_ARGS, model="smol-mlx-agent"))
+
+
+def test_aider_through_a_remote_model(agent_daemon: Daemon, tmp_path: Path,
+                                      llama_servers: list[LlamaCppPythonServer]) -> None:
+    """``localai launch`` with a model that lives on two replicas of llama-cpp-python's own server: the agent
+    neither knows nor cares; the daemon relays its requests to the replica that holds the session."""
+    modelfile = (f"FROM {llama_servers[0].base_url}\nPARAMETER replica {llama_servers[1].base_url}\n"
+                 "PARAMETER num_ctx 2048\nPARAMETER temperature 0\nPARAMETER stop \"<|im_end|>\"\n")
+    with agent_daemon.http() as http:
+        created = http.post("/api/create", json={"model": "smol-remote", "modelfile": modelfile})
+        assert created.status_code == 200, created.text
+    check_aider(*run_agent(agent_daemon, tmp_path, "aider", *AIDER_ARGS, model="smol-remote"))
+    metrics = agent_daemon.http().get("/metrics").text
+    assert re.search(r'localai_upstream_requests_total\{model="smol-remote:latest",outcome="ok",[^}]*\} [1-9]',
+                     metrics), metrics[-2000:]

@@ -1,0 +1,117 @@
+"""Remote models without a server: Modelfile forms and refusals, the hash ring, upstream errors and deltas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from localai.errors import ModelfileError
+from localai.modelfile import parse
+from localai.registry import Registry
+from localai.schema import Message, TextBlock, ToolCallBlock, ToolCallDelta, ToolCallStart, ToolResultBlock
+from localai.upstreams.remote import HashRing, _Call, _call_events, context_error, openai_messages
+from localai.upstreams.spec import RemoteSpec
+
+
+def registry(tmp_path: Path) -> Registry:
+    return Registry.open(tmp_path / "localai.db")
+
+
+def test_a_remote_modelfile_creates_a_remote_model(tmp_path: Path) -> None:
+    text = ("FROM http://gpu-box:8000/v1/\nPARAMETER upstream_model Qwen/Qwen3-Coder-480B\n"
+            "PARAMETER replica http://gpu-box-2:8000/v1\nPARAMETER replica https://gpu-box-3/v1\n"
+            "PARAMETER api_key_env VLLM_KEY\nPARAMETER timeout 30\nPARAMETER num_ctx 65536\nSYSTEM You code.\n")
+    record = registry(tmp_path).create("big", parse(text))
+    assert record.remote and record.engine == "remote" and record.path == "http://gpu-box:8000/v1"
+    assert record.size == 0 and record.context_length == 65536
+    spec = RemoteSpec.of(record.path, record.parameters)
+    assert spec.replicas == ("http://gpu-box:8000/v1", "http://gpu-box-2:8000/v1", "https://gpu-box-3/v1")
+    assert spec.upstream_model == "Qwen/Qwen3-Coder-480B" and spec.api_key_env == "VLLM_KEY" and spec.timeout == 30
+    again = parse(record.modelfile().render())  # `show --modelfile` gives back a Modelfile that makes the same model
+    assert RemoteSpec.of(again.from_, again.parameters) == spec
+    # a model FROM the remote one is remote too, with its own settings on top
+    child = registry(tmp_path).create("big-fast", parse("FROM big\nPARAMETER temperature 0\nPARAMETER priority 5"))
+    assert child.remote and RemoteSpec.of(child.path, child.parameters).priority == 5
+    assert "VLLM_KEY" in json.dumps(child.parameters)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("FROM http://host:8000/v1\nPARAMETER api_key sk-live-123", "never holds an API key"),
+    ("FROM http://user:sk-live-123@host:8000/v1", "holds credentials"),
+    ("FROM http://host:8000/v1\nPARAMETER replica ftp://host/v1", "not an http(s) URL"),
+    ("FROM http://host:8000/v1?key=1", "query"),
+    ("FROM http://host:8000/v1\nPARAMETER api_key_env 1-not-a-name", "environment variable"),
+    ("FROM http://host:8000/v1\nPARAMETER routing random", "routing must be one of"),
+    ("FROM http://host:8000/v1\nPARAMETER timeout 0", "timeout must be between"),
+    ("FROM http://host:8000/v1\nTEMPLATE \"{{ messages }}\"", "TEMPLATE does not apply"),
+    ("FROM http://host:port/v1", "not a valid URL"),
+])
+def test_bad_remote_modelfiles_are_refused_clearly(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ModelfileError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        registry(tmp_path).create("bad", parse(text))
+    assert not registry(tmp_path).exists("bad")
+
+
+def test_remote_parameters_on_local_weights_are_refused(tmp_path: Path) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"not read: refused before")
+    with pytest.raises(ModelfileError, match="only remote models take it"):
+        registry(tmp_path).create("local", parse(f"FROM {gguf}\nPARAMETER upstream_model x"))
+
+
+def test_the_ring_spreads_sessions_and_a_new_replica_moves_few() -> None:
+    two = HashRing(["http://a/v1", "http://b/v1"])
+    three = HashRing(["http://a/v1", "http://b/v1", "http://c/v1"])
+    keys = [f"session-{n}" for n in range(3000)]
+    owners = [two.preference(key)[0] for key in keys]
+    assert 0.4 < owners.count("http://a/v1") / len(keys) < 0.6
+    moved = [key for key, owner in zip(keys, owners, strict=True) if three.preference(key)[0] != owner]
+    assert all(three.preference(key)[0] == "http://c/v1" for key in moved)  # only to the new replica
+    assert 0.2 < len(moved) / len(keys) < 0.45  # about a third, not a reshuffle
+    assert sorted(two.preference("x")) == ["http://a/v1", "http://b/v1"]  # every replica, owner first
+
+
+def test_upstream_context_errors_are_recognised() -> None:
+    vllm = json.dumps({"error": {"message": "This model's maximum context length is 2048 tokens. However, you "
+                                 "requested 3036 tokens (3031 in the messages, 5 in the completion).",
+                                 "code": "context_length_exceeded"}}).encode()
+    assert context_error(vllm, 400) == (2048, 3031)
+    server = json.dumps({"error": {"code": 400, "message": "the request exceeds the available context size",
+                                   "type": "exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 4096}})
+    assert context_error(server.encode(), 400) == (4096, 5000)
+    assert context_error(b'{"error": {"message": "prompt is too long for the context"}}', 400) == (None, None)
+    assert context_error(b'{"error": {"message": "temperature must be positive"}}', 400) is None
+    assert context_error(vllm, 500) is None
+    assert context_error(b"<html>bad gateway</html>", 400) is None
+
+
+def test_tool_call_deltas_that_repeat_their_id_make_one_call() -> None:
+    calls: dict[int, _Call] = {}
+    chunks = [{"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{"}},
+              {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                            "arguments": '"city": "Paris"'}},
+              {"index": 0, "function": {"arguments": "}"}}]
+    events = [event for chunk in chunks for event in _call_events(calls, chunk)]
+    assert events[0] == ToolCallStart(0, "call_1", "get_weather")
+    assert "".join(e.arguments for e in events if isinstance(e, ToolCallDelta)) == '{"city": "Paris"}'
+    # a name that arrives after the first arguments: the start waits for it, the arguments are not lost
+    late: dict[int, _Call] = {}
+    first = _call_events(late, {"index": 0, "id": "c", "function": {"arguments": '{"a": '}})
+    second = _call_events(late, {"index": 0, "function": {"name": "f", "arguments": "1}"}})
+    assert first == [] and second == [ToolCallStart(0, "c", "f"), ToolCallDelta(0, '{"a": 1}')]
+
+
+def test_messages_translate_to_chat_completions() -> None:
+    messages = [Message("developer", [TextBlock("Be brief.")]), Message("user", [TextBlock("Weather?")]),
+                Message("assistant", [ToolCallBlock("c1", "get_weather", {"city": "Paris"}),
+                                      ToolCallBlock("c2", "get_time", {})]),
+                Message("user", [ToolResultBlock("c1", "sunny"), ToolResultBlock("c2", "noon")])]
+    assert openai_messages(messages) == [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "noon"}]
