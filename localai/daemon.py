@@ -49,7 +49,9 @@ def bind_unix_socket(path: Path) -> socket.socket:
 
 def bind_tcp(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP. Without it, Nagle holds a
+    # stream's first chunk behind its headers until the client's delayed ACK (40 ms on Linux) on some requests.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -71,6 +73,8 @@ def serve(settings: Settings) -> None:
         level=logging.DEBUG if settings.debug else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
+    if not settings.debug:  # a line per upstream request (remote models, pulls) would drown the log
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     os.umask(0o077)  # conversations, prompt caches and logs are the user's alone (workers inherit this)
     paths.ensure_home()
     registry = Registry.open()

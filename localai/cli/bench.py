@@ -147,3 +147,76 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
     for other in results[2:]:
         click.echo(f"localai vs {other.name}: median TTFT turns 1-{turns - 1} "
                    f"{ours.median_ttft(later) / other.median_ttft(later):.2f}x")
+
+
+@bench.command("remote")
+@click.option("--model", "-m", default="smollm2", show_default=True, help="A GGUF model the upstreams serve.")
+@click.option("--requests", "-r", default=30, show_default=True, help="TTFT pairs (direct, via localai).")
+@click.option("--gen-tokens", "-n", default=64, show_default=True, help="Reply length for the decode speed.")
+@click.option("--sessions", default=3, show_default=True)
+@click.option("--turns", default=6, show_default=True)
+@click.option("--reply-tokens", default=12, show_default=True)
+@click.option("--seed", default=7, show_default=True)
+@fail_cleanly
+def bench_remote(model: str, requests: int, gen_tokens: int, sessions: int, turns: int, reply_tokens: int,
+                 seed: int) -> None:
+    """A remote model's cost and affinity's worth, against llama-cpp-python's own server (needs the bench extra).
+
+    Overhead: streamed requests straight to the server and through localai (a remote model on it), alternated.
+    Affinity: the interleaved agent trace on two replicas (half the threads each), routed by session, then
+    round-robin; prompt tokens the replicas computed come from their own timing lines.
+    """
+    import os
+    import tempfile
+
+    import httpx
+
+    from localai import bench_agents as trace
+    from localai import bench_remote
+    from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon
+
+    threads = int(os.environ.get("LOCALAI_NUM_THREAD") or os.cpu_count() or 1)
+    with tempfile.TemporaryDirectory(prefix="localai-bench-") as scratch, \
+            ManagedDaemon(scratch + "/home", env={"LOCALAI_REMOTE_HEALTH_INTERVAL": "3600"}) as daemon:
+        # (no health checks during the runs: llama-cpp-python's server can drop a stream that a concurrent
+        # GET /models interrupts, which would be measured as the hop's fault)
+        model_path = daemon.model_path(model)  # the weights only: the daemon's own worker is never loaded
+
+        def create(name: str, modelfile: str) -> None:
+            response = httpx.post(f"http://127.0.0.1:{daemon.port}/api/create",
+                                  json={"model": name, "modelfile": modelfile}, timeout=60)
+            response.raise_for_status()
+
+        with LlamaCppPythonServer(model_path, 4096, threads=threads, alias="upstream") as server:
+            create("hop", f"FROM {server.base_url}\n")
+            direct, via = bench_remote.overhead(server.base_url, "upstream", daemon.base_url, "hop",
+                                                requests=requests, gen_tokens=gen_tokens)
+        click.echo(f"Overhead of the hop ({model}, llama-cpp-python's server, {threads} threads):")
+        for line in bench_remote.overhead_report(direct, via):
+            click.echo("  " + line)
+        evaluated: dict[str, int] = {}
+        results = []
+        for routing in ("session", "round_robin"):
+            replicas = [LlamaCppPythonServer(model_path, 8192, threads=max(1, threads // 2), alias="upstream")
+                        for _ in range(2)]
+            try:
+                for replica in replicas:
+                    replica.start()
+                name = f"trace-{routing.replace('_', '-')}"
+                create(name, f"FROM {replicas[0].base_url}\nPARAMETER replica {replicas[1].base_url}\n"
+                             f"PARAMETER routing {routing}\n")
+                result = trace.run_trace(routing, daemon.base_url, name, sessions=sessions, turns=turns,
+                                         reply_tokens=reply_tokens, think_time=0.0, seed=seed)
+                results.append(result)
+                evaluated[routing] = sum(replica.prompt_tokens_evaluated() for replica in replicas)
+            finally:
+                for replica in replicas:
+                    replica.__exit__()
+    click.echo(f"\nAffinity: {sessions} sessions x {turns} turns interleaved, two replicas (each keeps one "
+               "sequence's prefix, as llama-cpp-python's server does)")
+    for routing, count in evaluated.items():
+        click.echo(f"  {routing:<12} prompt tokens the replicas computed: {count:>7}   median TTFT turns 1-"
+                   f"{turns - 1}: {results[list(evaluated).index(routing)].median_ttft(range(1, turns)):.3f} s")
+    if evaluated.get("round_robin"):
+        click.echo(f"  session affinity computes {evaluated['session'] / evaluated['round_robin']:.2f}x the tokens "
+                   "of round-robin")

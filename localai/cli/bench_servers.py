@@ -53,8 +53,9 @@ def stop_process(process: subprocess.Popen[bytes] | None) -> None:
 class ManagedDaemon:
     """A ``localai serve`` with its own home and port, which the benchmark can restart."""
 
-    def __init__(self, home: str, source: str | None = None) -> None:
+    def __init__(self, home: str, source: str | None = None, env: dict[str, str] | None = None) -> None:
         self.home = home
+        self.env = env or {}  # more LOCALAI_* settings
         self.source = source  # a FROM for models this fresh home does not have (an MLX folder, a GGUF)
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -66,7 +67,7 @@ class ManagedDaemon:
 
     def start(self) -> None:
         env = {**os.environ, "LOCALAI_HOME": self.home, "LOCALAI_HOST": f"127.0.0.1:{self.port}",
-               "LOCALAI_KEEP_ALIVE": "-1"}
+               "LOCALAI_KEEP_ALIVE": "-1", **self.env}
         os.makedirs(self.home, exist_ok=True)
         log = open(os.path.join(self.home, "daemon.log"), "ab")  # noqa: SIM115 - owned by the child
         self.process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log)

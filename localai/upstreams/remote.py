@@ -294,14 +294,15 @@ class RemotePool:
         self._by_url = {replica.url: replica for replica in self.replicas}
         self.ring = HashRing(spec.replicas)
         self._turn = itertools.count()
-        self.client = httpx.AsyncClient(
+        self.client = httpx.AsyncClient(  # honours HTTPS_PROXY and SSL_CERT_FILE, as curl would
             timeout=httpx.Timeout(spec.timeout, connect=spec.connect_timeout),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64), trust_env=False)
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
         self.models: list[dict[str, Any]] = []
         self.models_at = 0.0
         self.active = 0
         self.last_used = time.time()
         self._health: asyncio.Task[None] | None = None
+        self._refreshing: asyncio.Task[None] | None = None
         for replica in self.replicas:
             metrics.upstream_healthy.labels(name, replica.url).set(1)
 
@@ -354,6 +355,8 @@ class RemotePool:
                                              timeout=httpx.Timeout(min(self.spec.timeout, 10.0),
                                                                    connect=self.spec.connect_timeout))
         except httpx.HTTPError as exc:
+            if isinstance(exc, httpx.ReadTimeout) and replica.active:
+                return False  # busy answering our requests, not dead (llama-cpp-python's holds /models meanwhile)
             self.mark_down(replica, describe(exc, min(self.spec.timeout, 10.0)))
             return False
         finally:
@@ -380,9 +383,16 @@ class RemotePool:
             await asyncio.sleep(0.25)
 
     async def refresh(self) -> None:
-        """Make sure the model list is recent: ask the replicas in turn until one answers."""
-        if self.models and time.monotonic() - self.models_at < MODELS_TTL:
+        """Make sure the model list is known: ask the replicas in turn until one answers. A list that is merely
+        old is refreshed in the background, so no request waits on a replica's ``/models``."""
+        if self.models:
+            if time.monotonic() - self.models_at >= MODELS_TTL and self._refreshing is None:
+                self._refreshing = asyncio.create_task(self._refresh())
+                self._refreshing.add_done_callback(lambda _: setattr(self, "_refreshing", None))
             return
+        await self._refresh()
+
+    async def _refresh(self) -> None:
         for replica in self.order(""):
             if await self.check(replica):
                 return
