@@ -212,6 +212,13 @@ class Runtime:
         async with self.scheduler.lease(record, keep_alive=keep_alive) as loaded:
             return await loaded.worker.embed(texts, truncate=truncate)
 
+    async def unload(self, name: str) -> bool:
+        """Unload a model now (``localai stop``, a deleted or edited model): its worker, or a remote model's pool
+        (health checks stop; the next request makes a new one). True when something was loaded."""
+        had_pool = name in self.remotes.pools
+        self.remotes.forget(name)
+        return await self.scheduler.unload(name) or had_pool
+
     async def load(self, model: str, keep_alive: float | None) -> None:
         """Load a model now (Ollama's empty prompt); for a remote model, check that a replica answers."""
         record = self.registry.get(model)

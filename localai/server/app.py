@@ -24,7 +24,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         watcher = app.state.watcher = ModelfileWatcher(paths.user_modelfiles_dir(), runtime.registry,
-                                                       unload=runtime.scheduler.unload)
+                                                       unload=runtime.unload)
         watching = asyncio.create_task(watcher.run(), name="modelfile-watcher")
         yield
         await stop_quietly(watcher, watching)

@@ -24,6 +24,7 @@ from localai.schema import (
     ToolCallEnd,
     ToolResultBlock,
 )
+from localai.upstreams.remote import PROBE
 
 T = TypeVar("T")
 
@@ -91,10 +92,12 @@ async def collect(generation: Generation, request: Request | None = None) -> Col
     return Collected("".join(text), "".join(reasoning), calls, finished)
 
 
-async def remote_descriptions(runtime: Runtime, records: list[ModelRecord]) -> dict[str, dict[str, Any]]:
-    """What each remote model's upstream reports (context length, model id, replicas), probed concurrently."""
+async def remote_descriptions(request: Request, records: list[ModelRecord]) -> dict[str, dict[str, Any]]:
+    """What each remote model's upstream reports (context length, model id, replicas), probed concurrently
+    (not when another localai's probe asks: see ``PROBE``)."""
     remote = [record for record in records if record.remote]
-    found = await asyncio.gather(*(runtime.remotes.describe(record) for record in remote))
+    probe = PROBE.lower() not in request.headers
+    found = await asyncio.gather(*(runtime_of(request).remotes.describe(record, probe=probe) for record in remote))
     return {record.name: info for record, info in zip(remote, found, strict=True)}
 
 

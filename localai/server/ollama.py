@@ -263,7 +263,7 @@ async def _load_or_unload(request: Request, model: str, keep_alive: float | None
     runtime = runtime_of(request)
     record = runtime.registry.get(model)
     if keep_alive is not None and keep_alive == 0:
-        await runtime.scheduler.unload(record.name)
+        await runtime.unload(record.name)
         done_reason = "unload"
     else:
         await runtime.load(record.name, keep_alive)
@@ -404,7 +404,7 @@ async def tags(request: Request) -> dict[str, Any]:
     settings: Settings = request.app.state.settings
     runtime = runtime_of(request)
     records = runtime.registry.all()
-    remote = await remote_descriptions(runtime, records)
+    remote = await remote_descriptions(request, records)
     models = []
     for record in records:
         models.append({
@@ -473,7 +473,7 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         for name, value in record.parameters.items()
         for item in (value if isinstance(value, list) else [value])
     )
-    remote = (await runtime_of(request).remotes.describe(record)) if record.remote else None
+    remote = (await remote_descriptions(request, [record])).get(record.name)
     num_ctx = remote["context_length"] if remote else context_size(record, request.app.state.settings)
     return {
         "modelfile": modelfile.render(), "parameters": parameters, "template": record.template or "",
@@ -496,7 +496,7 @@ async def delete(body: ModelRef, request: Request) -> JSONResponse:
     record = runtime.registry.get(name)
     removed = await runtime.registry.off_loop(lambda registry: registry.remove(name))  # deletes GB-sized blobs
     if record.name in removed:  # removing only an alias leaves the model loaded
-        await runtime.scheduler.unload(record.name)
+        await runtime.unload(record.name)
     return JSONResponse({"deleted": removed})
 
 

@@ -400,7 +400,7 @@ def model_json(name: str, record: ModelRecord, settings: Settings, remote: dict[
 async def list_models(request: Request) -> dict[str, Any]:
     runtime = runtime_of(request)
     records = runtime.registry.all()
-    remote = await remote_descriptions(runtime, records)
+    remote = await remote_descriptions(request, records)
     settings = request.app.state.settings
     return {"object": "list", "data": [model_json(r.name, r, settings, remote.get(r.name)) for r in records]}
 
@@ -413,7 +413,7 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     except ModelNotFound as exc:
         exc.param = "model_id"
         raise
-    remote = (await runtime.remotes.describe(record)) if record.remote else None
+    remote = (await remote_descriptions(request, [record])).get(record.name)
     return model_json(model_id, record, request.app.state.settings, remote)
 
 

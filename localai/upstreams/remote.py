@@ -60,6 +60,9 @@ log = logging.getLogger("localai.remote")
 VNODES = 64  # points per replica on the ring: sessions spread within a few percent of even
 MODELS_TTL = 60.0  # seconds a /models answer is trusted for the model id and context length
 MAX_ERROR_BODY = 64 << 10
+# Sent with localai's own GET /models: a localai upstream answering it does not probe its own remote models, so
+# models that point at each other (or at their own daemon) cannot make the listings wait on one another.
+PROBE = "X-LocalAI-Probe"
 SAMPLING_FIELDS = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
                    "typical_p")
 CONTEXT_KEYS = ("max_model_len", "context_length", "context_window", "max_context_length")
@@ -212,8 +215,8 @@ def request_body(record: ModelRecord, request: GenerationRequest, messages: Sequ
         if record.system and not any(m.role in ("system", "developer") for m in shaped):
             shaped.insert(0, Message("system", [TextBlock(record.system)]))
         extra = [Message(m["role"], [TextBlock(m["content"])]) for m in record.messages]  # type: ignore[arg-type]
-        leading = len([m for m in shaped if m.role in ("system", "developer")][:1]) if shaped else 0
-        shaped[leading:leading] = extra
+        leading = 1 if shaped and shaped[0].role in ("system", "developer") else 0
+        shaped[leading:leading] = extra  # the Modelfile's MESSAGEs: after the system prompt, before the talk
         body["messages"] = openai_messages(shaped)
     sampling: dict[str, Any] = {k: v for k, v in params.items() if k in SAMPLING_FIELDS}
     sampling.update({k: v for k, v in request.sampling.as_dict().items() if k in SAMPLING_FIELDS})
@@ -351,7 +354,7 @@ class RemotePool:
         """``GET /models`` on one replica: marks it up or down; a 200 refreshes what the upstream serves."""
         replica.next_check = time.monotonic() + self.interval
         try:
-            response = await self.client.get(f"{replica.url}/models", headers=self.spec.headers(),
+            response = await self.client.get(f"{replica.url}/models", headers={**self.spec.headers(), PROBE: "1"},
                                              timeout=httpx.Timeout(min(self.spec.timeout, 10.0),
                                                                    connect=self.spec.connect_timeout))
         except httpx.HTTPError as exc:
@@ -402,7 +405,8 @@ class RemotePool:
         wanted = self.spec.upstream_model
         if wanted is None:
             return self.models[0] if len(self.models) == 1 else None
-        return next((m for m in self.models if m.get("id") == wanted), None)
+        names = {wanted, f"{wanted}:latest"} if ":" not in wanted.rsplit("/", 1)[-1] else {wanted}  # Ollama-style
+        return next((m for m in self.models if m.get("id") in names), None)
 
     def model_id(self) -> str:
         if self.spec.upstream_model:
@@ -721,18 +725,26 @@ class Remotes:
         if pool is not None and pool.spec == spec:
             return pool
         if pool is not None:  # its Modelfile changed: new replicas, new settings; its requests finish first
-            task = asyncio.ensure_future(pool.close(drain=True))
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
+            self.forget(record.name)
         pool = self.pools[record.name] = RemotePool(record.name, spec, self.metrics, self.health_interval)
         pool.start()
         return pool
 
-    async def describe(self, record: ModelRecord) -> dict[str, Any]:
-        """What ``show``/``list`` report: context length, upstream model and kind, replicas (probing once)."""
+    def forget(self, name: str) -> None:
+        """A deleted or replaced model: stop its health checks once its requests are done."""
+        pool = self.pools.pop(name, None)
+        if pool is not None:
+            task = asyncio.ensure_future(pool.close(drain=True))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+
+    async def describe(self, record: ModelRecord, *, probe: bool = True) -> dict[str, Any]:
+        """What ``show``/``list`` report: context length, upstream model and kind, replicas (asking a replica
+        first unless ``probe`` is False: a listing asked for by another daemon's probe, which could loop)."""
         pool = self.pool(record)
-        with contextlib.suppress(LocalAIError, TimeoutError):
-            await asyncio.wait_for(pool.refresh(), pool.spec.connect_timeout + 2)
+        if probe:
+            with contextlib.suppress(LocalAIError, TimeoutError):
+                await asyncio.wait_for(pool.refresh(), pool.spec.connect_timeout + 2)
         with contextlib.suppress(LocalAIError):
             upstream = pool.model_id()
             return {"context_length": pool.context_length(), "upstream_model": upstream, "kind": pool.kind(),

@@ -156,3 +156,20 @@ def test_aider_through_a_remote_model(agent_daemon: Daemon, tmp_path: Path,
     metrics = agent_daemon.http().get("/metrics").text
     assert re.search(r'localai_upstream_requests_total\{model="smol-remote:latest",outcome="ok",[^}]*\} [1-9]',
                      metrics), metrics[-2000:]
+
+
+def test_claude_code_on_a_remote_model(agent_daemon: Daemon, tmp_path: Path) -> None:
+    """``localai launch claude --model big`` where ``big`` is served by another localai over chat completions (here
+    the daemon's own TCP port, so no second model is loaded): Claude Code speaks Anthropic Messages, which localai
+    translates for the upstream, and it gets the upstream's context window."""
+    with agent_daemon.http() as http:
+        created = http.post("/api/create", json={"model": "big", "modelfile": (
+            f"FROM {agent_daemon.base_url}/v1\nPARAMETER upstream_model {MODEL}\n")})
+        assert created.status_code == 200, created.text
+        shown = http.post("/api/show", json={"model": "big"}).json()
+        assert shown["engine"] == "remote" and shown["num_ctx"] == 8192  # what the upstream says it serves
+    result, log = run_agent(agent_daemon, tmp_path, "claude", "-p", PROMPT, "--output-format", "json", model="big")
+    assert result.returncode == 0, result.stdout + result.stderr
+    reply = json.loads(result.stdout.strip().splitlines()[-1])
+    assert reply["is_error"] is False and reply["result"].strip()
+    assert served(log, "POST /v1/messages") and served(log, "POST /v1/chat/completions"), log[-3000:]

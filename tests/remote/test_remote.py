@@ -140,6 +140,17 @@ def test_list_show_ps_and_models_report_a_remote_model(remote_daemon: Daemon) ->
     assert ps.returncode == 0 and "2/2 replicas up" in ps.stdout, ps.stdout
 
 
+def test_a_remote_model_on_its_own_daemon_lists_without_looping(remote_daemon: Daemon) -> None:
+    """``loop`` is served by this same daemon's ``big`` (two hops): listing it asks the daemon's /v1/models, which
+    must not probe ``loop`` again (before the probe header, every listing waited out a 7 s probe)."""
+    create(remote_daemon, "loop", f"FROM {remote_daemon.base_url}/v1\nPARAMETER upstream_model big\n")
+    with remote_daemon.http(timeout=5) as http:  # a listing that waits on itself would time out here
+        tags = {m["name"]: m for m in http.get("/api/tags").json()["models"]}
+        assert tags["loop:latest"]["context_length"] == 2048 and tags["loop:latest"]["remote"]["kind"] == "localai"
+    answer = post(remote_daemon, "/v1/chat/completions", {"model": "loop", "messages": HI, "max_tokens": 4})
+    assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"]
+
+
 def test_sessions_stick_to_one_replica_and_spread(remote_daemon: Daemon) -> None:
     placement: dict[str, set[str]] = {}
     for _ in range(2):
@@ -237,6 +248,10 @@ def test_all_replicas_down_is_a_clear_error_in_each_dialect(remote_daemon: Daemo
     unknown = post(remote_daemon, "/v1/chat/completions", {"model": "gone2", "messages": HI})
     assert unknown.status_code == 503 and "upstream_model" in unknown.json()["error"]["message"]
     assert remote_daemon.http().get("/health").status_code == 200
+    # deleted, a remote model stops being health-checked and leaves `ps`
+    assert "gone:latest" in [m["name"] for m in remote_daemon.http().get("/api/ps").json()["models"]]
+    assert remote_daemon.http().request("DELETE", "/api/delete", json={"model": "gone"}).status_code == 200
+    assert "gone:latest" not in [m["name"] for m in remote_daemon.http().get("/api/ps").json()["models"]]
 
 
 def test_a_slow_upstream_times_out_naming_the_replica(remote_daemon: Daemon,
