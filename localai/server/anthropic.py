@@ -9,6 +9,7 @@ Accepted and ignored: ``cache_control`` on any block (localai caches every prefi
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -98,6 +99,13 @@ class ThinkingConfig(BaseModel):
     type: str
 
 
+# Claude Code (2.1.36 and later) starts the system prompt with a billing line whose hash changes on every request
+# ("x-anthropic-billing-header: cc_version=...; cc_entrypoint=cli; cch=<hash>;"): left in, no two prompts share
+# more than its first few tokens and the prompt cache misses everything after them. It says nothing to the model.
+# `localai launch` turns it off (CLAUDE_CODE_ATTRIBUTION_HEADER=0); this drops it for Claude Code started otherwise.
+BILLING_LINE = re.compile(r"\A\s*x-anthropic-billing-header:[^\n]*(?:\n|\Z)", re.IGNORECASE)
+
+
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
@@ -133,9 +141,10 @@ class MessagesRequest(BaseModel):
 
     def internal_messages(self) -> list[Message]:
         messages: list[Message] = []
-        if self.system:
-            text = self.system if isinstance(self.system, str) else "\n\n".join(b.text for b in self.system if b.text)
-            messages.append(Message("system", [TextBlock(text)]))
+        texts = [self.system] if isinstance(self.system, str) else [b.text for b in self.system or [] if b.text]
+        texts = [kept for kept in (BILLING_LINE.sub("", text, count=1) for text in texts) if kept.strip()]
+        if texts:
+            messages.append(Message("system", [TextBlock("\n\n".join(texts))]))
         for index, message in enumerate(self.messages):
             param = f"messages.{index}"
             if message.role not in ("user", "assistant", "system"):

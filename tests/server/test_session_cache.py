@@ -174,3 +174,30 @@ def test_system_prompt_is_stored_as_its_own_shared_entry_and_the_api_manages_pin
         bad = http.post("/api/cache/pin", json={"ttl": "10m"})
         assert bad.status_code == 400
         assert http.request("DELETE", "/api/cache/pin", json={"session": "first"}).json()["removed"] is True
+
+
+def test_claude_codes_per_request_billing_line_does_not_cost_the_prefix(daemon: Daemon) -> None:
+    """Claude Code started without `localai launch` puts a billing line with a per-request hash first in its
+    system prompt (llama.cpp #20623, Ollama #14918): the daemon drops it, so the next request reuses everything."""
+
+    def ask(cch: str) -> dict[str, int]:
+        body = {"model": "smollm2", "max_tokens": 4, "temperature": 0, "system": [
+            {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.170.a1b; cc_entrypoint=cli; "
+                                     f"cch={cch};"},
+            {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "What is a stack?"}]}
+        with daemon.http() as http:
+            response = http.post("/v1/messages", json=body, headers={"X-Claude-Code-Session-Id": "billing-line"})
+        assert response.status_code == 200, response.text
+        usage: dict[str, int] = response.json()["usage"]
+        return usage
+
+    ask("3fa1c")
+    second = ask("9d04e")  # only the hash changed
+    total = second["input_tokens"] + second["cache_read_input_tokens"]
+    assert second["cache_read_input_tokens"] >= total - 2, second  # before: ~25 tokens, up to the hash
+    with daemon.http() as http:  # and the model never sees the line
+        counted = [http.post("/v1/messages/count_tokens", json={"model": "smollm2", "system": system, "messages": [
+            {"role": "user", "content": "hi"}]}).json()["input_tokens"]
+            for system in ("x-anthropic-billing-header: cch=1;\nBe brief.", "Be brief.")]
+    assert counted[0] == counted[1]
