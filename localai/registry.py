@@ -254,15 +254,19 @@ class Registry:
             size = weights.total_size(path)
         except (OSError, ValueError) as exc:
             raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
-        parameters: dict[str, ParameterValue] = dict(base.parameters) if base else {}
-        parameters.update(modelfile.parameters)
+        return self._compose_row(
+            key, modelfile, base, source or (base.source if base else modelfile.from_), _parameters(base, modelfile),
+            path=str(path), format=fmt, sha256=self._digest(path), size=size, family=meta.architecture,
+            quantization=meta.quantization, parameter_size=meta.parameter_size, context_length=meta.context_length,
+        )
+
+    def _compose_row(self, key: str, modelfile: Modelfile, base: ModelRecord | None, source: str,
+                     parameters: dict[str, ParameterValue], **weights: Any) -> dict[str, Any]:
+        """A model's row: ``weights`` (path, format, digest, size, metadata) and what the Modelfile and its base
+        say; a re-created model keeps its creation time."""
         stamp = now()
         row = {
-            "name": key, "alias_of": None, "source": source or (base.source if base else modelfile.from_),
-            "path": str(path), "format": fmt, "sha256": self._digest(path),
-            "size": size, "family": meta.architecture, "quantization": meta.quantization,
-            "parameter_size": meta.parameter_size, "context_length": meta.context_length,
-            "parameters": json.dumps(parameters),
+            "name": key, "alias_of": None, "source": source, **weights, "parameters": json.dumps(parameters),
             "template": modelfile.template if modelfile.template is not None else (base.template if base else None),
             "system": modelfile.system if modelfile.system is not None else (base.system if base else None),
             "messages": json.dumps(modelfile.messages or (base.messages if base else [])),
@@ -281,25 +285,14 @@ class Registry:
             raise ModelfileError("ADAPTER is not supported for remote models")
         if modelfile.template is not None:
             raise ModelfileError("TEMPLATE does not apply to a remote model: the upstream renders its own template")
-        parameters: dict[str, ParameterValue] = dict(base.parameters) if base else {}
-        parameters.update(modelfile.parameters)
+        parameters = _parameters(base, modelfile)
         first = base.path if base else check_url(modelfile.from_, "FROM")
         spec = RemoteSpec.of(first, parameters)
-        stamp = now()
-        row = {
-            "name": key, "alias_of": None, "source": source or (base.source if base else first), "path": first,
-            "format": REMOTE_FORMAT, "sha256": spec.digest(), "size": 0, "family": "remote", "quantization": "",
-            "parameter_size": "", "context_length": spec.num_ctx or 0, "parameters": json.dumps(parameters),
-            "template": None,
-            "system": modelfile.system if modelfile.system is not None else (base.system if base else None),
-            "messages": json.dumps(modelfile.messages or (base.messages if base else [])),
-            "adapters": "[]", "license": modelfile.license, "modelfile": modelfile.render(),
-            "created_at": stamp, "modified_at": stamp,
-        }
-        existing = self._row(key)
-        if existing is not None and existing["created_at"]:
-            row["created_at"] = existing["created_at"]
-        return row
+        return self._compose_row(
+            key, modelfile, base, source or (base.source if base else first), parameters, path=first,
+            format=REMOTE_FORMAT, sha256=spec.digest(), size=0, family="remote", quantization="", parameter_size="",
+            context_length=spec.num_ctx or 0,
+        )
 
     def _digest(self, path: Path) -> str:
         """Pulled weights are named by their verified hashes in the cache; other files are hashed once."""
@@ -409,6 +402,11 @@ class Registry:
         self.alias(EMBEDDED_ALIAS, EMBEDDED_MODEL)
         log.info("registered the embedded model %s from %s", EMBEDDED_MODEL, weights)
         return record
+
+
+def _parameters(base: ModelRecord | None, modelfile: Modelfile) -> dict[str, ParameterValue]:
+    """The base model's parameters with the Modelfile's on top."""
+    return {**(base.parameters if base else {}), **modelfile.parameters}
 
 
 def resolve_weights(reference: str) -> Path | None:

@@ -23,7 +23,7 @@ from localai.scheduler import LoadedModel, Scheduler
 from localai.schema import Event, Finished, GenerationRequest, Message, TextDelta, ToolChoice, Usage
 from localai.settings import Settings
 from localai.tool_calls import OutputParser
-from localai.upstreams.remote import RemotePool, Remotes, request_body, routing_key
+from localai.upstreams.remote import RemotePool, Remotes, estimated_tokens, request_body, routing_key
 
 log = logging.getLogger("localai.runtime")
 SAMPLING_KEYS = frozenset(Sampling.__annotations__)
@@ -176,13 +176,17 @@ class Runtime:
                       request: GenerationRequest) -> Target:
         """Where the request goes: a lease on a local worker, or a remote model's replicas."""
         if record.remote:
-            pool = self.remotes.pool(record)
-            await pool.refresh()
-            return RemoteTarget(record, pool, pool.model_id(), pool.kind(), pool.context_length())
+            return await self._remote_target(record)
         loaded = await stack.enter_async_context(
             self.scheduler.lease(record, keep_alive=request.keep_alive, overrides=_load_overrides(request))
         )
         return LocalTarget(self, record, loaded)
+
+    async def _remote_target(self, record: ModelRecord) -> RemoteTarget:
+        """A remote model's pool, once a replica has said what it serves (raises when none can)."""
+        pool = self.remotes.pool(record)
+        await pool.refresh()
+        return RemoteTarget(record, pool, pool.model_id(), pool.kind(), pool.context_length())
 
     @staticmethod
     def _fitting_enabled(record: ModelRecord, request: GenerationRequest) -> bool:
@@ -193,12 +197,9 @@ class Runtime:
     async def count_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt is, as the model tokenizes it."""
         record = self.registry.get(request.model)
-        if record.remote:  # the upstream's tokenizer is not here: an estimate, about 4 characters a token
-            pool = self.remotes.pool(record)
-            await pool.refresh()
-            _, body = request_body(record, request, request.messages, pool.model_id(), pool.kind(), None)
-            text = json.dumps([body.get("messages", body.get("prompt")), body.get("tools")], ensure_ascii=False)
-            return max(1, len(text) // 4)
+        if record.remote:  # the upstream's tokenizer is not here: an estimate
+            target = await self._remote_target(record)
+            return estimated_tokens(target.operation(request, request.messages))
         async with self.scheduler.lease(record, keep_alive=request.keep_alive) as loaded:
             prompt = await asyncio.to_thread(self.render_prompt, record, loaded, request, request.messages)
             return await loaded.worker.count_tokens(prompt)
@@ -223,9 +224,7 @@ class Runtime:
         """Load a model now (Ollama's empty prompt); for a remote model, check that a replica answers."""
         record = self.registry.get(model)
         if record.remote:
-            pool = self.remotes.pool(record)
-            await pool.refresh()
-            pool.model_id()  # raises when no replica answered
+            await self._remote_target(record)  # raises when no replica answered
             return
         async with self.scheduler.lease(record, keep_alive=keep_alive):
             pass

@@ -109,7 +109,6 @@ class Replica:
     failures: int = 0
     active: int = 0
     next_check: float = 0.0
-    checked: bool = False
 
 
 def describe(exc: BaseException, timeout: float) -> str:
@@ -263,6 +262,11 @@ def request_body(record: ModelRecord, request: GenerationRequest, messages: Sequ
     return path, body
 
 
+def estimated_tokens(op: dict[str, Any]) -> int:
+    """A prompt's tokens without the upstream's tokenizer: about 4 characters of its JSON a token."""
+    return max(1, int(op["size"]) // 4)
+
+
 def routing_key(record: ModelRecord, request: GenerationRequest) -> str:
     """The session a request belongs to: its id, else its first messages (or the prompt's start)."""
     if request.session_id:
@@ -303,7 +307,6 @@ class RemotePool:
         self.models: list[dict[str, Any]] = []
         self.models_at = 0.0
         self.active = 0
-        self.last_used = time.time()
         self._health: asyncio.Task[None] | None = None
         self._refreshing: asyncio.Task[None] | None = None
         for replica in self.replicas:
@@ -362,8 +365,6 @@ class RemotePool:
                 return False  # busy answering our requests, not dead (llama-cpp-python's holds /models meanwhile)
             self.mark_down(replica, describe(exc, min(self.spec.timeout, 10.0)))
             return False
-        finally:
-            replica.checked = True
         if response.status_code >= 500:
             self.mark_down(replica, f"GET /models answered {response.status_code}")
             return False
@@ -516,7 +517,6 @@ class RemotePool:
             finally:
                 replica.active -= 1
                 self.active -= 1
-                self.last_used = time.time()
                 if response is not None:
                     await response.aclose()  # also what cancels the upstream request when the client went away
         error = UpstreamTimeout if failures and timeouts == len(failures) else UpstreamUnavailable
@@ -554,7 +554,7 @@ class RemotePool:
                 raise ContextLengthExceeded(f"{where}: {message} (the upstream does not report its context length; "
                                             "set PARAMETER num_ctx so localai can fit conversations)",
                                             param="messages")
-            estimate = max(n_ctx + 1, op["size"] // 4)
+            estimate = max(n_ctx + 1, estimated_tokens(op))
             return {"ev": "error", "id": op["id"], "kind": "context_length", "n_ctx": n_ctx,
                     "prompt_tokens": prompt_tokens or estimate, "message": f"{where}: {message}"}
         raise InvalidRequest(f"{where} refused the request (HTTP {status}): {message}")
@@ -627,7 +627,7 @@ class RemotePool:
         # Servers that report no usage while streaming (llama-cpp-python's): about 4 characters a token, so agents
         # that compact their context by the reported input size still see it grow.
         yield {"ev": "done", "id": op["id"], "finish_reason": finish, "stop_sequence": None, "usage": {
-            "prompt_tokens": int(usage.get("prompt_tokens") or op["size"] // 4),
+            "prompt_tokens": int(usage.get("prompt_tokens") or estimated_tokens(op)),
             "completion_tokens": int(usage.get("completion_tokens") or pieces),
             "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
         }}
@@ -745,12 +745,12 @@ class Remotes:
         if probe:
             with contextlib.suppress(LocalAIError, TimeoutError):
                 await asyncio.wait_for(pool.refresh(), pool.spec.connect_timeout + 2)
-        with contextlib.suppress(LocalAIError):
-            upstream = pool.model_id()
-            return {"context_length": pool.context_length(), "upstream_model": upstream, "kind": pool.kind(),
-                    "replicas": pool.status()}
-        return {"context_length": pool.context_length(), "upstream_model": pool.spec.upstream_model,
-                "kind": pool.kind(), "replicas": pool.status()}
+        try:
+            upstream: str | None = pool.model_id()
+        except LocalAIError:  # not known yet: no replica answered
+            upstream = pool.spec.upstream_model
+        return {"context_length": pool.context_length(), "upstream_model": upstream, "kind": pool.kind(),
+                "replicas": pool.status()}
 
     async def shutdown(self) -> None:
         await asyncio.gather(*(pool.close() for pool in self.pools.values()), return_exceptions=True)
