@@ -16,7 +16,8 @@ from typing import Any
 
 from localai import paths
 from localai.errors import InvalidRequest
-from localai.session_cache import CorruptEntry, read_header
+from localai.promptcache import legacy
+from localai.promptcache.blocks import CorruptEntry, Folder
 
 PINS_FILE = "pins.json"
 
@@ -26,7 +27,8 @@ class EntryInfo:
     id: str
     fingerprint: str
     tokens: int
-    bytes: int
+    bytes: int  # its blocks (shared ones counted in every entry that uses them) and snapshot
+    blocks: int
     session: str | None
     kind: str
     last_used: float
@@ -35,7 +37,8 @@ class EntryInfo:
 
 @dataclass
 class Pin:
-    """Keeps entries from eviction until ``expires_at``: all of a session's, or one entry (a prefix)."""
+    """Keeps entries (their whole chains of blocks) from eviction until ``expires_at``: all of a session's, or one
+    entry (a prefix)."""
 
     session: str | None
     entry: str | None
@@ -96,43 +99,71 @@ def remove_pin(*, session: str | None, entry: str | None, root: Path | None = No
     return len(kept) != len(pins)
 
 
-def read_kind_and_session(path: Path) -> tuple[str, str | None]:
-    """An entry file's kind and session, from its header ("history", None when unreadable)."""
-    try:
-        header, _ = read_header(path, path.parent.name)
-    except (OSError, CorruptEntry, KeyError, ValueError):
-        return "history", None
-    return str(header.get("kind", "history")), header.get("session")
+def folders(root: Path | None = None) -> list[Folder]:
+    """Every fingerprint folder, scanned (headers only)."""
+    base = root or paths.cache_dir()
+    found = []
+    for path in sorted(base.glob("*/")) if base.exists() else []:
+        if path.is_dir() and not path.name.startswith("."):
+            folder = Folder(path)
+            folder.scan()
+            found.append(folder)
+    return found
 
 
 def list_entries(root: Path | None = None) -> list[EntryInfo]:
     base = root or paths.cache_dir()
     pins = load_pins(base)
     entries = []
-    for path in sorted(base.glob("*/*.kv")):
-        if path.name.startswith("."):
-            continue  # a write in progress (.tmp-*), not an entry yet
-        try:
-            header, tokens = read_header(path, path.parent.name)
-            stat = path.stat()
-        except (OSError, CorruptEntry, KeyError, ValueError):
-            continue
-        entries.append(EntryInfo(
-            id=path.stem, fingerprint=path.parent.name, tokens=len(tokens), bytes=stat.st_size,
-            session=header.get("session"), kind=header.get("kind", "history"), last_used=stat.st_mtime,
-            pinned_until=pinned_until(pins, path.stem, header.get("session")),
-        ))
+    for folder in folders(base):
+        for head in folder.heads.values():
+            keys = folder.chain(head.key)
+            size = sum(folder.blocks[key].size for key in keys) + folder.snapshots.get(head.key, 0)
+            entries.append(EntryInfo(
+                id=head.id, fingerprint=folder.fingerprint, tokens=head.n_tokens, bytes=size, blocks=len(keys),
+                session=head.session, kind=head.kind, last_used=head.last_used,
+                pinned_until=pinned_until(pins, head.id, head.session),
+            ))
+        for path in folder.path.glob("*.kv"):  # whole-sequence entries from before blocks
+            try:
+                header, tokens = legacy.read_header(path, folder.fingerprint)
+                stat = path.stat()
+            except (OSError, CorruptEntry):
+                continue
+            entries.append(EntryInfo(
+                id=path.stem, fingerprint=folder.fingerprint, tokens=len(tokens), bytes=stat.st_size, blocks=0,
+                session=header.get("session"), kind="legacy", last_used=stat.st_mtime,
+                pinned_until=pinned_until(pins, path.stem, header.get("session")),
+            ))
+    entries.sort(key=lambda e: e.last_used, reverse=True)
     return entries
 
 
 def stats(root: Path | None = None) -> dict[str, Any]:
-    entries = list_entries(root)
+    """Totals: entries, the blocks they share, bytes on disk (each block once), tokens, pins."""
+    base = root or paths.cache_dir()
+    entries = list_entries(base)
+    scanned = folders(base)
+    legacy_bytes = sum(e.bytes for e in entries if e.kind == "legacy")
     return {
-        "entries": len(entries), "bytes": sum(e.bytes for e in entries),
-        "tokens": sum(e.tokens for e in entries), "pinned": sum(1 for e in entries if e.pinned_until),
+        "entries": len(entries), "blocks": sum(len(f.blocks) for f in scanned),
+        "bytes": sum(f.bytes_on_disk() for f in scanned) + legacy_bytes,
+        "tokens": sum(e.tokens for e in entries),
+        "block_tokens": sum(len(b.tokens) for f in scanned for b in f.blocks.values()),
+        "pinned": sum(1 for e in entries if e.pinned_until),
         "sessions": len({e.session for e in entries if e.session}),
-        "fingerprints": len({e.fingerprint for e in entries}), "pins": len(load_pins(root)),
+        "fingerprints": len(scanned), "pins": len(load_pins(base)),
     }
+
+
+def _drop_heads(folder: Folder, head_ids: list[str]) -> None:
+    """Remove entries, and the blocks no remaining entry reaches."""
+    chains = {key for head_id in head_ids if head_id in folder.heads
+              for key in folder.chain(folder.heads[head_id].key)}
+    for head_id in head_ids:
+        folder.drop_head(head_id)
+    for key in chains - folder.referenced():
+        folder.drop_block(key)
 
 
 def remove_entries(*, entry: str | None = None, session: str | None = None, root: Path | None = None) -> int:
@@ -141,39 +172,48 @@ def remove_entries(*, entry: str | None = None, session: str | None = None, root
         raise InvalidRequest("name an entry or a session to remove", param="entry")
     removed = 0
     base = root or paths.cache_dir()
-    for info in list_entries(base):
-        if info.id == entry or (session and info.session == session):
-            (base / info.fingerprint / f"{info.id}.kv").unlink(missing_ok=True)
-            removed += 1
+    for folder in folders(base):
+        doomed = [h.id for h in folder.heads.values() if h.id == entry or (session and h.session == session)]
+        _drop_heads(folder, doomed)
+        removed += len(doomed)
+        for path in folder.path.glob("*.kv"):
+            if path.stem == entry:
+                path.unlink(missing_ok=True)
+                removed += 1
     return removed
 
 
 def prune(*, max_bytes: int, older_than: float | None = None, root: Path | None = None) -> int:
-    """Delete unpinned entries unused for ``older_than`` seconds, then LRU ones until under ``max_bytes``."""
+    """Delete unpinned entries unused for ``older_than`` seconds (and old-format entries), then least recently
+    used blocks, tails before the prefixes they extend, until under ``max_bytes``; returns the blocks and entries
+    removed."""
     base = root or paths.cache_dir()
-    entries = list_entries(base)
+    pins = load_pins(base)
     now = time.time()
     removed = 0
-    survivors = []
-    for info in entries:
-        if info.pinned_until is None and older_than is not None and now - info.last_used > older_than:
-            (base / info.fingerprint / f"{info.id}.kv").unlink(missing_ok=True)
+    scanned = folders(base)
+    for folder in scanned:
+        for path in folder.path.glob("*.kv"):
+            path.unlink(missing_ok=True)
             removed += 1
-        else:
-            survivors.append(info)
-    total = sum(e.bytes for e in survivors)
-    for info in sorted(survivors, key=eviction_rank):
-        if total <= max_bytes:
+        if older_than is not None:
+            stale = [h.id for h in folder.heads.values()
+                     if pinned_until(pins, h.id, h.session) is None and now - h.last_used > older_than]
+            _drop_heads(folder, stale)
+            removed += len(stale)
+    total = sum(folder.bytes_on_disk() for folder in scanned)
+    protected = {folder.fingerprint: {key for h in folder.heads.values()
+                                      if pinned_until(pins, h.id, h.session) is not None
+                                      for key in folder.chain(h.key)} for folder in scanned}
+    while total > max_bytes:
+        candidates = [(b.system, b.last_used, folder, b) for folder in scanned for b in folder.blocks.values()
+                      if not folder.children.get(b.key) and b.key not in protected[folder.fingerprint]]
+        if not candidates:
             break
-        if info.pinned_until is not None:
-            continue
-        (base / info.fingerprint / f"{info.id}.kv").unlink(missing_ok=True)
-        total -= info.bytes
+        _, _, folder, block = min(candidates, key=lambda item: (item[0], item[1]))
+        total -= block.size + folder.snapshots.get(block.key, 0)
+        for head in folder.drop_block(block.key):
+            folder.write_head(head)
         removed += 1
     save_pins(load_pins(base), base)  # drops expired pins
     return removed
-
-
-def eviction_rank(info: EntryInfo) -> tuple[int, float]:
-    """Evicted first: conversation history, then system-prompt prefixes; least recently used first."""
-    return (1 if info.kind == "system" else 0, info.last_used)

@@ -15,9 +15,10 @@ CACHE_STATS = {
     "misses": "Requests for which no stored prefix beat the live KV",
     "tokens_restored": "Prompt tokens restored from the RAM or disk tier",
     "bytes_read": "Bytes of KV state read from disk",
-    "bytes_written": "Bytes of KV state written to disk",
-    "evictions": "Entries evicted by the disk quota",
-    "corrupt": "Entries dropped because they were truncated, corrupt or foreign",
+    "bytes_written": "Bytes of KV state written to disk (token blocks and boundary snapshots)",
+    "blocks_written": "Token blocks written to disk (each block once, however many sessions share it)",
+    "evictions": "Blocks (and old-format entries) evicted by the disk quota",
+    "corrupt": "Blocks or snapshots dropped because they were truncated, corrupt or foreign",
 }
 
 

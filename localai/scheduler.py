@@ -26,7 +26,7 @@ from localai.errors import EngineUnavailable, ServerBusy
 from localai.metrics import Metrics
 from localai.registry import ModelRecord
 from localai.runner import Worker
-from localai.settings import Settings
+from localai.settings import Settings, default_cache_ram_bytes
 
 log = logging.getLogger("localai.scheduler")
 
@@ -73,6 +73,8 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "template": record.template,
         "cache_dir": str(paths.cache_dir()),
         "cache_max_bytes": settings.cache_max_bytes,
+        "cache_ram_bytes": settings.cache_ram_bytes if settings.cache_ram_bytes is not None
+        else default_cache_ram_bytes(),
     }
 
 

@@ -17,6 +17,15 @@ _UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_DURATION = 10 * 365 * 24 * 3600.0  # ten years: longer is "forever" (-1), and past it datetimes overflow
 
 
+def default_cache_ram_bytes() -> int:
+    """1/16 of physical memory, between 256 MiB and 4 GiB: recent blocks served without a disk read."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return max(256 << 20, min(4 << 30, total // 16))
+
+
 def parse_duration(value: str | int | float) -> float:
     """Seconds from ``"5m"``, ``"1h30m"``, ``"300"``, ``300`` or ``"-1"`` (negative means forever)."""
     if isinstance(value, (int, float)):
@@ -85,6 +94,11 @@ class Settings(BaseSettings):
     api_key: str | None = Field(default=None, description="When set, TCP requests need it as a bearer token.")
     cache_max_bytes: int = Field(
         default=8 << 30, ge=0, description="Disk quota of the persisted prompt cache in bytes; 0 turns it off."
+    )
+    cache_ram_bytes: int | None = Field(
+        default=None, ge=0,
+        description="RAM tier of the prompt cache per loaded model, in bytes of blocks (default: 1/16 of the "
+                    "machine's memory, between 256 MiB and 4 GiB).",
     )
     load_timeout: float = Field(default=120.0, gt=0, description="Seconds a worker may take to load a model.")
     min_free_space: int = Field(

@@ -129,8 +129,8 @@ def cached(result: dict[str, Any]) -> int:
 
 
 def corrupt_cache_files(home: Path) -> int:
-    """Flips a byte near the end of every persisted prompt-cache file under ``home``; returns how many."""
-    files = list((home / "cache").rglob("*.kv"))
+    """Flips a byte near the end of every persisted prompt-cache block under ``home``; returns how many."""
+    files = list((home / "cache").rglob("*.blk"))
     for path in files:
         data = bytearray(path.read_bytes())
         data[-100] ^= 0xFF

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from localai import paths
-from localai.session_cache import SessionCache
+from localai.promptcache.store import PromptStore
+from tests.cachecodec import BytesCodec, state_of
 
 TOKENS = list(range(500, 600))
 
@@ -18,11 +19,11 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def fill(home: Path) -> None:
-    cache = SessionCache(paths.cache_dir(), "a" * 32, max_bytes=1 << 30)
-    cache.save_async(TOKENS, bytes(5000), "alpha")
-    cache.save_async([1, *TOKENS], bytes(7000), "beta")
-    cache.save_async([2, *TOKENS], bytes(3000), None, kind="system")
-    cache.flush()
+    cache = PromptStore(paths.cache_dir(), "a" * 32, BytesCodec(), max_bytes=1 << 30)
+    cache.save(TOKENS, state_of(TOKENS), "alpha")
+    cache.save([1, *TOKENS], state_of([1, *TOKENS]), "beta")
+    cache.save([2, *TOKENS], state_of([2, *TOKENS]), None, kind="system")
+    cache.close()
 
 
 def test_ls_stats_pin_rm_prune(isolated_home: Path) -> None:
@@ -31,19 +32,20 @@ def test_ls_stats_pin_rm_prune(isolated_home: Path) -> None:
     assert len(listed) == 3 and {e["kind"] for e in listed} == {"history", "system"}
     assert "alpha" in cli("ls").stdout
     stats = cli("stats").stdout
-    assert "entries       3" in stats and "sessions      2" in stats
+    assert "entries       3" in stats and "sessions      2" in stats and "blocks        6" in stats
 
     assert cli("pin", "--session", "beta", "--ttl", "2h").returncode == 0
     pinned = [e["session"] for e in json.loads(cli("ls", "--json").stdout) if e["pinned_until"]]
     assert pinned == ["beta"]
     removed = cli("prune", "--max-bytes", "0")
-    assert removed.returncode == 0 and "removed 2 entries" in removed.stdout
+    assert removed.returncode == 0 and "removed 4 blocks" in removed.stdout
     remaining = json.loads(cli("ls", "--json").stdout)
     assert [e["session"] for e in remaining] == ["beta"]  # pinned survives
 
     assert cli("unpin", "--session", "beta").stdout.strip() == "unpinned"
     assert "removed 1 entry" in cli("rm", remaining[0]["id"][:8]).stdout
     assert json.loads(cli("ls", "--json").stdout) == []
+    assert not list(paths.cache_dir().glob("*/blocks/*.blk"))  # and the blocks only it used
 
 
 def test_bad_input(isolated_home: Path) -> None:

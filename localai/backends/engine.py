@@ -31,6 +31,7 @@ class LoadOptions:
     template: str | None = None
     cache_dir: str | None = None
     cache_max_bytes: int = 8 << 30
+    cache_ram_bytes: int = 256 << 20
 
 
 class BatchItem(NamedTuple):
@@ -109,6 +110,17 @@ class Engine(Protocol):
 
     def seq_restore(self, seq: int, state: bytes) -> bool:
         """Load a serialized state into a sequence; False when the engine refuses it."""
+        ...
+
+    def state_split(self, state: bytes, n_tokens: int,
+                    ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
+        """Cut a ``seq_state`` by token ranges for the prompt cache's blocks: (layout as JSON-able data, one
+        payload per range, the part that cannot be cut, such as sliding-window layers), or None when this engine's
+        state can only be kept whole. Raises ``ValueError`` for a state it does not understand."""
+        ...
+
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+        """The inverse of ``state_split``: a state for ``seq_restore`` holding ``sum(lengths)`` tokens."""
         ...
 
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import llama_cpp as L
 
+from localai.backends import llama_state
 from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions
 from localai.backends.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.backends.llama_embed import EmbeddingContext
@@ -92,6 +93,7 @@ class LlamaCppEngine:
         self.bos_id = int(L.llama_vocab_bos(self.vocab))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.embedder: EmbeddingContext | None = None  # created on the first embedding request
+        self.n_swa = int(L.llama_model_n_swa(self.model))  # sliding window (Gemma 3): its KV holds only the window
 
     def fingerprint_parts(self) -> dict[str, Any]:
         template = self.options.template or (L.llama_model_chat_template(self.model, None) or b"").decode()
@@ -251,6 +253,12 @@ class LlamaCppEngine:
     # -- sequences -------------------------------------------------------------------------------
 
     def seq_keep(self, seq: int, n_tokens: int) -> bool:
+        if self.n_swa and n_tokens > 0:
+            # Sliding-window layers may have dropped every position older than the window: cut back further
+            # than one token, the next token would attend to missing cells (llama.cpp would not say so).
+            length = int(L.llama_memory_seq_pos_max(self.memory, seq)) + 1
+            if length > self.n_swa and n_tokens < length - 1:
+                return False
         return bool(L.llama_memory_seq_rm(self.memory, seq, n_tokens, -1))
 
     def seq_clear(self, seq: int) -> None:
@@ -265,6 +273,20 @@ class LlamaCppEngine:
     def seq_restore(self, seq: int, state: bytes) -> bool:
         buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         return bool(L.llama_state_seq_set_data(self.ctx, buffer, len(state), seq))
+
+    def state_split(self, state: bytes, n_tokens: int,
+                    ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
+        try:
+            layout, pieces, rest = llama_state.split(state, n_tokens, ranges, {1} if self.n_swa else set())
+        except llama_state.StateFormatError as exc:
+            raise ValueError(str(exc)) from exc
+        return llama_state.layout_to_json(layout), pieces, rest
+
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+        try:
+            return llama_state.join(llama_state.layout_from_json(layout), pieces, lengths, rest)
+        except (llama_state.StateFormatError, KeyError, TypeError) as exc:
+            raise ValueError(str(exc)) from exc
 
     # -- embeddings ------------------------------------------------------------------------------
 

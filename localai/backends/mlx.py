@@ -323,6 +323,13 @@ class MlxEngine:
 
     # -- embeddings ------------------------------------------------------------------------------
 
+    def state_split(self, state: bytes, n_tokens: int,
+                    ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
+        return None  # kept whole: the prompt cache stores the state as one snapshot per entry
+
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+        return rest
+
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
         """Mean-pooled final hidden states, L2-normalised (a chat model's, like the llama.cpp engine's)."""
         inner = getattr(self.model, "model", None)

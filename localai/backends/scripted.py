@@ -163,6 +163,13 @@ class ScriptedEngine:
         self.sequences[seq] = tokens.tolist()
         return True
 
+    def state_split(self, state: bytes, n_tokens: int,
+                    ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
+        return None  # kept whole: the prompt cache stores the state as one snapshot per entry
+
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+        return rest
+
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
         vectors = []
         for index, tokens in enumerate(inputs):

@@ -19,8 +19,9 @@ from typing import Any
 from localai.backends.engine import BatchItem, DecodeFailed, Engine, LoadOptions
 from localai.backends.grammars import GrammarError
 from localai.backends.text import StopMatcher
+from localai.promptcache.blocks import fingerprint
+from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
-from localai.session_cache import MIN_TOKENS, CorruptEntry, SessionCache, fingerprint
 
 log = logging.getLogger("localai.worker")
 Emit = Callable[[dict[str, Any]], None]
@@ -61,6 +62,11 @@ class Request:
     unsent: str = ""
     sent_at: float = 0.0
     snapshot_at: int | None = None  # prompt length of the system segment, to save as a shared entry
+    warm: bool = False  # a follow-up prefill (the reply as the next turn renders it): no output, then saved
+    follow_up: bool = False  # a warm request follows this one and saves the sequence: do not save it here
+    source: str = "miss"  # where the reused prefix came from: live, ram, disk or miss
+    restored: int = 0
+    restore_ms: float = 0.0
 
 
 class Serving:
@@ -71,10 +77,11 @@ class Serving:
         self.slots = [Slot(seq=index) for index in range(engine.n_seq)]
         self.requests: dict[str, Request] = {}
         self.waiting: list[GenerateOp] = []
-        self.cache: SessionCache | None = None
+        self.cache: PromptStore | None = None
         if options.cache_dir and options.cache_max_bytes > 0:
-            self.cache = SessionCache(Path(options.cache_dir), fingerprint(engine.fingerprint_parts()),
-                                      max_bytes=options.cache_max_bytes)
+            self.cache = PromptStore(Path(options.cache_dir), fingerprint(engine.fingerprint_parts()), engine,
+                                     max_bytes=options.cache_max_bytes, ram_bytes=options.cache_ram_bytes,
+                                     trims=engine.can_trim)
 
     def info(self) -> ModelInfo:
         return self.engine.info()
@@ -91,7 +98,7 @@ class Serving:
                     block = False
                     if op is None:
                         if self.cache is not None:
-                            self.cache.flush()
+                            self.cache.close()
                         return
                     try:
                         self._handle(op, emit)
@@ -134,11 +141,16 @@ class Serving:
     # -- admission -------------------------------------------------------------------------------
 
     def _admit(self, emit: Emit) -> None:
+        held = []
         while self.waiting:
             free = [slot for slot in self.slots if not slot.busy]
             if not free:
-                return
+                break
             op = self.waiting.pop(0)
+            if op.get("session") and not op.get("warm") and any(
+                    r.warm and r.session == op.get("session") for r in self.requests.values()):
+                held.append(op)  # its conversation's reply is being prefilled: start from that, moments later
+                continue
             try:
                 self._start(op, free, emit)
             except GrammarError as exc:
@@ -146,6 +158,7 @@ class Serving:
             except Exception as exc:  # a bad request must not take the worker down
                 log.exception("request %s failed to start", op.get("id"))
                 emit({"ev": "error", "id": op["id"], "kind": "invalid", "message": str(exc)})
+        self.waiting[:0] = held
 
     def _start(self, op: GenerateOp, free: list[Slot], emit: Emit) -> None:
         engine = self.engine
@@ -164,10 +177,14 @@ class Serving:
                 "prompt_tokens": len(prompt), "n_ctx": engine.n_ctx,
             })
             return
+        warm = bool(op.get("warm"))
         sampler = engine.new_sampler(op.get("sampling") or {}, op.get("constraint"))  # may refuse: before any slot
-        slot, common = self._choose_slot(free, prompt)
-        slot, common = self._restore_if_better(prompt, slot, common)
-        if common >= len(prompt):
+        slot, common = self._choose_slot(free, prompt, warm=warm)
+        source = "live" if common else "miss"
+        slot, common, restored = self._restore_if_better(prompt, slot, common)
+        if restored is not None:
+            source = restored.tier
+        if common >= len(prompt) and not warm:
             common = len(prompt) - 1  # replay the last token to get fresh logits
         if not engine.seq_keep(slot.seq, common):
             engine.seq_clear(slot.seq)
@@ -181,15 +198,21 @@ class Serving:
         request = Request(
             id=op["id"], slot=slot, session=op.get("session"), prompt=prompt, next_prompt=common, cached=common,
             max_tokens=max_tokens, sampler=sampler, matcher=StopMatcher(op.get("stop") or []),
-            ignore_eos=bool(op.get("ignore_eos")), started=started,
+            ignore_eos=bool(op.get("ignore_eos")), started=started, warm=warm,
+            follow_up=bool(op.get("follow_up")) and self.cache is not None, source=source if common else "miss",
+            restored=restored.n_tokens if restored else 0, restore_ms=restored.seconds * 1000 if restored else 0.0,
         )
         request.snapshot_at = self._system_boundary(op.get("system_prefix"), prompt, common)
         self.requests[request.id] = request
-        emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common})
-        if max_tokens <= 0:
+        emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common,
+              "cache": {"source": request.source, "restored": request.restored,
+                        "restore_ms": round(request.restore_ms, 2)}})
+        if warm and request.next_prompt >= len(prompt):
+            self._finish(request, "stop", emit)
+        elif max_tokens <= 0 and not warm:
             self._finish(request, "length", emit)
 
-    def _choose_slot(self, free: list[Slot], prompt: list[int]) -> tuple[Slot, int]:
+    def _choose_slot(self, free: list[Slot], prompt: list[int], *, warm: bool = False) -> tuple[Slot, int]:
         """The slot for a prompt, and how many of its tokens it already holds.
 
         With a cache, a slot is reused only when all it holds is a prefix of the prompt (the same
@@ -198,6 +221,8 @@ class Serving:
         Without a cache, the slot sharing the longest prefix wins.
         """
         scored = [(slot, _common_prefix(slot.tokens, prompt)) for slot in free]
+        if warm:  # the conversation's own slot: its reply's tokens give way to the reply as the template renders it
+            return max(scored, key=lambda item: (item[1], -item[0].last_used))
         if self.cache is not None:
             keeping = [(slot, common) for slot, common in scored if common == len(slot.tokens)]
             if keeping:
@@ -208,29 +233,31 @@ class Serving:
 
     # -- the prompt cache ------------------------------------------------------------------------
 
-    def _restore_if_better(self, prompt: list[int], slot: Slot, live_common: int) -> tuple[Slot, int]:
+    def _restore_if_better(self, prompt: list[int], slot: Slot,
+                           live_common: int) -> tuple[Slot, int, Restored | None]:
         """Load the longest cached prefix from RAM/disk into the chosen slot when it beats its live KV."""
         if self.cache is None:
-            return slot, live_common
-        entry, common = self.cache.best_prefix(prompt, whole=not self.engine.can_trim)
-        if entry is None or common < MIN_TOKENS or common <= live_common + 16:
+            return slot, live_common, None
+        match = self.cache.lookup(prompt)
+        if match is None or match.common <= live_common + 16:
+            if live_common < MIN_TOKENS:
+                self.cache.count("misses")
+            return slot, live_common, None
+        restored = self.cache.restore(match)
+        if restored is None:
             self.cache.count("misses")
-            return slot, live_common
-        try:
-            payload = self.cache.load(entry)
-        except CorruptEntry:
-            return slot, live_common
+            return slot, live_common, None
         self.engine.seq_clear(slot.seq)
-        if not self.engine.seq_restore(slot.seq, payload):
-            log.warning("the engine refused cache entry %s; recomputing", entry.id)
+        if not self.engine.seq_restore(slot.seq, restored.state):
+            log.warning("the engine refused a cached state of %d tokens; recomputing", restored.n_tokens)
             self.engine.seq_clear(slot.seq)
             slot.tokens = []
-            self.cache.remove(entry.id)
-            return slot, 0
-        slot.tokens = list(entry.tokens)
+            self.cache.count("misses")
+            return slot, 0, None
+        slot.tokens = list(restored.tokens)
         self.cache.count("hits")
-        self.cache.count("tokens_restored", common)
-        return slot, common
+        self.cache.count("tokens_restored", restored.common)
+        return slot, restored.common, restored
 
     def _system_boundary(self, prefix_text: str | None, prompt: list[int], common: int) -> int | None:
         """Where the system-and-tools segment ends, when prefill will cross it and it is not stored yet."""
@@ -245,13 +272,13 @@ class Serving:
         return boundary
 
     def _save(self, request: Request) -> None:
-        """Snapshot the sequence's KV state and queue it for the disk (after the response is done)."""
+        """Store the sequence's KV state (its new blocks) after the response is done."""
         slot = request.slot
         if self.cache is None or len(slot.tokens) < MIN_TOKENS:
             return
         state = self.engine.seq_state(slot.seq)
         if state:
-            self.cache.save_async(list(slot.tokens), state, request.session)
+            self.cache.save(list(slot.tokens), state, request.session)
 
     def _snapshot_system(self, request: Request) -> None:
         request.snapshot_at = None
@@ -260,7 +287,7 @@ class Serving:
             return
         state = self.engine.seq_state(slot.seq)
         if state:
-            self.cache.save_async(list(slot.tokens), state, None, kind="system")
+            self.cache.save(list(slot.tokens), state, None, kind="system")
 
     # -- decoding --------------------------------------------------------------------------------
 
@@ -288,7 +315,8 @@ class Serving:
             chunk = request.prompt[start:min(start + room, end)]
             base = len(request.slot.tokens)
             for offset, token in enumerate(chunk):
-                batch.append(BatchItem(request.slot.seq, token, base + offset, start + offset == last_index))
+                wants = start + offset == last_index and not request.warm
+                batch.append(BatchItem(request.slot.seq, token, base + offset, wants))
                 owners.append(request)
         try:
             try:
@@ -312,6 +340,9 @@ class Serving:
                 request.next_prompt += 1
                 if request.next_prompt == request.snapshot_at:
                     self._snapshot_system(request)
+                if request.warm and request.next_prompt >= len(request.prompt):
+                    self._finish(request, "stop", emit)
+                    continue
                 if not item.logits:
                     continue
                 request.prompt_done = now
@@ -351,7 +382,7 @@ class Serving:
                 "decode_ms": (now - prompt_done) * 1000.0,
             },
         })
-        if reason != "cancelled":
+        if reason != "cancelled" and not request.follow_up:
             self._save(request)
         self._release(request)
         if self.cache is not None:

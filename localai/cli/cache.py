@@ -29,8 +29,8 @@ def ls(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([asdict(e) for e in entries], indent=2))
         return
-    _table(["ID", "KIND", "TOKENS", "SIZE", "SESSION", "LAST USED", "PINNED UNTIL"], [
-        [e.id[:12], e.kind, str(e.tokens), human_size(e.bytes), e.session or "", ago(_iso(e.last_used)),
+    _table(["ID", "KIND", "TOKENS", "BLOCKS", "SIZE", "SESSION", "LAST USED", "PINNED UNTIL"], [
+        [e.id[:12], e.kind, str(e.tokens), str(e.blocks), human_size(e.bytes), e.session or "", ago(_iso(e.last_used)),
          _iso(e.pinned_until) if e.pinned_until else ""] for e in entries
     ])
 
@@ -38,7 +38,7 @@ def ls(as_json: bool) -> None:
 @cache.command()
 @fail_cleanly
 def stats() -> None:
-    """Totals: entries, bytes, tokens, pins."""
+    """Totals: entries, blocks (each stored once, however many entries share it), bytes on disk, tokens, pins."""
     from localai import cache_admin
     from localai.cli.models import human_size
 
@@ -106,7 +106,7 @@ def prune(older_than: str | None, max_bytes: int | None) -> None:
     except ValueError as exc:
         raise InvalidRequest(str(exc), param="older-than") from exc
     limit = max_bytes if max_bytes is not None else Settings().cache_max_bytes
-    click.echo(f"removed {cache_admin.prune(max_bytes=limit, older_than=older)} entries")
+    click.echo(f"removed {cache_admin.prune(max_bytes=limit, older_than=older)} blocks and entries")
 
 
 def _iso(stamp: float | None) -> str:

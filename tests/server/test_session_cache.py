@@ -42,7 +42,7 @@ def test_corrupt_cache_files_are_recomputed_not_served(tmp_path: Path, smollm2_p
         again = chat(daemon, messages)
         assert cached(again) == 0
         assert again["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
-        assert "dropping cache entry" in (tmp_path / "home" / "logs" / "workers.log").read_text()
+        assert "dropping damaged cache block" in (tmp_path / "home" / "logs" / "workers.log").read_text()
 
 
 def long_conversation(turns: int) -> list[dict[str, str]]:
@@ -155,10 +155,10 @@ def test_a_worker_killed_during_a_cache_write_leaves_nothing_bad(tmp_path: Path,
         again = chat(daemon, messages)
         assert again["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
         assert not list(cache_dir.rglob(".tmp-*"))
-        for path in cache_dir.rglob("*.kv"):  # whatever survived is whole
-            from localai.session_cache import read_entry
+        from localai.promptcache.blocks import read_block
 
-            read_entry(path, path.parent.name)
+        for path in cache_dir.rglob("*.blk"):  # whatever survived is whole
+            read_block(path, with_payload=True)
 
 
 def test_system_prompt_is_stored_as_its_own_shared_entry_and_the_api_manages_pins(fresh_daemon: Daemon) -> None:

@@ -1,0 +1,367 @@
+"""The prompt cache's files: chained token blocks, boundary snapshots and entry heads, and their index.
+
+One folder per compatibility fingerprint (``<cache>/<fingerprint>/``), so a different model, engine build, context
+size, KV type or attention layout never sees another's state:
+
+- ``blocks/<key>.blk``: the KV of up to ``BLOCK_TOKENS`` tokens. ``key`` chains the fingerprint, the parent block's
+  key and the block's tokens, so one key names one exact token prefix, and sequences sharing a prefix share its
+  blocks. File: magic, u32 header length, JSON header (parent, token count, payload size, CRC32), tokens, payload.
+- ``snaps/<key>.snp``: a boundary snapshot, the state an engine cannot cut by token (sliding-window layers, or a
+  whole state from an engine without a block layout), taken where the sequence ending in block ``key`` ended.
+- ``heads/<id>.json``: an entry: where one saved sequence ends (its last block), its session, kind and owner.
+- ``layout.json``: how the engine rebuilds a state from blocks (written by the worker, read back after restarts).
+- ``owners/<pid>``: the workers using the folder now. Nothing a live worker on this folder owns is deleted by
+  another (two names for the same weights, or two daemons on one home).
+
+Every file is written to a temp name, fsynced and renamed, so a crash mid-write leaves no file; checksums are
+verified on every load, and a block that fails is deleted with everything chained after it, never served.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("localai.cache")
+
+# 64 tokens per block: a turn rewrites at most one partial block (<= 63 tokens) on top of what it added, which keeps
+# bytes written per turn near the tokens added even for agents' short tool turns (~100 tokens), and a block is
+# still 1.5 MB (135M model) to 8 MB (8B model, f16): large sequential writes, and a 30k-token session is ~470 files.
+BLOCK_TOKENS = 64
+MAGIC = b"LAIBLK01"
+HEADER_LEN = struct.Struct("<I")
+STALE_TEMP_SECONDS = 3600.0
+
+
+def fingerprint(parts: dict[str, Any]) -> str:
+    """A stable hash of everything that must match for KV state to be reusable."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def chain_key(parent: str, tokens: list[int]) -> str:
+    """The key of a block: its parent's key (the fingerprint for the first block) and its tokens."""
+    digest = hashlib.blake2b(parent.encode(), digest_size=16)
+    digest.update(array.array("i", tokens).tobytes())
+    return digest.hexdigest()
+
+
+def checksum(tokens: bytes, payload: bytes) -> str:
+    # CRC32 catches truncation and bit rot (the threats here) at several times blake2b's speed.
+    return f"crc32:{zlib.crc32(payload, zlib.crc32(tokens)):08x}"
+
+
+class CorruptEntry(Exception):
+    """A cache file that is truncated, altered or foreign."""
+
+
+@dataclass
+class Block:
+    key: str
+    parent: str  # the fingerprint for a first block
+    tokens: list[int]
+    size: int  # file bytes on disk (payload bytes until written)
+    last_used: float = field(default_factory=time.time)
+    on_disk: bool = False
+    system: bool = False  # part of a shared system-and-tools prefix: evicted last
+    mine: bool = False  # written by this process (others' may still wait for their entry to be written)
+
+
+@dataclass
+class Head:
+    """An entry: the end of one saved sequence."""
+
+    id: str
+    key: str  # its last block
+    n_tokens: int
+    session: str | None
+    kind: str  # "history" or "system"
+    last_used: float
+    owner: int  # the pid of the worker that saved it
+    snapshot: bool = False  # a boundary snapshot exists at ``key``
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": self.id, "key": self.key, "n_tokens": self.n_tokens, "session": self.session,
+                "kind": self.kind, "last_used": self.last_used, "owner": self.owner, "snapshot": self.snapshot}
+
+
+def write_atomic(path: Path, parts: list[bytes]) -> int:
+    """Write ``parts`` to ``path`` through a temp file, fsynced and renamed; returns the bytes written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        with open(temp, "wb") as handle:
+            for part in parts:
+                handle.write(part)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
+    return sum(len(part) for part in parts)
+
+
+def block_file(parent: str, tokens: list[int], payload: bytes) -> list[bytes]:
+    token_bytes = array.array("i", tokens).tobytes()
+    header = json.dumps({"parent": parent, "n_tokens": len(tokens), "payload_bytes": len(payload),
+                         "checksum": checksum(token_bytes, payload)}).encode()
+    return [MAGIC, HEADER_LEN.pack(len(header)), header, token_bytes, payload]
+
+
+def read_block(path: Path, *, with_payload: bool) -> tuple[dict[str, Any], list[int], bytes]:
+    """A block file's header, tokens and (verified) payload; raises ``CorruptEntry``/``OSError``."""
+    with open(path, "rb") as handle:
+        if handle.read(len(MAGIC)) != MAGIC:
+            raise CorruptEntry("not a localai block file")
+        raw_length = handle.read(HEADER_LEN.size)
+        if len(raw_length) != HEADER_LEN.size:
+            raise CorruptEntry("truncated header")
+        (length,) = HEADER_LEN.unpack(raw_length)
+        try:
+            header = json.loads(handle.read(length))
+            n_tokens, payload_bytes = int(header["n_tokens"]), int(header["payload_bytes"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptEntry(f"bad header: {exc}") from exc
+        token_bytes = handle.read(4 * n_tokens)
+        if len(token_bytes) != 4 * n_tokens:
+            raise CorruptEntry("truncated tokens")
+        tokens = array.array("i")
+        tokens.frombytes(token_bytes)
+        payload = b""
+        if with_payload:
+            payload = handle.read(payload_bytes + 1)
+            if len(payload) != payload_bytes:
+                raise CorruptEntry("truncated or padded payload")
+            if checksum(token_bytes, payload) != header.get("checksum"):
+                raise CorruptEntry("checksum mismatch")
+        if chain_key(str(header.get("parent")), tokens.tolist()) != path.stem:
+            raise CorruptEntry("tokens do not match the block's key")
+    return header, tokens.tolist(), payload
+
+
+def snapshot_file(payload: bytes) -> list[bytes]:
+    return [MAGIC, struct.pack("<Q", len(payload)), f"{zlib.crc32(payload):08x}".encode(), payload]
+
+
+def read_snapshot(path: Path) -> bytes:
+    data = path.read_bytes()
+    if len(data) < len(MAGIC) + 16 or not data.startswith(MAGIC):
+        raise CorruptEntry("not a localai snapshot")
+    (length,) = struct.unpack_from("<Q", data, len(MAGIC))
+    crc = data[len(MAGIC) + 8:len(MAGIC) + 16].decode(errors="replace")
+    payload = data[len(MAGIC) + 16:]
+    if len(payload) != length or f"{zlib.crc32(payload):08x}" != crc:
+        raise CorruptEntry("truncated or damaged snapshot")
+    return payload
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Folder:
+    """The files of one fingerprint: an index of blocks (headers only), heads and snapshots, and eviction.
+
+    Used by the worker's store (which keeps it current as it saves) and by ``localai cache`` (which scans it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fingerprint = path.name
+        self.blocks: dict[str, Block] = {}
+        self.children: dict[str, set[str]] = {}
+        self.heads: dict[str, Head] = {}
+        self.snapshots: dict[str, int] = {}  # block key -> snapshot file bytes
+
+    # -- paths -----------------------------------------------------------------------------------
+
+    def block_path(self, key: str) -> Path:
+        return self.path / "blocks" / f"{key}.blk"
+
+    def snapshot_path(self, key: str) -> Path:
+        return self.path / "snaps" / f"{key}.snp"
+
+    def head_path(self, head_id: str) -> Path:
+        return self.path / "heads" / f"{head_id}.json"
+
+    # -- the index -------------------------------------------------------------------------------
+
+    def add_block(self, block: Block) -> None:
+        self.blocks[block.key] = block
+        self.children.setdefault(block.parent, set()).add(block.key)
+
+    def chain(self, key: str) -> list[str]:
+        """The keys from the first block to ``key`` (shorter when a block in between is missing)."""
+        keys = []
+        while key in self.blocks:
+            keys.append(key)
+            key = self.blocks[key].parent
+        keys.reverse()
+        return keys if key == self.fingerprint else []
+
+    def scan(self) -> list[str]:
+        """Read the folder (headers only); returns complaints about unreadable files, which are deleted."""
+        complaints = []
+        for folder in ("blocks", "snaps", "heads"):
+            for temp in (self.path / folder).glob(".tmp-*"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    pid = int(temp.name.split("-")[1])
+                    if not pid_alive(pid) or time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
+                        temp.unlink()  # a write that never finished
+        for path in (self.path / "blocks").glob("*.blk"):
+            if path.stem in self.blocks:
+                continue
+            try:
+                header, tokens, _ = read_block(path, with_payload=False)
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            except (OSError, CorruptEntry) as exc:
+                complaints.append(f"{path.name}: {exc}")
+                path.unlink(missing_ok=True)
+                continue
+            self.add_block(Block(path.stem, str(header["parent"]), tokens, stat.st_size, stat.st_mtime, True))
+        for path in (self.path / "snaps").glob("*.snp"):
+            with contextlib.suppress(OSError):
+                self.snapshots[path.stem] = path.stat().st_size
+        for path in (self.path / "heads").glob("*.json"):
+            try:
+                raw = json.loads(path.read_text())
+                head = Head(id=str(raw["id"]), key=str(raw["key"]), n_tokens=int(raw["n_tokens"]),
+                            session=raw.get("session"), kind=str(raw.get("kind", "history")),
+                            last_used=float(raw.get("last_used", 0)), owner=int(raw.get("owner", 0)),
+                            snapshot=bool(raw.get("snapshot")))
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                complaints.append(f"{path.name}: {exc}")
+                path.unlink(missing_ok=True)
+                continue
+            self.heads.setdefault(head.id, head)
+        for key in [k for k in self.blocks if not self.chain(k)]:
+            complaints.append(f"{key}.blk: an earlier block of its chain is gone")
+            self.drop_block(key)  # can never be restored
+        for head_id in [h.id for h in self.heads.values() if not self.chain(h.key)]:
+            self.drop_head(head_id)
+        for head in self.heads.values():
+            if head.kind == "system":
+                for key in self.chain(head.key):
+                    self.blocks[key].system = True
+        return complaints
+
+    def bytes_on_disk(self) -> int:
+        heads = 256 * len(self.heads)
+        return sum(b.size for b in self.blocks.values() if b.on_disk) + sum(self.snapshots.values()) + heads
+
+    def live_owners(self) -> set[int]:
+        owners = set()
+        for path in (self.path / "owners").glob("*"):
+            if path.name.isdigit() and pid_alive(int(path.name)):
+                owners.add(int(path.name))
+        return owners
+
+    # -- removal ---------------------------------------------------------------------------------
+
+    def drop_block(self, key: str) -> list[Head]:
+        """Forget a block and delete its file (and its snapshot); heads ending at it move to its parent (or go
+        when it was the first). Returns the heads that changed, for the caller to rewrite or delete."""
+        block = self.blocks.pop(key, None)
+        if block is None:
+            return []
+        self.children.get(block.parent, set()).discard(key)
+        self.children.pop(key, None) if not self.children.get(key) else None
+        self.block_path(key).unlink(missing_ok=True)
+        self.drop_snapshot(key)
+        changed = []
+        for head in list(self.heads.values()):
+            if head.key != key:
+                continue
+            changed.append(head)
+            if block.parent == self.fingerprint:
+                del self.heads[head.id]
+                self.head_path(head.id).unlink(missing_ok=True)
+            else:
+                head.key, head.n_tokens, head.snapshot = block.parent, head.n_tokens - len(block.tokens), False
+        return changed
+
+    def drop_subtree(self, key: str) -> None:
+        """A block and everything chained after it (a corrupt block: what follows can never be restored)."""
+        for child in list(self.children.get(key, ())):
+            self.drop_subtree(child)
+        for head in self.drop_block(key):
+            self.write_head(head)
+
+    def drop_snapshot(self, key: str) -> None:
+        if self.snapshots.pop(key, None) is not None:
+            self.snapshot_path(key).unlink(missing_ok=True)
+
+    def drop_head(self, head_id: str) -> None:
+        head = self.heads.pop(head_id, None)
+        if head is not None:
+            self.head_path(head_id).unlink(missing_ok=True)
+            if head.snapshot and not any(h.key == head.key and h.snapshot for h in self.heads.values()):
+                self.drop_snapshot(head.key)
+
+    def write_head(self, head: Head) -> None:
+        if head.id in self.heads:
+            write_atomic(self.head_path(head.id), [json.dumps(head.as_json()).encode()])
+
+    def referenced(self) -> set[str]:
+        """Blocks on some head's chain."""
+        keys: set[str] = set()
+        for head in self.heads.values():
+            keys.update(self.chain(head.key))
+        return keys
+
+    def collect_garbage(self, *, keep: set[str] | None = None) -> int:
+        """Delete blocks no head reaches (left by moved heads or removed entries); returns bytes freed."""
+        reached = self.referenced() | (keep or set())
+        freed = 0
+        for key in [k for k in self.blocks if k not in reached]:
+            freed += self.blocks[key].size if self.blocks[key].on_disk else 0
+            self.drop_block(key)
+        for key in [k for k in self.snapshots if not any(h.key == k and h.snapshot for h in self.heads.values())]:
+            freed += self.snapshots.get(key, 0)
+            self.drop_snapshot(key)
+        return freed
+
+    def evict(self, excess: int, *, protected: set[str], skip_owner: set[int]) -> tuple[int, int]:
+        """Free at least ``excess`` bytes, least recently used leaf blocks first, history before system prefixes:
+        a chain loses its tail before its prefix, and a block others chain from is never evicted under them.
+        ``protected``: blocks on pinned chains; ``skip_owner``: live workers whose heads' chains are theirs to
+        evict. Returns (bytes freed, blocks evicted)."""
+        guarded = set(protected)
+        for head in self.heads.values():
+            if head.owner in skip_owner:
+                guarded.update(self.chain(head.key))
+        freed = evicted = 0
+        while freed < excess:
+            leaves = [b for b in self.blocks.values()
+                      if b.on_disk and not self.children.get(b.key) and b.key not in guarded]
+            if not leaves:
+                break
+            victim = min(leaves, key=lambda b: (b.system, b.last_used))
+            freed += victim.size + self.snapshots.get(victim.key, 0)
+            evicted += 1
+            for head in self.drop_block(victim.key):
+                self.write_head(head)
+        return freed, evicted

@@ -1,0 +1,595 @@
+"""A worker's prompt cache: find the longest stored prefix of a prompt, restore it, save sequences as blocks.
+
+Saving cuts a sequence's state into blocks (the engine's codec knows the layout) and writes only the blocks not
+stored yet, plus at most one partial tail block, a boundary snapshot when the engine has state that cannot be
+cut by token (sliding-window layers), and the entry's head. Restoring walks the prompt block by block along the
+chain of keys, then asks the engine to assemble the blocks (and snapshot) into one state. The RAM tier holds
+recently used blocks within a byte budget; a background thread writes to disk, so a request never waits on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from localai.promptcache import legacy
+from localai.promptcache.blocks import (
+    BLOCK_TOKENS,
+    STALE_TEMP_SECONDS,
+    Block,
+    CorruptEntry,
+    Folder,
+    Head,
+    block_file,
+    chain_key,
+    pid_alive,
+    read_block,
+    read_snapshot,
+    snapshot_file,
+    write_atomic,
+)
+
+log = logging.getLogger("localai.cache")
+
+MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
+
+
+class Codec(Protocol):
+    """How an engine cuts its serialized sequence state by token range and puts it back together."""
+
+    def state_split(self, state: bytes, n_tokens: int,
+                    ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
+        """(layout as JSON-able data, one payload per range, the part that cannot be cut), or None when this
+        engine's state cannot be cut at all (then the whole state is the snapshot)."""
+        ...
+
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes: ...
+
+
+@dataclass
+class Match:
+    """What a prompt can restore: consecutive blocks from the first, and the snapshot to put with them."""
+
+    keys: list[str]
+    lengths: list[int]
+    common: int  # prompt tokens the restored state shares (the last block may be cut back to it)
+    snapshot: str | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+@dataclass
+class Restored:
+    state: bytes
+    tokens: list[int]
+    common: int
+    tier: str  # "ram" when every part came from memory, else "disk"
+    seconds: float
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+class PromptStore:
+    """The RAM and disk tiers of one model fingerprint. Thread-safe; disk writes happen on a background thread.
+
+    ``max_bytes`` is the quota of the whole cache folder (every fingerprint), as ``LOCALAI_CACHE_MAX_BYTES`` says.
+    """
+
+    def __init__(self, root: Path, fingerprint_hex: str, codec: Codec, *, max_bytes: int,
+                 ram_bytes: int = 256 << 20, queue_bytes: int | None = None, trims: bool = True) -> None:
+        self.root = root
+        self.dir = root / fingerprint_hex
+        self.fingerprint = fingerprint_hex
+        self.codec = codec
+        self.max_bytes = max_bytes
+        self.ram_bytes = ram_bytes
+        self.trims = trims  # the engine can cut a restored state back to any shorter prefix
+        self.queue_bytes = queue_bytes if queue_bytes is not None else max(4 * ram_bytes, 1 << 30)
+        self.folder = Folder(self.dir)
+        self.layout: Any = None
+        self.whole = False  # the engine's state cannot be cut: blocks carry tokens only, snapshots the state
+        self._ram: OrderedDict[str, bytes] = OrderedDict()  # "b:<key>" / "s:<key>" -> payload
+        self._ram_size = 0
+        self._pending: dict[str, bytes] = {}  # payloads queued for the disk
+        self._queue: list[tuple[str, Any]] = []
+        self._queued_bytes = 0
+        self._busy = False
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
+                      "evictions": 0, "corrupt": 0, "dropped_writes": 0, "blocks_written": 0}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "owners").mkdir(exist_ok=True)
+        self._owner_file = self.dir / "owners" / str(os.getpid())
+        self._owner_file.touch()
+        for complaint in self.folder.scan():
+            log.warning("dropping unreadable cache file %s", complaint)
+            self.stats["corrupt"] += 1
+        self._load_layout()
+        self._writer = threading.Thread(target=self._write_loop, name="cache-writer", daemon=True)
+        self._writer.start()
+        self._upgrade_legacy()
+
+    # -- statistics ------------------------------------------------------------------------------
+
+    def count(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self.stats[name] += amount
+
+    def stats_snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.stats)
+
+    # -- lookup and restore ----------------------------------------------------------------------
+
+    def lookup(self, prompt: list[int]) -> Match | None:
+        """The longest stored prefix of ``prompt`` that can be restored."""
+        with self._lock:
+            if self.whole:
+                return self._lookup_whole(prompt)
+            folder = self.folder
+            keys: list[str] = []
+            lengths: list[int] = []
+            parent = self.fingerprint
+            position = 0
+            snapshot: str | None = None
+            while position < len(prompt):
+                chunk = prompt[position:position + BLOCK_TOKENS]
+                key = chain_key(parent, chunk) if len(chunk) == BLOCK_TOKENS else None
+                if key is not None and key in folder.blocks:
+                    keys.append(key)
+                    lengths.append(len(chunk))
+                    position += len(chunk)
+                    parent = key
+                    snapshot = key if key in folder.snapshots else snapshot
+                    continue
+                best, best_common = None, 0  # a partial tail, or a block the prompt leaves part way
+                for child in folder.children.get(parent, ()):
+                    block = folder.blocks.get(child)
+                    if block is None:
+                        continue
+                    common = _common_prefix(block.tokens, prompt[position:])
+                    if common > best_common and (common == len(block.tokens) or self.trims):
+                        best, best_common = block, common
+                if best is not None:
+                    keys.append(best.key)
+                    lengths.append(len(best.tokens))
+                    if best_common == len(best.tokens) and best.key in folder.snapshots:
+                        snapshot = best.key
+                    position += best_common
+                break
+        if self._needs_snapshot():  # sliding-window layers: only where a snapshot was taken, never cut below it
+            if snapshot is None:
+                return None
+            cut = keys.index(snapshot) + 1
+            keys, lengths = keys[:cut], lengths[:cut]
+            position = sum(lengths)
+        if not keys or position < MIN_TOKENS:
+            return None
+        return Match(keys, lengths, position, snapshot if self._needs_snapshot() else None)
+
+    def _lookup_whole(self, prompt: list[int]) -> Match | None:
+        """For engines whose state cannot be cut: the entry sharing the longest prefix (caller holds the lock)."""
+        best: Match | None = None
+        for head in self.folder.heads.values():
+            if not head.snapshot or head.key not in self.folder.snapshots:
+                continue
+            keys = self.folder.chain(head.key)
+            tokens = [token for key in keys for token in self.folder.blocks[key].tokens]
+            common = _common_prefix(tokens, prompt)
+            if common < len(tokens) and not self.trims:
+                continue
+            if common >= MIN_TOKENS and (best is None or common > best.common):
+                best = Match(keys, [len(self.folder.blocks[key].tokens) for key in keys], common, head.key)
+        return best
+
+    def restore(self, match: Match) -> Restored | None:
+        """The state for a match, or None when a part is gone or damaged (what follows it is dropped)."""
+        started = time.perf_counter()
+        tier = "ram"
+        pieces: list[bytes] = []
+        lengths: list[int] = []
+        for key, length in zip(match.keys, match.lengths, strict=True):
+            if self.whole:
+                pieces.append(b"")
+                lengths.append(length)
+                continue
+            payload, from_disk = self._block_payload(key)
+            if payload is None:
+                break
+            tier = "disk" if from_disk else tier
+            pieces.append(payload)
+            lengths.append(length)
+        if len(pieces) < len(match.keys):
+            if match.snapshot is not None:
+                return None  # a snapshot is only valid with every block before it
+            match = Match(match.keys[:len(pieces)], lengths, min(match.common, sum(lengths)))
+            if match.common < MIN_TOKENS:
+                return None
+        rest = b""
+        if match.snapshot is not None:
+            rest_payload, from_disk = self._snapshot_payload(match.snapshot)
+            if rest_payload is None:
+                return None
+            rest = rest_payload
+            tier = "disk" if from_disk else tier
+        if self.whole:
+            state = rest
+        else:
+            try:
+                state = self.codec.state_join((self.layout or {}).get("layout"), pieces, lengths, rest)
+            except ValueError as exc:
+                log.warning("cache blocks do not fit the engine's layout (%s); dropping them", exc)
+                with self._lock:
+                    self.folder.drop_subtree(match.keys[0])
+                return None
+        now = time.time()
+        tokens: list[int] = []
+        with self._lock:
+            for key in match.keys:
+                block = self.folder.blocks.get(key)
+                if block is None:
+                    return None  # dropped meanwhile
+                block.last_used = now
+                tokens += block.tokens
+        return Restored(state, tokens, match.common, tier, time.perf_counter() - started)
+
+    def _block_payload(self, key: str) -> tuple[bytes | None, bool]:
+        with self._lock:
+            cached = self._ram.get("b:" + key)
+            if cached is not None:
+                self._ram.move_to_end("b:" + key)
+                return cached, False
+            pending = self._pending.get("b:" + key)
+            if pending is not None:
+                return pending, False
+            if key not in self.folder.blocks:
+                return None, False
+        path = self.folder.block_path(key)
+        try:
+            _, _, payload = read_block(path, with_payload=True)
+        except FileNotFoundError:
+            with self._lock:
+                self.folder.drop_subtree(key)  # evicted by another worker or removed by `localai cache rm`
+            return None, True
+        except (OSError, CorruptEntry) as exc:
+            self.count("corrupt")
+            log.warning("dropping damaged cache block %s and the blocks after it: %s", key, exc)
+            with self._lock:
+                self.folder.drop_subtree(key)
+            return None, True
+        self.count("bytes_read", len(payload))
+        with contextlib.suppress(OSError):
+            os.utime(path)  # the file's mtime carries LRU order across restarts
+        self._remember("b:" + key, payload)
+        return payload, True
+
+    def _snapshot_payload(self, key: str) -> tuple[bytes | None, bool]:
+        with self._lock:
+            cached = self._ram.get("s:" + key) or self._pending.get("s:" + key)
+            if cached is not None:
+                return cached, False
+        try:
+            payload = read_snapshot(self.folder.snapshot_path(key))
+        except FileNotFoundError:
+            with self._lock:
+                self.folder.snapshots.pop(key, None)
+            return None, True
+        except (OSError, CorruptEntry) as exc:
+            self.count("corrupt")
+            log.warning("dropping damaged cache snapshot %s: %s", key, exc)
+            with self._lock:
+                self.folder.drop_snapshot(key)
+            return None, True
+        self.count("bytes_read", len(payload))
+        self._remember("s:" + key, payload)
+        return payload, True
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def has(self, tokens: list[int]) -> bool:
+        """Whether this exact sequence is stored (its last block, and a snapshot where one is needed)."""
+        key = self._keys(tokens)[-1][0] if tokens else None
+        with self._lock:
+            if key is None or key not in self.folder.blocks:
+                return False
+            return not self._needs_snapshot() or key in self.folder.snapshots
+
+    def save(self, tokens: list[int], state: bytes, session: str | None, kind: str = "history") -> Head | None:
+        """Store a sequence: its new blocks, its snapshot and its head, queued for the disk (never waited on)."""
+        if len(tokens) < MIN_TOKENS or not state:
+            return None
+        tokens = list(tokens)
+        chunks = self._keys(tokens)
+        with self._lock:
+            missing = [(index, key) for index, (key, _, _) in enumerate(chunks) if key not in self.folder.blocks]
+        ranges = [(chunks[index][1], chunks[index][2]) for index, _ in missing]
+        try:
+            split = self.codec.state_split(state, len(tokens), ranges) if not self.whole else None
+        except ValueError as exc:
+            log.warning("cannot cut this state into blocks (%s); keeping it whole", exc)
+            split = None
+        if split is None:
+            layout, pieces, rest = None, [b""] * len(ranges), state
+        else:
+            layout, pieces, rest = split
+        with self._lock:
+            if split is None and not self.whole:
+                if self.layout is not None or self.folder.blocks:
+                    return None  # blocks with payloads exist: do not mix layouts
+                self.whole = True
+                self._save_layout({"whole": True})
+            elif split is not None and json.loads(json.dumps(layout)) != (self.layout or {}).get("layout"):
+                self._save_layout({"layout": json.loads(json.dumps(layout)), "rest": bool(rest)})
+            system = kind == "system"
+            parent = self.fingerprint
+            new_blocks = dict(missing)
+            for index, (key, start, end) in enumerate(chunks):
+                if index in new_blocks:
+                    payload = pieces[[i for i, _ in missing].index(index)]
+                    block = Block(key, parent, tokens[start:end], len(payload), system=system, mine=True)
+                    self.folder.add_block(block)
+                    self._enqueue("block", block, payload)
+                else:
+                    block = self.folder.blocks[key]
+                    block.last_used = time.time()
+                    block.system = block.system or system
+                parent = key
+            last = chunks[-1][0]
+            head = self._head_for(tokens, session, kind, last)
+            if rest:
+                if head.snapshot and head.key != last:
+                    self._enqueue("drop_snapshot", head.key, b"")
+                head.snapshot = True
+                self.folder.snapshots[last] = len(rest)
+                self._enqueue("snapshot", last, rest)
+            head.key, head.n_tokens, head.last_used, head.owner = last, len(tokens), time.time(), os.getpid()
+            self.folder.heads[head.id] = head
+            self._enqueue("head", head, b"")
+            self._wake.notify()
+        return head
+
+    def _head_for(self, tokens: list[int], session: str | None, kind: str, last: str) -> Head:
+        """The entry a sequence updates: the same one, or the same session's entry it grew from (never one a
+        live worker beside this one owns); else a new one (a fork keeps its parent's entry)."""
+        mine = {os.getpid()}
+        for head in self.folder.heads.values():
+            if head.key == last and head.kind == kind:
+                return head
+        if kind == "history":
+            for head in self.folder.heads.values():
+                if head.kind == "history" and head.session == session and head.n_tokens < len(tokens) \
+                        and (head.owner in mine or not pid_alive(head.owner)) \
+                        and _chain_is_prefix(self.folder, head, tokens):
+                    return head  # the same conversation, grown: its entry moves forward
+        return Head(uuid.uuid4().hex, last, len(tokens), session, kind, time.time(), os.getpid())
+
+    def _keys(self, tokens: list[int]) -> list[tuple[str, int, int]]:
+        keys = []
+        parent = self.fingerprint
+        for start in range(0, len(tokens), BLOCK_TOKENS):
+            end = min(start + BLOCK_TOKENS, len(tokens))
+            parent = chain_key(parent, tokens[start:end])
+            keys.append((parent, start, end))
+        return keys
+
+    def _needs_snapshot(self) -> bool:
+        return self.whole or bool((self.layout or {}).get("rest"))
+
+    # -- the writer ------------------------------------------------------------------------------
+
+    def _enqueue(self, kind: str, item: Any, payload: bytes) -> None:
+        """Queue a write (caller holds the lock); a queue larger than ``queue_bytes`` drops its oldest blocks."""
+        if kind == "block":
+            self._pending["b:" + item.key] = payload
+            self._remember("b:" + item.key, payload)
+        elif kind == "snapshot":
+            self._pending["s:" + item] = payload
+            self._remember("s:" + item, payload)
+        self._queue.append((kind, item))
+        self._queued_bytes += len(payload)
+        while self._queued_bytes > self.queue_bytes:
+            victim = next(((k, i) for k, i in self._queue if k == "block"), None)
+            if victim is None:
+                break
+            self._queue.remove(victim)
+            dropped = self._pending.pop("b:" + victim[1].key, b"")
+            self._queued_bytes -= len(dropped)
+            self.stats["dropped_writes"] += 1
+            log.warning("cache writes are behind; not persisting block %s", victim[1].key)
+
+    def flush(self, timeout: float = 55.0) -> None:
+        """Wait until queued writes are on disk (used at shutdown and by tests)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._queue and not self._busy:
+                    return
+            time.sleep(0.01)
+        log.warning("cache writes still queued after %.0f s at shutdown; they are lost", timeout)
+
+    def close(self) -> None:
+        self.flush()
+        self._owner_file.unlink(missing_ok=True)
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue:
+                    self._wake.wait()
+                kind, item = self._queue.pop(0)
+                self._busy = True
+            try:
+                self._write(kind, item)
+            except Exception:
+                log.exception("cache write failed")
+            finally:
+                with self._lock:
+                    self._busy = False
+
+    def _write(self, kind: str, item: Any) -> None:
+        if kind == "block":
+            with self._lock:
+                payload = self._pending.get("b:" + item.key)
+                wanted = item.key in self.folder.blocks
+            if payload is None or not wanted:
+                return
+            written = write_atomic(self.folder.block_path(item.key), block_file(item.parent, item.tokens, payload))
+            with self._lock:
+                self._pending.pop("b:" + item.key, None)
+                self._queued_bytes -= len(payload)
+                item.size, item.on_disk = written, True
+                if item.key not in self.folder.blocks:  # evicted or dropped while it was written
+                    self.folder.block_path(item.key).unlink(missing_ok=True)
+                    return
+                self.stats["bytes_written"] += written
+                self.stats["blocks_written"] += 1
+        elif kind == "snapshot":
+            with self._lock:
+                payload = self._pending.get("s:" + item)
+            if payload is None:
+                return
+            written = write_atomic(self.folder.snapshot_path(item), snapshot_file(payload))
+            with self._lock:
+                self._pending.pop("s:" + item, None)
+                self._queued_bytes -= len(payload)
+                self.folder.snapshots[item] = written
+                self.stats["bytes_written"] += written
+        elif kind == "drop_snapshot":
+            with self._lock:
+                if not any(h.key == item and h.snapshot for h in self.folder.heads.values()):
+                    self.folder.drop_snapshot(item)
+        elif kind == "head":
+            with self._lock:
+                if item.id not in self.folder.heads:
+                    return
+                data = json.dumps(item.as_json()).encode()
+            write_atomic(self.folder.head_path(item.id), [data])
+            with self._lock:
+                self.folder.collect_garbage(keep=self._queued_keys() | self._others_recent())
+            self.enforce_quota()
+
+    def _others_recent(self) -> set[str]:
+        """Blocks another worker wrote lately (its entry may not be on disk yet): not garbage."""
+        limit = time.time() - STALE_TEMP_SECONDS
+        return {b.key for b in self.folder.blocks.values() if not b.mine and b.last_used > limit}
+
+    def _queued_keys(self) -> set[str]:
+        return {item.key for kind, item in self._queue if kind == "block"} | {
+            key[2:] for key in self._pending if key.startswith("b:")}
+
+    # -- retention -------------------------------------------------------------------------------
+
+    def enforce_quota(self) -> None:
+        """Evict until the whole cache folder is under quota: folders no live worker uses first (least recently
+        used files), then this one's least recently used leaf blocks; never a pinned chain, never another live
+        worker's entries."""
+        from localai.cache_admin import load_pins, pinned_until
+
+        others: list[tuple[float, int, Path]] = []
+        total = 0
+        for folder in self.root.iterdir() if self.root.exists() else []:
+            if not folder.is_dir() or folder == self.dir:
+                continue
+            live = any(path.name.isdigit() and pid_alive(int(path.name)) for path in (folder / "owners").glob("*"))
+            for path in [*folder.glob("blocks/*.blk"), *folder.glob("snaps/*.snp"), *folder.glob("*.kv")]:
+                with contextlib.suppress(OSError):
+                    stat = path.stat()
+                    total += stat.st_size
+                    if not live:
+                        others.append((stat.st_mtime, stat.st_size, path))
+        with self._lock:
+            total += self.folder.bytes_on_disk()
+            if total <= self.max_bytes:
+                return
+            for _, size, path in sorted(others):
+                if total <= self.max_bytes:
+                    return
+                path.unlink(missing_ok=True)
+                total -= size
+                self.stats["evictions"] += 1
+            self.folder.scan()  # blocks another worker on this fingerprint added since
+            pins = load_pins(self.root)
+            protected: set[str] = self._queued_keys()
+            for head in self.folder.heads.values():
+                if pinned_until(pins, head.id, head.session) is not None:
+                    protected.update(self.folder.chain(head.key))
+            others_live = {h.owner for h in self.folder.heads.values()
+                           if h.owner != os.getpid() and pid_alive(h.owner)}
+            _, evicted = self.folder.evict(total - self.max_bytes, protected=protected, skip_owner=others_live)
+            self.stats["evictions"] += evicted
+            for key in [k for k in self._ram if k[2:] not in self.folder.blocks and k[2:] not in
+                        self.folder.snapshots]:
+                self._ram_size -= len(self._ram.pop(key))
+
+    def _remember(self, key: str, payload: bytes) -> None:
+        with self._lock:
+            if key in self._ram:
+                self._ram.move_to_end(key)
+                return
+            self._ram[key] = payload
+            self._ram_size += len(payload)
+            while self._ram_size > self.ram_bytes and self._ram:
+                _, dropped = self._ram.popitem(last=False)
+                self._ram_size -= len(dropped)
+
+    # -- layout and upgrade ----------------------------------------------------------------------
+
+    def _load_layout(self) -> None:
+        try:
+            raw = json.loads((self.dir / "layout.json").read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(raw, dict):
+            self.layout = raw
+            self.whole = bool(raw.get("whole"))
+
+    def _save_layout(self, layout: dict[str, Any]) -> None:
+        self.layout = layout
+        write_atomic(self.dir / "layout.json", [json.dumps(layout).encode()])
+
+    def _upgrade_legacy(self) -> None:
+        """Whole-sequence entries from before blocks (``*.kv``): converted into blocks, or dropped; logged."""
+        for path in sorted(self.dir.glob("*.kv")):
+            try:
+                header, tokens, payload = legacy.read_entry(path, self.fingerprint)
+            except (OSError, CorruptEntry) as exc:
+                log.warning("dropping old cache entry %s: %s", path.name, exc)
+                path.unlink(missing_ok=True)
+                continue
+            head = self.save(tokens, payload, header.get("session"), str(header.get("kind", "history")))
+            log.warning("converted old cache entry %s (%d tokens) into blocks%s", path.name, len(tokens),
+                        "" if head else " failed: dropped")
+            path.unlink(missing_ok=True)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    limit = min(len(a), len(b))
+    index = 0
+    while index < limit and a[index] == b[index]:
+        index += 1
+    return index
+
+
+def _chain_is_prefix(folder: Folder, head: Head, tokens: list[int]) -> bool:
+    position = 0
+    for key in folder.chain(head.key):
+        block = folder.blocks[key]
+        if tokens[position:position + len(block.tokens)] != block.tokens:
+            return False
+        position += len(block.tokens)
+    return position == head.n_tokens
+
