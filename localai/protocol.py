@@ -63,6 +63,8 @@ class GenerateOp(TypedDict):
     constraint: NotRequired[Constraint | None]
     system_prefix: NotRequired[str | None]
     reserve: NotRequired[int]  # room the reply needs: a prompt leaving less is refused as context_length (to fit)
+    follow_up: NotRequired[bool]  # a warm op will follow with the reply as the next turn renders it: save after it
+    warm: NotRequired[bool]  # prefill only (no output) and save: the previous reply, as the next turn renders it
 
 
 class CancelOp(TypedDict):

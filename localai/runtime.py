@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -20,7 +20,21 @@ from localai.protocol import Constraint, GenerateOp, Sampling
 from localai.registry import ModelRecord, Registry
 from localai.runner import new_request_id
 from localai.scheduler import LoadedModel, Scheduler
-from localai.schema import Event, Finished, GenerationRequest, Message, TextDelta, ToolChoice, Usage
+from localai.schema import (
+    Event,
+    Finished,
+    GenerationRequest,
+    Message,
+    ReasoningBlock,
+    ReasoningDelta,
+    TextBlock,
+    TextDelta,
+    ToolCallBlock,
+    ToolCallEnd,
+    ToolChoice,
+    ToolResultBlock,
+    Usage,
+)
 from localai.settings import Settings
 from localai.tool_calls import OutputParser
 from localai.upstreams.remote import RemotePool, Remotes, estimated_tokens, request_body, routing_key
@@ -28,6 +42,8 @@ from localai.upstreams.remote import RemotePool, Remotes, estimated_tokens, requ
 log = logging.getLogger("localai.runtime")
 SAMPLING_KEYS = frozenset(Sampling.__annotations__)
 MAX_FIT_ATTEMPTS = 12
+NEXT_TURN = "\u2063localai-next-turn\u2063"  # the next message, when rendering a reply as the next turn will
+FollowUp = Callable[[str, list[ToolCallEnd], str], None]
 
 
 @dataclass
@@ -45,10 +61,25 @@ class Generation:
     _closed: bool = field(default=False)
     _metrics: Metrics | None = None
     replica: str | None = None  # the remote replica serving it (remote models)
+    cache: dict[str, Any] | None = None  # where the reused prefix came from (source, restored, restore_ms)
+    follow_up: FollowUp | None = None  # told the reply once it is complete (the worker then prefills it)
 
     async def events(self) -> AsyncIterator[Event]:
         """Text, reasoning and tool-call events, then ``Finished`` (reason ``tool_calls`` when calls were made)."""
         parser = self.parser
+        text: list[str] = []
+        reasoning: list[str] = []
+        calls: list[ToolCallEnd] = []
+
+        def seen(event: Event) -> Event:
+            if isinstance(event, TextDelta):
+                text.append(event.text)
+            elif isinstance(event, ReasoningDelta):
+                reasoning.append(event.text)
+            elif isinstance(event, ToolCallEnd):
+                calls.append(event)
+            return event
+
         try:
             async for frame in self._frames:
                 kind = frame.get("ev")
@@ -56,17 +87,19 @@ class Generation:
                     yield frame["event"]
                 elif kind == "text":
                     if parser is None:
-                        yield TextDelta(frame["text"])
+                        yield seen(TextDelta(frame["text"]))
                     else:
                         for event in parser.feed(frame["text"]):
-                            yield event
+                            yield seen(event)
                 elif kind == "done":
                     reason = frame["finish_reason"]
                     if parser is not None:
                         for event in parser.finish():
-                            yield event
+                            yield seen(event)
                         if parser.calls and reason == "stop":
                             reason = "tool_calls"
+                    if self.follow_up is not None and reason != "cancelled":
+                        self.follow_up("".join(text), calls, "".join(reasoning))
                     usage = Usage(**frame["usage"])
                     if self._metrics is not None:
                         self._metrics.request_done(self.model, usage.prompt_tokens, usage.cached_tokens,
@@ -96,6 +129,7 @@ class Runtime:
         self.scheduler = scheduler
         self.fit_memory = FitMemory()
         self.remotes = Remotes(scheduler.metrics, settings.remote_health_interval)
+        self._background: set[asyncio.Task[None]] = set()  # follow-up prefills in flight
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
@@ -162,15 +196,62 @@ class Runtime:
                 fit.dropped, fit.shortened_chars, fit.tool_level = dropped, cut_chars, tool_level
                 self.fit_memory.put(key, dropped, tool_level)
                 log.warning("fitted a conversation for %s into its context: %s", record.name, fit.header())
+            follow_up = None
+            if isinstance(target, LocalTarget) and op.get("follow_up"):
+                follow_up = self._follow_up(target, fitted, messages, str(op["prompt"]))
             return Generation(
                 fit=fit, parser=target.parser(request),
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
-                _metrics=self.scheduler.metrics, replica=first.get("replica"),
+                _metrics=self.scheduler.metrics, replica=first.get("replica"), cache=first.get("cache"),
+                follow_up=follow_up,
             )
         except BaseException:
             await stack.aclose()
             raise
+
+    def _follow_up(self, target: LocalTarget, request: GenerationRequest, messages: list[Message] | None,
+                   prompt: str) -> FollowUp:
+        """After the reply: have the worker prefill it as the next turn will render it, then save the sequence,
+        so the next request computes only the new user or tool message (the worker holds that request until the
+        prefill is done). Runs after the response; a failure costs the next turn a few tokens, nothing else."""
+        async def prefill(text: str) -> None:
+            op = GenerateOp(op="generate", id=new_request_id(), prompt=text, max_tokens=0, stop=[], sampling={},
+                            session=request.session_id, warm=True)
+            with contextlib.suppress(Exception):  # the worker may be gone (unloaded, crashed): nothing to keep
+                async for _ in target.loaded.worker.generate(op):
+                    pass
+
+        def start(text: str, calls: list[ToolCallEnd], reasoning: str) -> None:
+            # Rendered here, before the client has the end of the response, so the prefill reaches the worker
+            # before the conversation's next request can.
+            try:
+                rendered = self._next_turn_prefix(target, request, messages, text, calls, reasoning)
+            except Exception:  # a template that cannot render the reply: still save what the worker holds
+                log.debug("could not render the reply as the next turn", exc_info=True)
+                rendered = None
+            task = asyncio.get_running_loop().create_task(prefill(rendered or prompt))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+        return start
+
+    def _next_turn_prefix(self, target: LocalTarget, request: GenerationRequest, messages: list[Message] | None,
+                          text: str, calls: list[ToolCallEnd], reasoning: str) -> str | None:
+        """The conversation with this reply, rendered up to where the next message's content will start."""
+        if messages is None:
+            return None
+        content: list[Any] = [ReasoningBlock(reasoning)] if reasoning else []
+        content += [TextBlock(text)] if text or not calls else []
+        content += [ToolCallBlock(call.id, call.name, call.parsed_arguments()) for call in calls]
+        if calls:
+            following = Message(role="tool", content=[ToolResultBlock(calls[0].id, NEXT_TURN, name=calls[0].name)])
+        else:
+            following = Message(role="user", content=[TextBlock(NEXT_TURN)])
+        rendered = self.render_prompt(target.record, target.loaded, request,
+                                      [*messages, Message(role="assistant", content=content), following])
+        cut = rendered.find(NEXT_TURN)
+        return rendered[:cut] if cut > 0 else None
 
     async def _target(self, stack: contextlib.AsyncExitStack, record: ModelRecord,
                       request: GenerationRequest) -> Target:
@@ -316,6 +397,7 @@ class Runtime:
             max_tokens=max_tokens, stop=stop, sampling=sampling,  # type: ignore[typeddict-item]
             session=request.session_id, ignore_eos=request.ignore_eos,
             constraint=self._constraint(record, loaded, request),
+            follow_up=messages is not None and self.settings.cache_max_bytes > 0,
         )
 
 

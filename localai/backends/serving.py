@@ -147,8 +147,8 @@ class Serving:
             if not free:
                 break
             op = self.waiting.pop(0)
-            if op.get("session") and not op.get("warm") and any(
-                    r.warm and r.session == op.get("session") for r in self.requests.values()):
+            if not op.get("warm") and any(r.warm and r.session in (op.get("session"), None)
+                                          for r in self.requests.values()):
                 held.append(op)  # its conversation's reply is being prefilled: start from that, moments later
                 continue
             try:

@@ -112,11 +112,19 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def generation_headers(generation: Generation) -> dict[str, str]:
-    """Tells the client when its conversation was shortened to fit the context, and which replica of a remote
-    model serves it."""
+    """Tells the client when its conversation was shortened to fit the context, which replica of a remote model
+    serves it, and where the prompt's reused prefix came from: ``X-LocalAI-Cache`` is live (the sequence was still
+    in the engine), ram or disk (restored from the prompt cache's tiers) or miss; with the tokens restored and the
+    restore's milliseconds."""
     headers = {"X-LocalAI-Context-Fitted": generation.fit.header()} if generation.fit else {}
     if generation.replica:
         headers["X-LocalAI-Replica"] = generation.replica
+    if generation.cache:
+        headers["X-LocalAI-Cache"] = str(generation.cache.get("source", "miss"))
+        headers["X-LocalAI-Cache-Tokens"] = str(generation.cached_tokens)
+        if generation.cache.get("restored"):
+            headers["X-LocalAI-Cache-Restored"] = str(generation.cache["restored"])
+            headers["X-LocalAI-Cache-Restore-Ms"] = f"{float(generation.cache.get('restore_ms', 0)):.1f}"
     return headers
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tests.conftest import Daemon, cached, chat, corrupt_cache_files, start_daemon
@@ -165,8 +166,11 @@ def test_system_prompt_is_stored_as_its_own_shared_entry_and_the_api_manages_pin
     chat(fresh_daemon, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "One"}],
          prompt_cache_key="first")
     with fresh_daemon.http() as http:
-        listing = http.get("/api/cache").json()
-        kinds = {e["kind"] for e in listing["entries"]}
+        for _ in range(100):  # the conversation's entry is saved after its reply is prefilled, just after the response
+            kinds = {e["kind"] for e in http.get("/api/cache").json()["entries"]}
+            if kinds == {"system", "history"}:
+                break
+            time.sleep(0.05)
         assert kinds == {"system", "history"}
         pinned = http.post("/api/cache/pin", json={"session": "first", "ttl": "10m"})
         assert pinned.status_code == 200 and pinned.json()["session"] == "first"
