@@ -14,6 +14,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -180,3 +181,69 @@ def report(results: list[TraceResult]) -> list[str]:
                      f"last/first-later turn {flat:.2f}x; hit ratio after first request "
                      f"{f'{100 * ratio:.1f}%' if ratio is not None else 'n/a (server reports no cached tokens)'}")
     return lines
+
+
+def metric(base_url: str, name: str) -> float:
+    """A counter summed over labels from the daemon's /metrics (``base_url`` ends in /v1)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    text = httpx.get(f"{root}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def settle(base_url: str, model: str) -> None:
+    """Let queued cache writes finish and be reported: wait, then a request too short to be stored."""
+    time.sleep(1.0)
+    with httpx.Client(base_url=base_url.rstrip("/"), timeout=600) as http:
+        request(http, model, [{"role": "user", "content": "ok"}], "bench-settle", 1)
+    time.sleep(0.2)
+
+
+def kv_bytes_per_token(cache_dir: Path) -> int:
+    """KV bytes per token of the blocks, from the store's layout (one fingerprint folder expected)."""
+    for layout in cache_dir.glob("*/layout.json"):
+        data = json.loads(layout.read_text()).get("layout") or {}
+        return sum(layer["k_row"] + layer["v_row"] for module, cut in zip(data.get("modules", []),
+                                                                           data.get("sliced", []), strict=False)
+                   if cut for layer in module["layers"])
+    return 0
+
+
+def disk_bytes(cache_dir: Path) -> int:
+    return sum(path.stat().st_size for path in cache_dir.rglob("*") if path.is_file() and path.suffix in
+               (".blk", ".snp"))
+
+
+def run_long(base_url: str, model: str, *, turns: int, growth_words: int, reply_tokens: int,
+             seed: int) -> tuple[list[Sample], float]:
+    """One conversation growing by a tool result of ``growth_words`` words a turn; returns samples and the bytes
+    the cache wrote (from /metrics)."""
+    rng = random.Random(seed)
+    messages = [{"role": "system", "content": system_prompt()},
+                {"role": "user", "content": "Task: refactor the module. " + tool_result(rng, 0, growth_words)}]
+    samples = []
+    before = metric(base_url, "localai_prompt_cache_bytes_written_total")
+    with httpx.Client(base_url=base_url.rstrip("/"), timeout=600) as http:
+        for turn in range(turns):
+            ttft, reply, prompt_tokens, cached = request(http, model, messages, f"long-{seed}", reply_tokens)
+            samples.append(Sample(0, turn, ttft, prompt_tokens, cached))
+            messages.append({"role": "assistant", "content": reply})
+            messages.append({"role": "user", "content": tool_result(rng, turn + 1, growth_words)})
+    settle(base_url, model)
+    return samples, metric(base_url, "localai_prompt_cache_bytes_written_total") - before
+
+
+def run_subagents(base_url: str, model: str, *, agents: int, prefix_repeats: int, reply_tokens: int,
+                  seed: int) -> list[Sample]:
+    """``agents`` sessions sharing one long system prompt, each with its own task."""
+    rng = random.Random(seed)
+    system = "\n".join([system_prompt()] * prefix_repeats)
+    samples = []
+    with httpx.Client(base_url=base_url.rstrip("/"), timeout=600) as http:
+        for index in range(agents):
+            messages = [{"role": "system", "content": system},
+                        {"role": "user", "content": f"Sub-task {index}: " + tool_result(rng, index, 60)}]
+            ttft, _, prompt_tokens, cached = request(http, model, messages, f"sub-{seed}-{index}", reply_tokens)
+            samples.append(Sample(index, 0, ttft, prompt_tokens, cached))
+    settle(base_url, model)
+    return samples

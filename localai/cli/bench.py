@@ -88,13 +88,18 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
 @click.option("--from", "source", default=None, metavar="PATH",
               help="Weights for --model in the benchmark's fresh homes (a GGUF or an MLX folder); the embedded "
               "smollm2 needs none.")
+@click.option("--long-turns", default=0, show_default=True,
+              help="Also run one conversation growing ~250 tokens a turn for this many turns (30: ~7,500 tokens).")
+@click.option("--subagents", default=0, show_default=True,
+              help="Also run this many sessions sharing a ~4,000-token system prompt (disk bytes vs one prefix).")
 @click.option("--seed", default=7, show_default=True)
 @fail_cleanly
 def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think_time: float, restart_at: int,
                  with_llama_cpp_python: bool, with_mlx_lm_server: bool, compare: tuple[str, ...], source: str | None,
-                 seed: int) -> None:
+                 long_turns: int, subagents: int, seed: int) -> None:
     """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume."""
     import tempfile
+    from pathlib import Path
 
     if turns < 2 or sessions < 1:
         raise click.BadParameter("needs at least 2 turns and 1 session", param_hint="--turns/--sessions")
@@ -107,12 +112,52 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
     options: dict[str, Any] = {"sessions": sessions, "turns": turns, "reply_tokens": reply_tokens,
                                "think_time": think_time, "seed": seed}
     results = []
+    storage: list[str] = []
     with tempfile.TemporaryDirectory(prefix="localai-bench-") as scratch:
         daemon = ManagedDaemon(scratch + "/home", source)
         with daemon:
             daemon.warm_up(model)
             model_path = daemon.model_path(model)
-            results.append(trace.run_trace("localai", daemon.base_url, model, **options))
+            written: list[float] = []
+
+            def count_writes(turn: int) -> None:
+                if turn == 1:
+                    trace.settle(daemon.base_url, model)
+                    written.append(trace.metric(daemon.base_url, "localai_prompt_cache_bytes_written_total"))
+
+            results.append(trace.run_trace("localai", daemon.base_url, model, before_turn=count_writes, **options))
+            trace.settle(daemon.base_url, model)
+            later_bytes = trace.metric(daemon.base_url, "localai_prompt_cache_bytes_written_total") - written[0]
+            cache_dir = Path(scratch) / "home" / "cache"
+            per_token = trace.kv_bytes_per_token(cache_dir)
+            ours = results[0]
+            grown = sum(ours.samples[i].prompt_tokens for i in range(len(ours.samples)) if ours.samples[i].turn
+                        == turns - 1) - sum(s.prompt_tokens for s in ours.samples if s.turn == 0)
+            grown += sessions * reply_tokens  # the last turn's replies, kept too
+            if per_token and grown > 0:
+                storage.append(f"disk writes, turns 1-{turns - 1}: {later_bytes / 1e6:.1f} MB for {grown} new tokens "
+                               f"x {per_token} KV bytes = {later_bytes / (grown * per_token):.2f}x the new tokens' KV")
+            if long_turns:
+                samples, long_bytes = trace.run_long(daemon.base_url, model, turns=long_turns, growth_words=150,
+                                                     reply_tokens=reply_tokens, seed=seed)
+                final = samples[-1].prompt_tokens + reply_tokens
+                storage.append(
+                    f"long session: {long_turns} turns to {samples[-1].prompt_tokens} prompt tokens; bytes written "
+                    f"{long_bytes / 1e6:.1f} MB = {long_bytes / max(1, final * per_token):.2f}x the final KV "
+                    f"({final * per_token / 1e6:.1f} MB); TTFT turn 1 {samples[1].ttft:.3f} s, last "
+                    f"{samples[-1].ttft:.3f} s ({samples[-1].ttft / samples[1].ttft:.2f}x); hit ratio after the first "
+                    f"{sum(s.cached_tokens or 0 for s in samples[1:]) / sum(s.prompt_tokens for s in samples[1:]):.1%}")
+            if subagents:
+                before_disk = trace.disk_bytes(cache_dir)
+                subs = trace.run_subagents(daemon.base_url, model, agents=subagents, prefix_repeats=4,
+                                           reply_tokens=reply_tokens, seed=seed)
+                used = trace.disk_bytes(cache_dir) - before_disk
+                shared = min(s.cached_tokens or 0 for s in subs[1:]) if len(subs) > 1 else 0
+                tails = sum(s.prompt_tokens + reply_tokens - shared for s in subs)
+                ideal = (shared + tails) * per_token
+                storage.append(
+                    f"sub-agents: {subagents} sessions sharing a {shared}-token prefix; on disk {used / 1e6:.1f} MB = "
+                    f"{used / max(1, ideal):.2f}x one prefix plus the tails ({ideal / 1e6:.1f} MB)")
         restart = ManagedDaemon(scratch + "/restart-home", source)
         with restart:
             restart.warm_up(model)
@@ -137,6 +182,8 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
             name, _, url = item.partition("=")
             results.append(trace.run_trace(name, url, model, **options))
     for line in trace.report(results):
+        click.echo(line)
+    for line in storage:
         click.echo(line)
     ours, restarted = results[0], results[1]
     later = range(1, turns)
