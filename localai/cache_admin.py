@@ -125,6 +125,8 @@ def list_entries(root: Path | None = None) -> list[EntryInfo]:
                 pinned_until=pinned_until(pins, head.id, head.session),
             ))
         for path in folder.path.glob("*.kv"):  # whole-sequence entries from before blocks
+            if path.name.startswith("."):
+                continue
             try:
                 header, tokens = legacy.read_header(path, folder.fingerprint)
                 stat = path.stat()

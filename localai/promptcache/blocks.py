@@ -228,8 +228,8 @@ class Folder:
                     if not pid_alive(pid) or time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
                         temp.unlink()  # a write that never finished
         for path in (self.path / "blocks").glob("*.blk"):
-            if path.stem in self.blocks:
-                continue
+            if path.stem in self.blocks or path.name.startswith("."):
+                continue  # known, or a write in progress (.tmp-*)
             try:
                 header, tokens, _ = read_block(path, with_payload=False)
                 stat = path.stat()
@@ -241,9 +241,13 @@ class Folder:
                 continue
             self.add_block(Block(path.stem, str(header["parent"]), tokens, stat.st_size, stat.st_mtime, True))
         for path in (self.path / "snaps").glob("*.snp"):
+            if path.name.startswith("."):
+                continue
             with contextlib.suppress(OSError):
                 self.snapshots[path.stem] = path.stat().st_size
         for path in (self.path / "heads").glob("*.json"):
+            if path.name.startswith("."):
+                continue
             try:
                 raw = json.loads(path.read_text())
                 head = Head(id=str(raw["id"]), key=str(raw["key"]), n_tokens=int(raw["n_tokens"]),

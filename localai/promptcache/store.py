@@ -506,6 +506,8 @@ class PromptStore:
                 continue
             live = any(path.name.isdigit() and pid_alive(int(path.name)) for path in (folder / "owners").glob("*"))
             for path in [*folder.glob("blocks/*.blk"), *folder.glob("snaps/*.snp"), *folder.glob("*.kv")]:
+                if path.name.startswith("."):
+                    continue  # another process's write in progress
                 with contextlib.suppress(OSError):
                     stat = path.stat()
                     total += stat.st_size

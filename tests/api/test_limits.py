@@ -233,10 +233,15 @@ def test_in_flight_cache_writes_are_not_listed(api: TestClient, api_home: Any) -
         time.sleep(0.1)
     entries = api.get("/api/cache").json()["entries"]
     assert entries
-    first = api_home / "cache" / entries[0]["fingerprint"] / f"{entries[0]['id']}.kv"
-    (first.parent / f".tmp-1-{first.name}").write_bytes(first.read_bytes())  # a write caught mid-rename
+    folder = api_home / "cache" / entries[0]["fingerprint"]
+    head = folder / "heads" / f"{entries[0]['id']}.json"
+    (head.parent / f".tmp-1-{head.name}").write_bytes(head.read_bytes())  # writes caught mid-rename
+    block = next((folder / "blocks").glob("*.blk"))
+    temp_block = block.parent / f".tmp-1-{block.name}"
+    temp_block.write_bytes(block.read_bytes())
     again = api.get("/api/cache").json()["entries"]
     assert sorted(e["id"] for e in again) == sorted(e["id"] for e in entries)
+    assert temp_block.exists()  # another process's write in progress is neither listed nor deleted
 
 
 def test_an_engine_failure_ends_the_worker_and_the_next_request_reloads(api: TestClient) -> None:
