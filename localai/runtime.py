@@ -210,6 +210,11 @@ class Runtime:
             await stack.aclose()
             raise
 
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait (a while) for follow-up prefills in flight, so a stopping daemon still saves the last turns."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout)
+
     def _follow_up(self, target: LocalTarget, request: GenerationRequest, messages: list[Message] | None,
                    prompt: str) -> FollowUp:
         """After the reply: have the worker prefill it as the next turn will render it, then save the sequence,

@@ -129,8 +129,9 @@ def cached(result: dict[str, Any]) -> int:
 
 
 def corrupt_cache_files(home: Path) -> int:
-    """Flips a byte near the end of every persisted prompt-cache block under ``home``; returns how many."""
-    files = list((home / "cache").rglob("*.blk"))
+    """Flips a byte near the end of every persisted prompt-cache block and snapshot under ``home``; returns how
+    many."""
+    files = [*(home / "cache").rglob("*.blk"), *(home / "cache").rglob("*.snp")]
     for path in files:
         data = bytearray(path.read_bytes())
         data[-100] ^= 0xFF

@@ -89,17 +89,25 @@ class Serving:
     # -- the loop --------------------------------------------------------------------------------
 
     def serve(self, inbox: queue.Queue[dict[str, Any] | None], emit: Emit) -> None:
-        """Run until ``None`` arrives in the inbox: admit, batch, decode, sample, emit."""
+        """Run until ``None`` arrives in the inbox: admit, batch, decode, sample, emit. Replies being prefilled
+        (warm requests) are finished and saved first; other requests are cancelled."""
+        stopping = False
         while True:
-            block = not self.requests and not self.waiting
+            if stopping and not self.requests and not self.waiting:
+                if self.cache is not None:
+                    self.cache.close()
+                return
+            block = not self.requests and not self.waiting and not stopping
             try:
-                while True:
+                while not stopping:
                     op = inbox.get(block=block)
                     block = False
                     if op is None:
-                        if self.cache is not None:
-                            self.cache.close()
-                        return
+                        stopping = True
+                        self.waiting = [item for item in self.waiting if item.get("warm")]
+                        for request in [r for r in self.requests.values() if not r.warm]:
+                            self._finish(request, "cancelled", emit)
+                        break
                     try:
                         self._handle(op, emit)
                     except Exception as exc:  # one bad op gets its error; the engine keeps serving the rest

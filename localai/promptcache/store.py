@@ -116,7 +116,7 @@ class PromptStore:
         self._owner_file = self.dir / "owners" / str(os.getpid())
         self._owner_file.touch()
         for complaint in self.folder.scan():
-            log.warning("dropping unreadable cache file %s", complaint)
+            log.warning("dropping damaged cache file %s", complaint)
             self.stats["corrupt"] += 1
         self._load_layout()
         self._writer = threading.Thread(target=self._write_loop, name="cache-writer", daemon=True)

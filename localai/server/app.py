@@ -28,6 +28,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         watching = asyncio.create_task(watcher.run(), name="modelfile-watcher")
         yield
         await stop_quietly(watcher, watching)
+        await runtime.settle()  # replies still being prefilled reach their workers before the workers stop
         await runtime.scheduler.shutdown()
         await runtime.remotes.shutdown()
 

@@ -181,7 +181,7 @@ def test_restart_resumes_from_disk_and_a_corrupt_file_is_never_served(tmp_path: 
     with start_daemon(tmp_path / "home") as daemon:
         again = chat(daemon, turn2)
         assert cached(again) == 0 and text(again) == text(fresh)
-        assert "dropping cache entry" in (tmp_path / "home" / "logs" / "workers.log").read_text()
+        assert "dropping damaged cache" in (tmp_path / "home" / "logs" / "workers.log").read_text()
 
 
 def test_mlx_worker_killed_mid_stream_errors_clearly_and_the_next_request_reloads(tmp_path: Path,
