@@ -26,7 +26,7 @@ from localai.schema import (
     GenerationRequest,
     Message,
     ReasoningBlock,
-    ReasoningDelta,
+    ReplyParts,
     TextBlock,
     TextDelta,
     ToolCallBlock,
@@ -67,19 +67,8 @@ class Generation:
     async def events(self) -> AsyncIterator[Event]:
         """Text, reasoning and tool-call events, then ``Finished`` (reason ``tool_calls`` when calls were made)."""
         parser = self.parser
-        text: list[str] = []
-        reasoning: list[str] = []
-        calls: list[ToolCallEnd] = []
-
-        def seen(event: Event) -> Event:
-            if isinstance(event, TextDelta):
-                text.append(event.text)
-            elif isinstance(event, ReasoningDelta):
-                reasoning.append(event.text)
-            elif isinstance(event, ToolCallEnd):
-                calls.append(event)
-            return event
-
+        reply = ReplyParts()
+        seen = reply.add
         try:
             async for frame in self._frames:
                 kind = frame.get("ev")
@@ -99,7 +88,7 @@ class Generation:
                         if parser.calls and reason == "stop":
                             reason = "tool_calls"
                     if self.follow_up is not None and reason != "cancelled":
-                        self.follow_up("".join(text), calls, "".join(reasoning))
+                        self.follow_up(reply.text, reply.calls, reply.reasoning)
                     usage = Usage(**frame["usage"])
                     if self._metrics is not None:
                         self._metrics.request_done(self.model, usage.prompt_tokens, usage.cached_tokens,

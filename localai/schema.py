@@ -196,3 +196,29 @@ class Finished:
 
 
 Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | Finished
+
+
+@dataclass
+class ReplyParts:
+    """A reply's text, reasoning and complete tool calls, gathered from its events."""
+
+    texts: list[str] = field(default_factory=list)
+    reasonings: list[str] = field(default_factory=list)
+    calls: list[ToolCallEnd] = field(default_factory=list)
+
+    def add(self, event: Event) -> Event:
+        if isinstance(event, TextDelta):
+            self.texts.append(event.text)
+        elif isinstance(event, ReasoningDelta):
+            self.reasonings.append(event.text)
+        elif isinstance(event, ToolCallEnd):
+            self.calls.append(event)
+        return event
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasonings)

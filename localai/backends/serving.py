@@ -20,7 +20,7 @@ from localai.backends.engine import BatchItem, DecodeFailed, Engine, LoadOptions
 from localai.backends.grammars import GrammarError
 from localai.backends.text import StopMatcher
 from localai.promptcache.blocks import fingerprint
-from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored
+from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, common_prefix
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
 
 log = logging.getLogger("localai.worker")
@@ -228,7 +228,7 @@ class Serving:
         otherwise the least recently used slot is taken (its state was saved after its last request).
         Without a cache, the slot sharing the longest prefix wins.
         """
-        scored = [(slot, _common_prefix(slot.tokens, prompt)) for slot in free]
+        scored = [(slot, common_prefix(slot.tokens, prompt)) for slot in free]
         if warm:  # the conversation's own slot: its reply's tokens give way to the reply as the template renders it
             return max(scored, key=lambda item: (item[1], -item[0].last_used))
         if self.cache is not None:
@@ -236,7 +236,7 @@ class Serving:
             if keeping:
                 return max(keeping, key=lambda item: (item[1], -item[0].last_used))
             lru = min(free, key=lambda slot: slot.last_used)
-            return lru, _common_prefix(lru.tokens, prompt)
+            return lru, common_prefix(lru.tokens, prompt)
         return max(scored, key=lambda item: (item[1], -item[0].last_used))
 
     # -- the prompt cache ------------------------------------------------------------------------
@@ -418,10 +418,3 @@ class Serving:
                 emit({"ev": "error", "id": request.id, "kind": "engine", "message": message})
                 self._release(request)
 
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    limit = min(len(a), len(b))
-    index = 0
-    while index < limit and a[index] == b[index]:
-        index += 1
-    return index

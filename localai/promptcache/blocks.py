@@ -118,35 +118,42 @@ def block_file(parent: str, tokens: list[int], payload: bytes) -> list[bytes]:
     return [MAGIC, HEADER_LEN.pack(len(header)), header, token_bytes, payload]
 
 
+def read_framed(handle: Any, magic: bytes, *, with_payload: bool) -> tuple[dict[str, Any], list[int], bytes]:
+    """Magic, u32 header length, JSON header (``n_tokens``, ``payload_bytes``, ``checksum``), tokens, payload: the
+    layout of block files and of the old whole-sequence entries. The payload is checksum-verified when read."""
+    if handle.read(len(magic)) != magic:
+        raise CorruptEntry("not a localai cache file")
+    raw_length = handle.read(HEADER_LEN.size)
+    if len(raw_length) != HEADER_LEN.size:
+        raise CorruptEntry("truncated header")
+    (length,) = HEADER_LEN.unpack(raw_length)
+    try:
+        header = json.loads(handle.read(length))
+        n_tokens, payload_bytes = int(header["n_tokens"]), int(header["payload_bytes"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptEntry(f"bad header: {exc}") from exc
+    token_bytes = handle.read(4 * n_tokens)
+    if len(token_bytes) != 4 * n_tokens:
+        raise CorruptEntry("truncated tokens")
+    tokens = array.array("i")
+    tokens.frombytes(token_bytes)
+    payload = b""
+    if with_payload:
+        payload = handle.read(payload_bytes + 1)
+        if len(payload) != payload_bytes:
+            raise CorruptEntry("truncated or padded payload")
+        if checksum(token_bytes, payload) != header.get("checksum"):
+            raise CorruptEntry("checksum mismatch")
+    return header, tokens.tolist(), payload
+
+
 def read_block(path: Path, *, with_payload: bool) -> tuple[dict[str, Any], list[int], bytes]:
     """A block file's header, tokens and (verified) payload; raises ``CorruptEntry``/``OSError``."""
     with open(path, "rb") as handle:
-        if handle.read(len(MAGIC)) != MAGIC:
-            raise CorruptEntry("not a localai block file")
-        raw_length = handle.read(HEADER_LEN.size)
-        if len(raw_length) != HEADER_LEN.size:
-            raise CorruptEntry("truncated header")
-        (length,) = HEADER_LEN.unpack(raw_length)
-        try:
-            header = json.loads(handle.read(length))
-            n_tokens, payload_bytes = int(header["n_tokens"]), int(header["payload_bytes"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptEntry(f"bad header: {exc}") from exc
-        token_bytes = handle.read(4 * n_tokens)
-        if len(token_bytes) != 4 * n_tokens:
-            raise CorruptEntry("truncated tokens")
-        tokens = array.array("i")
-        tokens.frombytes(token_bytes)
-        payload = b""
-        if with_payload:
-            payload = handle.read(payload_bytes + 1)
-            if len(payload) != payload_bytes:
-                raise CorruptEntry("truncated or padded payload")
-            if checksum(token_bytes, payload) != header.get("checksum"):
-                raise CorruptEntry("checksum mismatch")
-        if chain_key(str(header.get("parent")), tokens.tolist()) != path.stem:
-            raise CorruptEntry("tokens do not match the block's key")
-    return header, tokens.tolist(), payload
+        header, tokens, payload = read_framed(handle, MAGIC, with_payload=with_payload)
+    if chain_key(str(header.get("parent")), tokens) != path.stem:
+        raise CorruptEntry("tokens do not match the block's key")
+    return header, tokens, payload
 
 
 def snapshot_file(payload: bytes) -> list[bytes]:
@@ -292,7 +299,6 @@ class Folder:
         if block is None:
             return []
         self.children.get(block.parent, set()).discard(key)
-        self.children.pop(key, None) if not self.children.get(key) else None
         self.block_path(key).unlink(missing_ok=True)
         self.drop_snapshot(key)
         changed = []

@@ -64,10 +64,6 @@ class Match:
     common: int  # prompt tokens the restored state shares (the last block may be cut back to it)
     snapshot: str | None = None
 
-    @property
-    def n_tokens(self) -> int:
-        return sum(self.lengths)
-
 
 @dataclass
 class Restored:
@@ -161,7 +157,7 @@ class PromptStore:
                     block = folder.blocks.get(child)
                     if block is None:
                         continue
-                    common = _common_prefix(block.tokens, prompt[position:])
+                    common = common_prefix(block.tokens, prompt[position:])
                     if common > best_common and (common == len(block.tokens) or self.trims):
                         best, best_common = block, common
                 if best is not None:
@@ -189,7 +185,7 @@ class PromptStore:
                 continue
             keys = self.folder.chain(head.key)
             tokens = [token for key in keys for token in self.folder.blocks[key].tokens]
-            common = _common_prefix(tokens, prompt)
+            common = common_prefix(tokens, prompt)
             if common < len(tokens) and not self.trims:
                 continue
             if common >= MIN_TOKENS and (best is None or common > best.common):
@@ -336,10 +332,10 @@ class PromptStore:
                 self._save_layout({"layout": json.loads(json.dumps(layout)), "rest": bool(rest)})
             system = kind == "system"
             parent = self.fingerprint
-            new_blocks = dict(missing)
+            new_pieces = {index: piece for (index, _), piece in zip(missing, pieces, strict=True)}
             for index, (key, start, end) in enumerate(chunks):
-                if index in new_blocks:
-                    payload = pieces[[i for i, _ in missing].index(index)]
+                payload = new_pieces.get(index)
+                if payload is not None:
                     block = Block(key, parent, tokens[start:end], len(payload), system=system, mine=True)
                     self.folder.add_block(block)
                     self._enqueue("block", block, payload)
@@ -578,10 +574,13 @@ class PromptStore:
             path.unlink(missing_ok=True)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share."""
     limit = min(len(a), len(b))
+    if a[:limit] == b[:limit]:
+        return limit
     index = 0
-    while index < limit and a[index] == b[index]:
+    while a[index] == b[index]:
         index += 1
     return index
 

@@ -17,8 +17,7 @@ from localai.runtime import Generation, Runtime
 from localai.schema import (
     Finished,
     Message,
-    ReasoningDelta,
-    TextDelta,
+    ReplyParts,
     Tool,
     ToolCallBlock,
     ToolCallEnd,
@@ -74,22 +73,15 @@ async def collect(generation: Generation, request: Request | None = None) -> Col
     """The whole generation; with ``request``, stopped as soon as that client disconnects."""
     if request is not None:
         return await unless_disconnected(request, collect(generation), generation)
-    text: list[str] = []
-    reasoning: list[str] = []
-    calls: list[ToolCallEnd] = []
+    reply = ReplyParts()
     finished: Finished | None = None
     async for event in generation.events():
-        if isinstance(event, TextDelta):
-            text.append(event.text)
-        elif isinstance(event, ReasoningDelta):
-            reasoning.append(event.text)
-        elif isinstance(event, ToolCallEnd):
-            calls.append(event)
-        elif isinstance(event, Finished):
+        reply.add(event)
+        if isinstance(event, Finished):
             finished = event
     if finished is None:
         raise LocalAIError("the generation ended without finishing")
-    return Collected("".join(text), "".join(reasoning), calls, finished)
+    return Collected(reply.text, reply.reasoning, reply.calls, finished)
 
 
 async def remote_descriptions(request: Request, records: list[ModelRecord]) -> dict[str, dict[str, Any]]:
