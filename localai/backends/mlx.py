@@ -70,6 +70,23 @@ def _array_from(data: bytes, dtype: str, shape: list[int]) -> Any:
     return mx.array(np.frombuffer(data, np.dtype(dtype)).reshape(shape))
 
 
+def _storage_dtype(name: str) -> Any:
+    """The numpy type a serialized array's bytes are read as (bfloat16's bits travel as uint16)."""
+    return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
+
+
+def _parse_state(state: bytes) -> tuple[dict[str, Any], int]:
+    """``seq_state``'s header, and where the arrays' bytes begin."""
+    try:
+        (length,) = struct.unpack_from("<I", state)
+        header = json.loads(state[4:4 + length])
+    except (struct.error, ValueError) as exc:
+        raise ValueError(f"not an MLX cache state: {exc}") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("layers"), list):
+        raise ValueError("not an MLX cache state: no layers")
+    return header, 4 + length
+
+
 class MlxEngine:
     """A loaded MLX model with ``n_parallel`` sequences."""
 
@@ -325,10 +342,59 @@ class MlxEngine:
 
     def state_split(self, state: bytes, n_tokens: int,
                     ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
-        return None  # kept whole: the prompt cache stores the state as one snapshot per entry
+        """Cut a state of plain KV caches by token range: a piece holds, layer after layer, the keys and then the
+        values of its tokens. A model with other caches (rotating windows, recurrent state) is kept whole."""
+        header, position = _parse_state(state)
+        if not all(layer["class"] == "KVCache" and len(layer["items"]) == 3 for layer in header["layers"]):
+            return None
+        layers, arrays = [], []
+        for layer in header["layers"]:
+            described = []
+            for item in layer["items"][:2]:
+                shape = item["shape"]
+                if len(shape) != 4 or shape[2] != n_tokens:
+                    raise ValueError(f"a KV array of shape {shape} does not hold {n_tokens} tokens on its third axis")
+                dtype = _storage_dtype(item["dtype"])
+                arrays.append(np.frombuffer(state, dtype, count=int(np.prod(shape)), offset=position).reshape(shape))
+                position += item["bytes"]
+                described.append({"dtype": item["dtype"], "shape": [shape[0], shape[1], shape[3]]})
+            layers.append({"meta": layer["meta"], "arrays": described})
+        if position != len(state):
+            raise ValueError("the MLX state has bytes after its last array")
+        pieces = [b"".join(array[:, :, start:end, :].tobytes() for array in arrays) for start, end in ranges]
+        return {"mlx": 1, "layers": layers}, pieces, b""
 
     def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
-        return rest
+        """The state of consecutive pieces (``state_split``'s), as ``seq_state`` writes it."""
+        if not layout or layout.get("mlx") != 1:
+            return rest
+        described = [item for layer in layout["layers"] for item in layer["arrays"]]
+        parts: list[list[Any]] = [[] for _ in described]
+        for piece, length in zip(pieces, lengths, strict=True):
+            position = 0
+            for index, item in enumerate(described):
+                batch, heads, width = item["shape"]
+                dtype = _storage_dtype(item["dtype"])
+                count = batch * heads * length * width
+                parts[index].append(np.frombuffer(piece, dtype, count=count, offset=position)
+                                    .reshape(batch, heads, length, width))
+                position += count * dtype.itemsize
+            if position != len(piece):
+                raise ValueError("a cache block does not match the MLX layout")
+        total = sum(lengths)
+        layers, chunks = [], []
+        for number, layer in enumerate(layout["layers"]):
+            items: list[dict[str, Any]] = []
+            for index in (2 * number, 2 * number + 1):
+                data = np.concatenate(parts[index], axis=2).tobytes()
+                batch, heads, width = described[index]["shape"]
+                items.append({"dtype": described[index]["dtype"], "shape": [batch, heads, total, width],
+                              "bytes": len(data)})
+                chunks.append(data)
+            items.append({"value": total})
+            layers.append({"class": "KVCache", "meta": layer["meta"], "items": items})
+        header = json.dumps({"layers": layers}).encode()
+        return struct.pack("<I", len(header)) + header + b"".join(chunks)
 
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
         """Mean-pooled final hidden states, L2-normalised (a chat model's, like the llama.cpp engine's)."""

@@ -162,6 +162,8 @@ def test_restart_resumes_from_disk_and_a_corrupt_file_is_never_served(tmp_path: 
     with start_daemon(tmp_path / "home") as daemon:
         create_mlx_model(daemon, mlx_model_path)
         first = chat(daemon, turn1)
+    layouts = [json.loads(path.read_text()) for path in (tmp_path / "home" / "cache").glob("*/layout.json")]
+    assert layouts and all(layout["layout"]["mlx"] == 1 for layout in layouts)  # stored as token blocks
     turn2 = [*turn1, {"role": "assistant", "content": text(first)}, {"role": "user", "content": "And a queue?"}]
     with start_daemon(tmp_path / "home") as daemon:  # a new daemon and worker: only the disk remembers
         resumed = chat(daemon, turn2)
@@ -243,3 +245,34 @@ def test_mlx_state_restore_refuses_malformed_bytes(state: bytes, mlx_model_path:
     engine = MlxEngine(LoadOptions(model_path=str(mlx_model_path), num_ctx=512, n_parallel=1, n_batch=64))
     assert engine.seq_restore(0, state) is False
     assert engine.caches[0][0].offset == 0
+
+
+def test_mlx_states_are_cut_into_token_blocks_and_put_back_bit_for_bit(mlx_model_path: Path) -> None:
+    """The prompt cache stores an MLX sequence as token blocks: cutting its state by token range and joining the
+    pieces gives the same bytes, and the first pieces alone give the state of that shorter prefix, which restores
+    and continues exactly as the sequence computed directly does."""
+    from localai.backends.engine import BatchItem, LoadOptions
+    from localai.backends.mlx import MlxEngine
+
+    engine = MlxEngine(LoadOptions(model_path=str(mlx_model_path), num_ctx=512, n_parallel=2, n_batch=64))
+    tokens = engine.tokenize(SYSTEM * 2)[:150]
+    assert len(tokens) == 150
+    for start in range(0, len(tokens), 64):
+        engine.decode([BatchItem(0, token, start + i, False) for i, token in enumerate(tokens[start:start + 64])])
+    state = engine.seq_state(0)
+    split = engine.state_split(state, len(tokens), [(0, 64), (64, 128), (128, 150)])
+    assert split is not None
+    layout, pieces, rest = split
+    assert rest == b"" and len(pieces) == 3
+    assert engine.state_join(layout, pieces, [64, 64, 22], rest) == state
+    prefix = engine.state_join(layout, pieces[:2], [64, 64], rest)
+    assert engine.seq_keep(0, 128)
+    assert engine.seq_state(0) == prefix
+    assert engine.seq_restore(1, prefix)
+    engine.decode([BatchItem(0, tokens[128], 128, True), BatchItem(1, tokens[128], 128, True)])
+    sampler = engine.new_sampler({"temperature": 0}, None)
+    assert engine.sample(sampler, 0) == engine.sample(sampler, 1)
+    with pytest.raises(ValueError):
+        engine.state_split(state, len(tokens) + 1, [(0, 64)])
+    with pytest.raises(ValueError):
+        engine.state_join(layout, [pieces[0][:-2]], [64], rest)
