@@ -92,6 +92,16 @@ def add_pin(*, session: str | None, entry: str | None, ttl: float, root: Path | 
     return pin
 
 
+def extend_pin(entry: str, ttl: float, root: Path | None = None) -> None:
+    """Keep an entry pinned at least ``ttl`` seconds from now (a longer pin it has stays)."""
+    pins = load_pins(root)
+    until = time.time() + ttl
+    if any(p.entry == entry and p.session is None and p.expires_at >= until for p in pins):
+        return
+    kept = [p for p in pins if not (p.entry == entry and p.session is None)]
+    save_pins([*kept, Pin(session=None, entry=entry, expires_at=until)], root)
+
+
 def remove_pin(*, session: str | None, entry: str | None, root: Path | None = None) -> bool:
     pins = load_pins(root)
     kept = [p for p in pins if not (p.session == session and p.entry == entry)]

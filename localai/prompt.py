@@ -9,6 +9,7 @@ tools are described in the system message and the model is asked to answer in th
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -155,6 +156,8 @@ def render(template: Template, messages: list[dict[str, Any]], tools: list[Tool]
            add_generation_prompt: bool = True, reasoning: bool | None = None) -> str:
     """Prompt text for already-shaped ``messages``. A template that rejects a system message in the
     middle of a conversation gets it folded into the next user turn instead."""
+    if hoists_late_system(template) and any(m["role"] == "system" for m in messages[1:]):
+        messages = fold_late_system(messages)  # in place, so the prompt's start does not change with each one
     extra: dict[str, Any] = {}
     if tools and template.native_tools:
         extra["tools"] = [tool_json(tool) for tool in tools]
@@ -171,6 +174,24 @@ def render(template: Template, messages: list[dict[str, Any]], tools: list[Tool]
         return chat_template.render(template.source, folded, bos_token=template.bos_token,
                                     eos_token=template.eos_token, add_generation_prompt=add_generation_prompt,
                                     **extra)
+
+
+@functools.lru_cache(maxsize=64)
+def hoists_late_system(template: Template) -> bool:
+    """Whether the template moves a system message from the middle of a conversation to the front (some join every
+    system message into one system prompt). Agents send such messages as reminders; moved to the front, each new
+    one changes the prompt's start, and the cached prefix of the whole conversation is lost."""
+    probe = [{"role": "system", "content": "\u2063first-system\u2063"}, {"role": "user", "content": "\u2063user\u2063"},
+             {"role": "assistant", "content": "\u2063reply\u2063"},
+             {"role": "system", "content": "\u2063late-system\u2063"},
+             {"role": "user", "content": "\u2063next\u2063"}]
+    try:
+        text = chat_template.render(template.source, probe, bos_token=template.bos_token,
+                                    eos_token=template.eos_token, add_generation_prompt=True)
+    except Exception:  # refuses late system messages: render() folds them already
+        return False
+    late, user = text.find("\u2063late-system\u2063"), text.find("\u2063user\u2063")
+    return 0 <= late < user
 
 
 def fold_late_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -65,6 +65,7 @@ class GenerateOp(TypedDict):
     reserve: NotRequired[int]  # room the reply needs: a prompt leaving less is refused as context_length (to fit)
     follow_up: NotRequired[bool]  # a warm op will follow with the reply as the next turn renders it: save after it
     warm: NotRequired[bool]  # prefill only (no output) and save: the previous reply, as the next turn renders it
+    pin_ttl: NotRequired[float | None]  # pin the saved entries this long (Anthropic cache_control breakpoints)
 
 
 class CancelOp(TypedDict):

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from localai import divergence
 from localai import prompt as prompting
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError
 from localai.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
@@ -119,6 +121,8 @@ class Runtime:
         self.fit_memory = FitMemory()
         self.remotes = Remotes(scheduler.metrics, settings.remote_health_interval)
         self._background: set[asyncio.Task[None]] = set()  # follow-up prefills in flight
+        self._reports: set[asyncio.Task[None]] = set()  # divergence reports being written
+        self.divergences = divergence.Tracker()
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
@@ -188,6 +192,9 @@ class Runtime:
             follow_up = None
             if isinstance(target, LocalTarget) and op.get("follow_up"):
                 follow_up = self._follow_up(target, fitted, messages, str(op["prompt"]))
+            if isinstance(target, LocalTarget) and request.session_id and messages is not None:
+                self._compare_turn(target, fitted, messages, str(op["prompt"]), int(first["prompt_tokens"]),
+                                   (dropped, cut_chars, tool_level))
             return Generation(
                 fit=fit, parser=target.parser(request),
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
@@ -198,6 +205,34 @@ class Runtime:
         except BaseException:
             await stack.aclose()
             raise
+
+    def _compare_turn(self, target: LocalTarget, request: GenerationRequest, messages: list[Message], prompt: str,
+                      prompt_tokens: int, fitted: tuple[int, int, int]) -> None:
+        """Does this prompt extend its session's last one? When not, log and record where and why it parts (the
+        token offset is counted by the worker, after the request is on its way)."""
+        session = request.session_id
+        assert session is not None
+        turn = divergence.turn_of(messages, request.tools, prompt, fitted=fitted)
+        turn.tokens = prompt_tokens
+        found = self.divergences.compare(target.record.name, session, turn)
+        if found is None:
+            return
+        offset, previous = found
+        cause, detail = divergence.explain(previous, turn, offset)
+        worker = target.loaded.worker
+
+        async def report() -> None:
+            tokens = 0
+            with contextlib.suppress(Exception):  # the worker may be gone: the character offset still tells
+                tokens = await worker.count_tokens(prompt[:offset]) if offset else 0
+            await asyncio.to_thread(self.divergences.record, divergence.Divergence(
+                model=target.record.name, session=session, at=time.time(), offset_tokens=tokens,
+                previous_tokens=previous.tokens, offset_chars=offset, cause=cause, detail=detail,
+                early=offset < len(previous.prompt)))
+
+        task = asyncio.get_running_loop().create_task(report())
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
 
     async def settle(self, timeout: float = 10.0) -> None:
         """Wait (a while) for follow-up prefills in flight, so a stopping daemon still saves the last turns."""
@@ -211,7 +246,7 @@ class Runtime:
         prefill is done). Runs after the response; a failure costs the next turn a few tokens, nothing else."""
         async def prefill(text: str) -> None:
             op = GenerateOp(op="generate", id=new_request_id(), prompt=text, max_tokens=0, stop=[], sampling={},
-                            session=request.session_id, warm=True)
+                            session=request.session_id, warm=True, pin_ttl=request.cache_ttl)
             with contextlib.suppress(Exception):  # the worker may be gone (unloaded, crashed): nothing to keep
                 async for _ in target.loaded.worker.generate(op):
                     pass
@@ -224,6 +259,8 @@ class Runtime:
             except Exception:  # a template that cannot render the reply: still save what the worker holds
                 log.debug("could not render the reply as the next turn", exc_info=True)
                 rendered = None
+            if rendered and request.session_id:
+                self.divergences.expect(target.record.name, request.session_id, prompt, rendered, reasoning)
             task = asyncio.get_running_loop().create_task(prefill(rendered or prompt))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -389,7 +426,7 @@ class Runtime:
             reserve=output_reserve(max_tokens, info["n_ctx"] if info else 0),
             system_prefix=self._system_prefix(record, loaded, request, messages, prompt),
             max_tokens=max_tokens, stop=stop, sampling=sampling,  # type: ignore[typeddict-item]
-            session=request.session_id, ignore_eos=request.ignore_eos,
+            session=request.session_id, ignore_eos=request.ignore_eos, pin_ttl=request.cache_ttl,
             constraint=self._constraint(record, loaded, request),
             follow_up=messages is not None and self.settings.cache_max_bytes > 0,
         )

@@ -120,6 +120,7 @@ class GenerationRequest:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     response_format: ResponseFormat | None = None
     reasoning: bool | None = None  # None: the model's default; False asks a thinking model not to think
+    cache_ttl: float | None = None  # keep this request's cached prefix at least this long (cache_control)
 
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice.mode != "none"

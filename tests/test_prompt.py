@@ -80,3 +80,31 @@ def test_default_system_applies_only_without_one() -> None:
         "Modelfile SYSTEM"
     assert prompt.template_messages(CONVERSATION, spec, [], default_system="Modelfile SYSTEM")[0]["content"] == \
         "Be brief."
+
+
+# Joins every system message into one system prompt at the start (as DeepSeek V3/R1's template does).
+HOISTING = (
+    "{%- set ns = namespace(system='') -%}"
+    "{%- for m in messages if m['role'] == 'system' -%}{%- set ns.system = ns.system + m['content'] + '\\n' -%}"
+    "{%- endfor -%}"
+    "{%- if ns.system -%}{{ '<|im_start|>system\\n' + ns.system + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- for m in messages if m['role'] != 'system' -%}"
+    "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+def test_a_reminder_that_the_template_would_move_to_the_front_stays_in_place() -> None:
+    """A mid-conversation system message (an agent's reminder) moved to the front changes the prompt's start, so
+    the whole conversation would be recomputed: it goes into the next user turn instead, and each turn's prompt
+    extends the previous one."""
+    assert prompt.hoists_late_system(prompt.Template(HOISTING))
+    assert not prompt.hoists_late_system(prompt.Template(CHATML))  # renders it in place: left alone
+    assert not prompt.hoists_late_system(prompt.Template(STRICT))  # refuses it: folded on refusal already
+    first = [Message("system", [TextBlock("Be brief.")]), Message("user", [TextBlock("one")])]
+    second = [*first, Message("assistant", [TextBlock("ok")]), Message("developer", [TextBlock("reminder: tests")]),
+              Message("user", [TextBlock("two")])]
+    before, after = rendered(HOISTING, [], first), rendered(HOISTING, [], second)
+    assert after.startswith(before.removesuffix("<|im_start|>assistant\n"))
+    assert "<|im_start|>user\nreminder: tests\n\ntwo<|im_end|>" in after
+    assert after.count("<|im_start|>system") == 1

@@ -19,7 +19,7 @@ from typing import Any
 from localai.backends.engine import BatchItem, DecodeFailed, Engine, LoadOptions
 from localai.backends.grammars import GrammarError
 from localai.backends.text import StopMatcher
-from localai.promptcache.blocks import fingerprint
+from localai.promptcache.blocks import Head, fingerprint
 from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, common_prefix
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
 
@@ -67,6 +67,7 @@ class Request:
     source: str = "miss"  # where the reused prefix came from: live, ram, disk or miss
     restored: int = 0
     restore_ms: float = 0.0
+    pin_ttl: float = 0.0  # pin what is saved for this long (Anthropic cache_control), seconds
 
 
 class Serving:
@@ -209,8 +210,11 @@ class Serving:
             ignore_eos=bool(op.get("ignore_eos")), started=started, warm=warm,
             follow_up=bool(op.get("follow_up")) and self.cache is not None, source=source if common else "miss",
             restored=restored.n_tokens if restored else 0, restore_ms=restored.seconds * 1000 if restored else 0.0,
+            pin_ttl=float(op.get("pin_ttl") or 0.0),
         )
         request.snapshot_at = self._system_boundary(op.get("system_prefix"), prompt, common)
+        if request.pin_ttl and request.snapshot_at is None and self.cache is not None and op.get("system_prefix"):
+            self.cache.pin_prefix(engine.tokenize(str(op["system_prefix"])), request.pin_ttl)  # stored: keep it
         self.requests[request.id] = request
         emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common,
               "cache": {"source": request.source, "restored": request.restored,
@@ -286,7 +290,7 @@ class Serving:
             return
         state = self.engine.seq_state(slot.seq)
         if state:
-            self.cache.save(list(slot.tokens), state, request.session)
+            self._pin(self.cache.save(list(slot.tokens), state, request.session), request)
 
     def _snapshot_system(self, request: Request) -> None:
         request.snapshot_at = None
@@ -295,7 +299,11 @@ class Serving:
             return
         state = self.engine.seq_state(slot.seq)
         if state:
-            self.cache.save(list(slot.tokens), state, None, kind="system")
+            self._pin(self.cache.save(list(slot.tokens), state, None, kind="system"), request)
+
+    def _pin(self, head: Head | None, request: Request) -> None:
+        if self.cache is not None and head is not None and request.pin_ttl > 0:
+            self.cache.pin(head.id, request.pin_ttl)
 
     # -- decoding --------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import click
 
@@ -32,6 +33,36 @@ def ls(as_json: bool) -> None:
     _table(["ID", "KIND", "TOKENS", "BLOCKS", "SIZE", "SESSION", "LAST USED", "PINNED UNTIL"], [
         [e.id[:12], e.kind, str(e.tokens), str(e.blocks), human_size(e.bytes), e.session or "", ago(_iso(e.last_used)),
          _iso(e.pinned_until) if e.pinned_until else ""] for e in entries
+    ])
+    from localai import divergence
+
+    recent = {(d.model, d.session) for d in divergence.read(since=time.time() - 86400) if d.early}
+    if recent:
+        click.echo(f"\n{len(recent)} session(s) had prompts that stopped matching their cache in the last day: "
+                   "see `localai cache diverged`")
+
+
+@cache.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Also list replies the client sent back changed.")
+@fail_cleanly
+def diverged(as_json: bool, show_all: bool) -> None:
+    """Prompts that did not extend their session's last one: where they parted (in tokens) and the likely cause."""
+    from dataclasses import asdict
+
+    from localai import divergence
+    from localai.cli.models import _table, ago
+
+    found = [d for d in divergence.read() if d.early or show_all]
+    if as_json:
+        click.echo(json.dumps([asdict(d) for d in found], indent=2))
+        return
+    if not found:
+        click.echo("no session's prompt has parted from its cached prefix")
+        return
+    _table(["WHEN", "MODEL", "SESSION", "AT TOKEN", "OF", "CAUSE", "DETAIL"], [
+        [ago(_iso(d.at)), d.model, d.session, str(d.offset_tokens), str(d.previous_tokens), d.cause, d.detail]
+        for d in found[-50:]
     ])
 
 

@@ -304,6 +304,25 @@ class PromptStore:
                 return False
             return not self._needs_snapshot() or key in self.folder.snapshots
 
+    def pin(self, head_id: str, ttl: float) -> None:
+        """Keep an entry (its chain of blocks) from eviction for ``ttl`` seconds (a longer pin stays)."""
+        from localai.cache_admin import extend_pin
+
+        try:
+            extend_pin(head_id, ttl, self.root)
+        except OSError as exc:
+            log.warning("could not pin cache entry %s: %s", head_id, exc)
+
+    def pin_prefix(self, tokens: list[int], ttl: float) -> None:
+        """Pin the entry that ends exactly at ``tokens``, when one is stored."""
+        if len(tokens) < MIN_TOKENS:
+            return
+        key = self._keys(tokens)[-1][0]
+        with self._lock:
+            found = [head.id for head in self.folder.heads.values() if head.key == key and head.n_tokens == len(tokens)]
+        for head_id in found:
+            self.pin(head_id, ttl)
+
     def save(self, tokens: list[int], state: bytes, session: str | None, kind: str = "history") -> Head | None:
         """Store a sequence: its new blocks, its snapshot and its head, queued for the disk (never waited on)."""
         if len(tokens) < MIN_TOKENS or not state:

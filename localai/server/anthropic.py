@@ -1,6 +1,8 @@
 """Anthropic Messages API: ``POST /v1/messages`` (Claude Code's only protocol) and ``/v1/messages/count_tokens``.
 
-Accepted and ignored: ``cache_control`` on any block (localai caches every prefix anyway),
+``cache_control`` (on the request, system blocks, tools or content blocks) pins the conversation's cached prefix
+for its TTL (5m, or 1h) against eviction, refreshed by every request that sends it; localai caches every prefix
+anyway, so a breakpoint changes how long it is kept, not what is cached. Accepted and ignored:
 ``context_management``, ``output_config``, ``metadata``, ``service_tier``, ``container``,
 ``mcp_servers``, ``anthropic-beta`` / ``anthropic-version`` headers, thinking ``budget_tokens``,
 ``disable_parallel_tool_use``, and Anthropic-defined tools (``bash_…``, ``web_search_…``: a
@@ -103,6 +105,22 @@ class ThinkingConfig(BaseModel):
 # ("x-anthropic-billing-header: cc_version=...; cc_entrypoint=cli; cch=<hash>;"): left in, no two prompts share
 # more than its first few tokens and the prompt cache misses everything after them. It says nothing to the model.
 # `localai launch` turns it off (CLAUDE_CODE_ATTRIBUTION_HEADER=0); this drops it for Claude Code started otherwise.
+CACHE_TTLS = {"5m": 300.0, "1h": 3600.0}
+
+
+def cache_ttl(control: Any, param: str) -> float:
+    """Seconds a ``cache_control`` breakpoint keeps its prefix (0 without one); a malformed one is a 400."""
+    if control is None:
+        return 0.0
+    if not isinstance(control, dict) or control.get("type") != "ephemeral":
+        raise InvalidRequest('cache_control must be {"type": "ephemeral"}, with an optional "ttl" of "5m" or "1h"',
+                             param=param)
+    ttl = control.get("ttl", "5m")
+    if ttl not in CACHE_TTLS:
+        raise InvalidRequest(f'cache_control ttl must be "5m" or "1h", not {ttl!r}', param=f"{param}.ttl")
+    return CACHE_TTLS[ttl]
+
+
 BILLING_LINE = re.compile(r"\A\s*x-anthropic-billing-header:[^\n]*(?:\n|\Z)", re.IGNORECASE)
 
 
@@ -137,7 +155,23 @@ class MessagesRequest(BaseModel):
             model=self.model, messages=messages, max_tokens=self.max_tokens, stop=self.stop_sequences,
             sampling=SamplingOptions(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k),
             session_id=session_id(request.headers), tools=tools, tool_choice=choice, reasoning=reasoning,
+            cache_ttl=self.breakpoint_ttl() or None,
         )
+
+    def breakpoint_ttl(self) -> float:
+        """The longest TTL among the request's ``cache_control`` breakpoints (0 when it sets none)."""
+        found = [cache_ttl((self.model_extra or {}).get("cache_control"), "cache_control")]
+        if isinstance(self.system, list):
+            found += [cache_ttl((b.model_extra or {}).get("cache_control"), f"system.{i}.cache_control")
+                      for i, b in enumerate(self.system)]
+        found += [cache_ttl((t.model_extra or {}).get("cache_control"), f"tools.{i}.cache_control")
+                  for i, t in enumerate(self.tools or [])]
+        for index, message in enumerate(self.messages):
+            if not isinstance(message.content, str):
+                found += [cache_ttl((b.model_extra or {}).get("cache_control"),
+                                    f"messages.{index}.content.{j}.cache_control")
+                          for j, b in enumerate(message.content)]
+        return max(found)
 
     def internal_messages(self) -> list[Message]:
         messages: list[Message] = []

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from localai import cache_admin
+from localai import cache_admin, divergence
 from localai.errors import InvalidRequest
 from localai.settings import Settings, parse_duration
 
@@ -39,7 +39,8 @@ def seconds(value: str | float, field: str) -> float:
 
 @router.get("/api/cache")
 def list_cache() -> dict[str, Any]:
-    return {"stats": cache_admin.stats(), "entries": [asdict(e) for e in cache_admin.list_entries()]}
+    return {"stats": cache_admin.stats(), "entries": [asdict(e) for e in cache_admin.list_entries()],
+            "divergences": [asdict(d) for d in divergence.read()[-50:]]}
 
 
 @router.post("/api/cache/pin")

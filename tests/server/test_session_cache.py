@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import Daemon, cached, chat, corrupt_cache_files, start_daemon
 
@@ -205,3 +207,99 @@ def test_claude_codes_per_request_billing_line_does_not_cost_the_prefix(daemon: 
             {"role": "user", "content": "hi"}]}).json()["input_tokens"]
             for system in ("x-anthropic-billing-header: cch=1;\nBe brief.", "Be brief.")]
     assert counted[0] == counted[1]
+
+
+def poll_divergences(daemon: Daemon, session: str, count: int) -> list[dict[str, Any]]:
+    """The recorded divergences of a session, once ``count`` are there (they are written just after admission)."""
+    found: list[dict[str, Any]] = []
+    for _ in range(100):
+        listed = daemon.cli("cache", "diverged", "--json")
+        assert listed.returncode == 0, listed.stderr
+        found = [d for d in json.loads(listed.stdout) if d["session"] == session]
+        if len(found) >= count:
+            break
+        time.sleep(0.1)
+    return found
+
+
+PATH = {"type": "object", "properties": {"path": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} a file", "parameters": PATH}}
+         for name in ("read", "write")]
+
+
+def test_a_prompt_that_parts_from_its_session_is_diagnosed_and_shown(daemon: Daemon) -> None:
+    """Replayed turns of one session: tools sent in another order, then a date changed in the system prompt. Each
+    is logged and listed by `localai cache diverged` with the token where it parted and the cause."""
+    dated = "Today is 2026-11-23. " + SYSTEM
+    first = [{"role": "system", "content": dated}, {"role": "user", "content": "What is a queue?"}]
+    later = [*first, {"role": "assistant", "content": "A queue is FIFO."}, {"role": "user", "content": "And a stack?"}]
+    chat(daemon, first, tools=TOOLS, max_tokens=2, prompt_cache_key="parting")
+    chat(daemon, later, tools=TOOLS[::-1], max_tokens=2, prompt_cache_key="parting")
+    redated = [{"role": "system", "content": dated.replace("23", "24")}, *later[1:]]
+    third = chat(daemon, redated, tools=TOOLS[::-1], max_tokens=2, prompt_cache_key="parting")
+    found = poll_divergences(daemon, "parting", 2)
+    assert [d["cause"] for d in found] == ["tools reordered", "system prompt changed"], found
+    reordered, redated_entry = found
+    assert 0 < reordered["offset_tokens"] < reordered["previous_tokens"] and reordered["early"]
+    assert 0 < redated_entry["offset_tokens"] < 20, redated_entry  # the date is among the first tokens
+    assert "became '4. You are a careful" in redated_entry["detail"]
+    assert cached(third) <= redated_entry["offset_tokens"] + 1  # the cache could not reuse what came after
+    shown = daemon.cli("cache", "diverged")
+    assert shown.returncode == 0 and "tools reordered" in shown.stdout and "parting" in shown.stdout
+    assert "localai cache diverged" in daemon.cli("cache", "ls").stdout
+    assert "parts from its last one at token" in daemon.log()
+    assert any(d["session"] == "parting" for d in daemon.http().get("/api/cache").json()["divergences"])
+    with open(daemon.home / "cache" / "divergences.jsonl", "a") as handle:  # a damaged record is skipped
+        handle.write("{damaged\n")
+    assert len(poll_divergences(daemon, "parting", 2)) == 2
+
+
+def test_a_reminder_the_template_moves_to_the_front_does_not_cost_the_prefix(daemon: Daemon) -> None:
+    """A template that joins every system message into the system prompt (as DeepSeek's do) would put an agent's
+    mid-conversation reminder before the whole conversation; localai keeps it in place, so the next turn reuses
+    everything the last one computed, and no divergence is recorded."""
+    from tests.test_prompt import HOISTING
+
+    with daemon.http() as http:
+        created = http.post("/api/create", json={"model": "hoisting",
+                                                 "modelfile": f'FROM smollm2\nTEMPLATE """{HOISTING}"""'})
+    assert created.status_code == 200, created.text
+    first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a queue?"}]
+    reply = chat(daemon, first, model="hoisting", max_tokens=4, prompt_cache_key="reminded")
+    answer = reply["choices"][0]["message"]["content"]
+    later = [*first, {"role": "assistant", "content": answer},
+             {"role": "developer", "content": "Reminder: the tests live in tests/."},
+             {"role": "user", "content": "And a stack?"}]
+    second = chat(daemon, later, model="hoisting", max_tokens=4, prompt_cache_key="reminded")
+    assert cached(second) >= reply["usage"]["prompt_tokens"], second["usage"]
+    time.sleep(0.5)
+    assert not [d for d in poll_divergences(daemon, "reminded", 0) if d["early"]]
+
+
+def test_anthropic_cache_control_pins_the_prefix_for_its_ttl(daemon: Daemon) -> None:
+    """Breakpoints pin the conversation's entry and the shared system entry for their TTL (the longest one sent);
+    a malformed breakpoint is a 400 naming it."""
+    body: dict[str, Any] = {
+        "model": "smollm2", "max_tokens": 2, "temperature": 0,
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "What is a heap?",
+                                                   "cache_control": {"type": "ephemeral"}}]}]}
+    with daemon.http() as http:
+        answered = http.post("/v1/messages", json=body, headers={"X-Claude-Code-Session-Id": "pinned-cc"})
+        assert answered.status_code == 200, answered.text
+        entries: list[dict[str, Any]] = []
+        for _ in range(100):  # the conversation's entry is saved once its reply is prefilled
+            entries = http.get("/api/cache").json()["entries"]
+            if any(e["session"] == "pinned-cc" for e in entries):
+                break
+            time.sleep(0.05)
+        mine = [e for e in entries if e["session"] == "pinned-cc"]
+        system = [e for e in entries if e["kind"] == "system" and e["pinned_until"]]
+        assert mine and all(e["pinned_until"] > time.time() + 3000 for e in mine), mine
+        assert system and max(e["pinned_until"] for e in system) > time.time() + 3000
+        for control, param in (({"type": "forever"}, "system.0.cache_control"),
+                               ({"type": "ephemeral", "ttl": "2h"}, "system.0.cache_control.ttl")):
+            bad = {**body, "system": [{"type": "text", "text": "x", "cache_control": control}]}
+            refused = http.post("/v1/messages", json=bad)
+            assert refused.status_code == 400, refused.text
+            assert param in refused.text, refused.text
