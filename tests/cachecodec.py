@@ -5,6 +5,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from localai.backends.engine import StateBytes
+
 
 def state_of(tokens: list[int], rest: bytes = b"") -> bytes:
     return b"".join(struct.pack("<q", token * 7 + 1) for token in tokens) + rest
@@ -15,7 +17,7 @@ class BytesCodec:
         self.rest = rest  # what a sliding-window engine could not cut, appended to every state
         self.whole = whole
 
-    def state_split(self, state: bytes, n_tokens: int,
+    def state_split(self, state: StateBytes, n_tokens: int,
                     ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
         if self.whole:
             return None
@@ -24,5 +26,5 @@ class BytesCodec:
             raise ValueError("state shorter than its tokens")
         return {"bytes_per_token": 8}, [body[8 * a:8 * b] for a, b in ranges], rest
 
-    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> StateBytes:
         return b"".join(pieces) + rest if not self.whole else rest

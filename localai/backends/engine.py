@@ -12,6 +12,8 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 
 from localai.protocol import Constraint, ModelInfo, Sampling
 
+StateBytes = bytes | bytearray  # a sequence's serialized KV state (llama.cpp's is a bytearray, loaded in place)
+
 
 @dataclass
 class LoadOptions:
@@ -104,22 +106,22 @@ class Engine(Protocol):
 
     def seq_clear(self, seq: int) -> None: ...
 
-    def seq_state(self, seq: int) -> bytes:
+    def seq_state(self, seq: int) -> StateBytes:
         """One sequence's KV state, serialized (empty when the engine could not write it)."""
         ...
 
-    def seq_restore(self, seq: int, state: bytes) -> bool:
+    def seq_restore(self, seq: int, state: StateBytes) -> bool:
         """Load a serialized state into a sequence; False when the engine refuses it."""
         ...
 
-    def state_split(self, state: bytes, n_tokens: int,
+    def state_split(self, state: StateBytes, n_tokens: int,
                     ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
         """Cut a ``seq_state`` by token ranges for the prompt cache's blocks: (layout as JSON-able data, one
         payload per range, the part that cannot be cut, such as sliding-window layers), or None when this engine's
         state can only be kept whole. Raises ``ValueError`` for a state it does not understand."""
         ...
 
-    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> StateBytes:
         """The inverse of ``state_split``: a state for ``seq_restore`` holding ``sum(lengths)`` tokens."""
         ...
 

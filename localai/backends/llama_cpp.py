@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import llama_cpp as L
 
 from localai.backends import llama_state
-from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
 from localai.backends.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.backends.llama_embed import EmbeddingContext
 from localai.protocol import Constraint, ModelInfo, Sampling
@@ -264,17 +264,21 @@ class LlamaCppEngine:
     def seq_clear(self, seq: int) -> None:
         L.llama_memory_seq_rm(self.memory, seq, -1, -1)
 
-    def seq_state(self, seq: int) -> bytes:
+    def seq_state(self, seq: int) -> StateBytes:
         size = L.llama_state_seq_get_size(self.ctx, seq)
-        buffer = (ctypes.c_uint8 * size)()
-        written = L.llama_state_seq_get_data(self.ctx, buffer, size, seq)
-        return ctypes.string_at(buffer, written) if written else b""
+        state = bytearray(size)  # llama.cpp writes straight into it (a whole sequence can be hundreds of MB)
+        written = L.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(state), size, seq)
+        del state[written:]
+        return state
 
-    def seq_restore(self, seq: int, state: bytes) -> bool:
-        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+    def seq_restore(self, seq: int, state: StateBytes) -> bool:
+        if isinstance(state, bytearray):  # assembled from blocks: loaded in place
+            buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        else:
+            buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         return bool(L.llama_state_seq_set_data(self.ctx, buffer, len(state), seq))
 
-    def state_split(self, state: bytes, n_tokens: int,
+    def state_split(self, state: StateBytes, n_tokens: int,
                     ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
         try:
             layout, pieces, rest = llama_state.split(state, n_tokens, ranges, {1} if self.n_swa else set())
@@ -282,7 +286,7 @@ class LlamaCppEngine:
             raise ValueError(str(exc)) from exc
         return llama_state.layout_to_json(layout), pieces, rest
 
-    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> StateBytes:
         try:
             return llama_state.join(llama_state.layout_from_json(layout), pieces, lengths, rest)
         except (llama_state.StateFormatError, KeyError, TypeError) as exc:

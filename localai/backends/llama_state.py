@@ -69,7 +69,7 @@ class _Parsed:
     v: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _parse(state: bytes) -> tuple[int, list[_Parsed]]:
+def _parse(state: bytes | bytearray) -> tuple[int, list[_Parsed]]:
     if len(state) < 8:
         raise StateFormatError("state too short")
     magic, source_seq = struct.unpack_from("<Ii", state, 0)
@@ -84,7 +84,7 @@ def _parse(state: bytes) -> tuple[int, list[_Parsed]]:
     return source_seq, parsed
 
 
-def _read_module(state: bytes, offset: int) -> _Parsed:
+def _read_module(state: bytes | bytearray, offset: int) -> _Parsed:
     """One module starting at ``offset``: where its parts are, and where it ends."""
     start = offset
     try:
@@ -137,7 +137,7 @@ def _read_module(state: bytes, offset: int) -> _Parsed:
     return found
 
 
-def split(state: bytes, n_tokens: int, ranges: list[tuple[int, int]],
+def split(state: bytes | bytearray, n_tokens: int, ranges: list[tuple[int, int]],
           keep_whole: set[int] | None = None) -> tuple[Layout, list[bytes], bytes]:
     """The layout, one payload per token range (sliceable modules only) and the unsliceable modules whole.
 
@@ -172,7 +172,7 @@ def split(state: bytes, n_tokens: int, ranges: list[tuple[int, int]],
     return layout, [b"".join(parts) for parts in pieces], bytes(rest)
 
 
-def join(layout: Layout, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+def join(layout: Layout, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytearray:
     """A state holding ``sum(lengths)`` tokens from consecutive block payloads (and the whole modules in
     ``rest``); the inverse of ``split``. Raises ``StateFormatError`` when a payload has the wrong size."""
     n_tokens = sum(lengths)
@@ -181,7 +181,8 @@ def join(layout: Layout, pieces: list[bytes], lengths: list[int], rest: bytes) -
         if len(piece) != per_token * length:
             raise StateFormatError("a block's payload does not match the layout")
     cursors = [0] * len(pieces)  # each piece holds, per sliced module and layer, K rows then V
-    out: list[bytes] = [struct.pack("<Ii", MAGIC, layout.source_seq)]
+    views = [memoryview(piece) for piece in pieces]  # rows are joined once, not copied out of each piece first
+    out: list[Any] = [struct.pack("<Ii", MAGIC, layout.source_seq)]
     rest_at = 0
     for module, cut in zip(layout.modules, layout.sliced, strict=True):
         if not cut:
@@ -210,24 +211,25 @@ def join(layout: Layout, pieces: list[bytes], lengths: list[int], rest: bytes) -
                     struct.pack("<II", int(module.v_trans), len(module.layers))]
             for number, layer in enumerate(module.layers):
                 out.append(struct.pack("<iQ", layer.k_type, layer.k_row))
-                for piece, length, spots in zip(pieces, lengths, where, strict=True):
+                for view, length, spots in zip(views, lengths, where, strict=True):
                     k_at = spots[number][0]
-                    out.append(piece[k_at:k_at + layer.k_row * length])
+                    out.append(view[k_at:k_at + layer.k_row * length])
             for number, layer in enumerate(module.layers):
                 if layer.v_el:
                     out.append(struct.pack("<iII", layer.v_type, layer.v_el, layer.v_embd))
                     columns = [np.frombuffer(piece, np.uint8, count=layer.v_row * length, offset=spots[number][1])
                                .reshape(layer.v_embd, length * layer.v_el)
                                for piece, length, spots in zip(pieces, lengths, where, strict=True)]
-                    out.append(np.concatenate(columns, axis=1).tobytes() if columns else b"")
+                    if columns:
+                        out.append(np.concatenate(columns, axis=1).reshape(-1))  # joined below without a copy
                 else:
                     out.append(struct.pack("<iQ", layer.v_type, layer.v_row))
-                    for piece, length, spots in zip(pieces, lengths, where, strict=True):
+                    for view, length, spots in zip(views, lengths, where, strict=True):
                         v_at = spots[number][1]
-                        out.append(piece[v_at:v_at + layer.v_row * length])
+                        out.append(view[v_at:v_at + layer.v_row * length])
     if rest_at != len(rest):
         raise StateFormatError("the snapshot does not match the layout")
-    return b"".join(out)
+    return bytearray().join(out)  # writable: the engine loads it without another copy
 
 
 def layout_to_json(layout: Layout) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from mlx_lm.models import cache as mlx_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 from mlx_lm.utils import load
 
-from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
 from localai.backends.grammars import GrammarError, lark_for
 from localai.protocol import Constraint, ModelInfo, Sampling
 
@@ -64,7 +64,7 @@ def _array_bytes(array: Any) -> bytes:
     return bytes(np.asarray(array).tobytes())
 
 
-def _array_from(data: bytes, dtype: str, shape: list[int]) -> Any:
+def _array_from(data: bytes | bytearray, dtype: str, shape: list[int]) -> Any:
     if dtype == "bfloat16":
         return mx.array(np.frombuffer(data, np.uint16).reshape(shape)).view(mx.bfloat16)
     return mx.array(np.frombuffer(data, np.dtype(dtype)).reshape(shape))
@@ -75,7 +75,7 @@ def _storage_dtype(name: str) -> Any:
     return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
 
 
-def _parse_state(state: bytes) -> tuple[dict[str, Any], int]:
+def _parse_state(state: bytes | bytearray) -> tuple[dict[str, Any], int]:
     """``seq_state``'s header, and where the arrays' bytes begin."""
     try:
         (length,) = struct.unpack_from("<I", state)
@@ -280,7 +280,7 @@ class MlxEngine:
     def seq_clear(self, seq: int) -> None:
         self.caches[seq] = mlx_cache.make_prompt_cache(self.model)
 
-    def seq_state(self, seq: int) -> bytes:
+    def seq_state(self, seq: int) -> StateBytes:
         """Per layer: its class, meta state and arrays (a KVCache's only up to its offset), then the bytes."""
         layers: list[dict[str, Any]] = []
         chunks: list[bytes] = []
@@ -306,7 +306,7 @@ class MlxEngine:
         header = json.dumps({"layers": layers}).encode()
         return struct.pack("<I", len(header)) + header + b"".join(chunks)
 
-    def seq_restore(self, seq: int, state: bytes) -> bool:
+    def seq_restore(self, seq: int, state: StateBytes) -> bool:
         try:
             (length,) = struct.unpack_from("<I", state)
             header = json.loads(state[4:4 + length])
@@ -340,7 +340,7 @@ class MlxEngine:
 
     # -- embeddings ------------------------------------------------------------------------------
 
-    def state_split(self, state: bytes, n_tokens: int,
+    def state_split(self, state: StateBytes, n_tokens: int,
                     ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
         """Cut a state of plain KV caches by token range: a piece holds, layer after layer, the keys and then the
         values of its tokens. A model with other caches (rotating windows, recurrent state) is kept whole."""
@@ -364,7 +364,7 @@ class MlxEngine:
         pieces = [b"".join(array[:, :, start:end, :].tobytes() for array in arrays) for start, end in ranges]
         return {"mlx": 1, "layers": layers}, pieces, b""
 
-    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> StateBytes:
         """The state of consecutive pieces (``state_split``'s), as ``seq_state`` writes it."""
         if not layout or layout.get("mlx") != 1:
             return rest

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
 
 EOS = 256
@@ -154,20 +154,20 @@ class ScriptedEngine:
     def seq_clear(self, seq: int) -> None:
         self.sequences[seq] = []
 
-    def seq_state(self, seq: int) -> bytes:
+    def seq_state(self, seq: int) -> StateBytes:
         return array.array("i", self.sequences[seq]).tobytes()
 
-    def seq_restore(self, seq: int, state: bytes) -> bool:
+    def seq_restore(self, seq: int, state: StateBytes) -> bool:
         tokens = array.array("i")
         tokens.frombytes(state)
         self.sequences[seq] = tokens.tolist()
         return True
 
-    def state_split(self, state: bytes, n_tokens: int,
+    def state_split(self, state: StateBytes, n_tokens: int,
                     ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
         return None  # kept whole: the prompt cache stores the state as one snapshot per entry
 
-    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes:
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> StateBytes:
         return rest
 
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:

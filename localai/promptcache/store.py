@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from localai.backends.engine import StateBytes
 from localai.promptcache import legacy
 from localai.promptcache.blocks import (
     BLOCK_TOKENS,
@@ -46,13 +47,13 @@ MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
 class Codec(Protocol):
     """How an engine cuts its serialized sequence state by token range and puts it back together."""
 
-    def state_split(self, state: bytes, n_tokens: int,
+    def state_split(self, state: StateBytes, n_tokens: int,
                     ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
         """(layout as JSON-able data, one payload per range, the part that cannot be cut), or None when this
         engine's state cannot be cut at all (then the whole state is the snapshot)."""
         ...
 
-    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> bytes: ...
+    def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> StateBytes: ...
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Match:
 
 @dataclass
 class Restored:
-    state: bytes
+    state: StateBytes
     tokens: list[int]
     common: int
     tier: str  # "ram" when every part came from memory, else "disk"
@@ -222,9 +223,8 @@ class PromptStore:
                 return None
             rest = rest_payload
             tier = "disk" if from_disk else tier
-        if self.whole:
-            state = rest
-        else:
+        state: StateBytes = rest
+        if not self.whole:
             try:
                 state = self.codec.state_join((self.layout or {}).get("layout"), pieces, lengths, rest)
             except ValueError as exc:
@@ -323,7 +323,7 @@ class PromptStore:
         for head_id in found:
             self.pin(head_id, ttl)
 
-    def save(self, tokens: list[int], state: bytes, session: str | None, kind: str = "history") -> Head | None:
+    def save(self, tokens: list[int], state: StateBytes, session: str | None, kind: str = "history") -> Head | None:
         """Store a sequence: its new blocks, its snapshot and its head, queued for the disk (never waited on)."""
         if len(tokens) < MIN_TOKENS or not state:
             return None
@@ -406,8 +406,9 @@ class PromptStore:
 
     # -- the writer ------------------------------------------------------------------------------
 
-    def _enqueue(self, kind: str, item: Any, payload: bytes) -> None:
+    def _enqueue(self, kind: str, item: Any, payload: bytes | bytearray) -> None:
         """Queue a write (caller holds the lock); a queue larger than ``queue_bytes`` drops its oldest blocks."""
+        payload = bytes(payload)  # a snapshot cut from the engine's (mutable) state buffer: kept as its own copy
         if kind == "block":
             self._pending["b:" + item.key] = payload
             self._remember("b:" + item.key, payload)
