@@ -153,6 +153,21 @@ def test_an_engine_with_a_window_restores_only_where_a_snapshot_was_taken(tmp_pa
     assert restore(cache, [*turn1[:90], 1, 2]) is None  # it cannot be cut back inside the window
 
 
+def test_a_window_engine_restores_a_shared_system_prefix_beside_a_longer_conversation(tmp_path: Path) -> None:
+    """A system entry ends part way into a block that a conversation after it filled further: another session's
+    prompt leaves that longer block part way, and must take the system entry's shorter tail, where the snapshot is
+    (the longer block, cut back, would have no window to go with it)."""
+    codec = BytesCodec(rest=b"WINDOW")
+    cache = store(tmp_path, codec)
+    system = list(range(7000, 7100))
+    cache.save(system, state_of(system, b"WINDOW"), None, kind="system")
+    first = [*system, *range(1, 40)]
+    cache.save(first, state_of(first, b"WINDOW"), "a")
+    cache.flush()
+    other = [*system, *range(500, 540)]
+    assert restore(cache, other) == (len(system), state_of(system, b"WINDOW"))
+
+
 def test_an_engine_that_keeps_state_whole_still_caches(tmp_path: Path) -> None:
     cache = store(tmp_path, BytesCodec(whole=True))
     tokens = list(range(6000, 6100))

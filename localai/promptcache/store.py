@@ -154,11 +154,14 @@ class PromptStore:
                     snapshot = key if key in folder.snapshots else snapshot
                     continue
                 best, best_common = None, 0  # a partial tail, or a block the prompt leaves part way
+                windowed = self._needs_snapshot()
                 for child in folder.children.get(parent, ()):
                     block = folder.blocks.get(child)
                     if block is None:
                         continue
                     common = common_prefix(block.tokens, prompt[position:])
+                    if windowed and (common < len(block.tokens) or child not in folder.snapshots):
+                        continue  # a window cannot be cut: only a tail ending where a snapshot was taken helps
                     if common > best_common and (common == len(block.tokens) or self.trims):
                         best, best_common = block, common
                 if best is not None:
