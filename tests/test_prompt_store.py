@@ -166,6 +166,10 @@ def test_a_window_engine_restores_a_shared_system_prefix_beside_a_longer_convers
     cache.flush()
     other = [*system, *range(500, 540)]
     assert restore(cache, other) == (len(system), state_of(system, b"WINDOW"))
+    # The next prompt even fills the same block as the conversation (the first user message starts alike) and
+    # parts from it later, where no snapshot is: the system entry's tail is still the place to restore.
+    alike = [*system, *range(1, 29), *range(900, 930)]
+    assert restore(cache, alike) == (len(system), state_of(system, b"WINDOW"))
 
 
 def test_an_engine_that_keeps_state_whole_still_caches(tmp_path: Path) -> None:

@@ -143,9 +143,18 @@ class PromptStore:
             parent = self.fingerprint
             position = 0
             snapshot: str | None = None
+            windowed = self._needs_snapshot()
+            tail: tuple[list[str], list[int], str] | None = None  # windowed: a shorter tail with a snapshot
             while position < len(prompt):
                 chunk = prompt[position:position + BLOCK_TOKENS]
                 key = chain_key(parent, chunk) if len(chunk) == BLOCK_TOKENS else None
+                if windowed:
+                    for child in folder.children.get(parent, ()):
+                        block = folder.blocks.get(child)
+                        if block is not None and child in folder.snapshots and child != key \
+                                and common_prefix(block.tokens, prompt[position:]) == len(block.tokens) \
+                                and (tail is None or position + len(block.tokens) > sum(tail[1])):
+                            tail = ([*keys, child], [*lengths, len(block.tokens)], child)
                 if key is not None and key in folder.blocks:
                     keys.append(key)
                     lengths.append(len(chunk))
@@ -154,7 +163,6 @@ class PromptStore:
                     snapshot = key if key in folder.snapshots else snapshot
                     continue
                 best, best_common = None, 0  # a partial tail, or a block the prompt leaves part way
-                windowed = self._needs_snapshot()
                 for child in folder.children.get(parent, ()):
                     block = folder.blocks.get(child)
                     if block is None:
@@ -171,11 +179,14 @@ class PromptStore:
                         snapshot = best.key
                     position += best_common
                 break
-        if self._needs_snapshot():  # sliding-window layers: only where a snapshot was taken, never cut below it
+        if windowed:  # sliding-window layers: only where a snapshot was taken, never cut below it
+            if snapshot is not None:
+                cut = keys.index(snapshot) + 1
+                keys, lengths = keys[:cut], lengths[:cut]
+            if tail is not None and (snapshot is None or sum(tail[1]) > sum(lengths)):
+                keys, lengths, snapshot = tail  # e.g. a shared system entry ending inside a block others filled
             if snapshot is None:
                 return None
-            cut = keys.index(snapshot) + 1
-            keys, lengths = keys[:cut], lengths[:cut]
             position = sum(lengths)
         if not keys or position < MIN_TOKENS:
             return None
