@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -26,6 +26,7 @@ from localai.schema import (
     Event,
     Finished,
     GenerationRequest,
+    KeepAlive,
     Message,
     ReasoningBlock,
     ReplyParts,
@@ -65,8 +66,39 @@ class Generation:
     replica: str | None = None  # the remote replica serving it (remote models)
     cache: dict[str, Any] | None = None  # where the reused prefix came from (source, restored, restore_ms)
     follow_up: FollowUp | None = None  # told the reply once it is complete (the worker then prefills it)
+    keepalive: float = 0.0  # seconds without output after which stream_events yields KeepAlive (0: never)
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def stream_events(self) -> AsyncIterator[Event | KeepAlive]:
+        """``events()``, with a ``KeepAlive`` whenever none came for ``keepalive`` seconds: a stream's clients
+        (and proxies) with idle timeouts keep a request that is evaluating a long prompt."""
+        source = self.events()
+        if self.keepalive <= 0:
+            async for event in source:
+                yield event
+            return
+        pending: asyncio.Future[Event] | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(source.__anext__())
+                done, _ = await asyncio.wait({pending}, timeout=self.keepalive)
+                if not done:
+                    yield KeepAlive()
+                    continue
+                finished, pending = pending, None
+                try:
+                    event = finished.result()
+                except StopAsyncIteration:
+                    return
+                yield event
+        finally:
+            if pending is not None:
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+            await source.aclose()
+
+    async def events(self) -> AsyncGenerator[Event, None]:
         """Text, reasoning and tool-call events, then ``Finished`` (reason ``tool_calls`` when calls were made)."""
         parser = self.parser
         reply = ReplyParts()
@@ -200,7 +232,7 @@ class Runtime:
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
                 _metrics=self.scheduler.metrics, replica=first.get("replica"), cache=first.get("cache"),
-                follow_up=follow_up,
+                follow_up=follow_up, keepalive=self.settings.stream_keepalive,
             )
         except BaseException:
             await stack.aclose()

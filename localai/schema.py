@@ -200,6 +200,13 @@ Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd
 
 
 @dataclass
+class KeepAlive:
+    """Nothing to send for a while (a long prompt is being evaluated): a stream sends its keep-alive."""
+
+    type: Literal["keep_alive"] = "keep_alive"
+
+
+@dataclass
 class ReplyParts:
     """A reply's text, reasoning and complete tool calls, gathered from its events."""
 

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
         default=300.0,
         description="How long an idle model stays loaded: seconds or `5m`/`1h`; 0 unloads at once, negative never.",
     )
+    stream_keepalive: float = Field(
+        default=10.0, ge=0,
+        description="Seconds a stream may go without output (a long prompt being evaluated) before it sends a "
+                    "keep-alive: an SSE comment, Anthropic's ping, an empty Ollama chunk; 0 sends none.",
+    )
     max_loaded_models: int = Field(default=3, ge=1, description="Most models loaded at once; the idlest goes first.")
     max_queue: int = Field(
         default=512, ge=1, description="Most requests waiting for a model; beyond it requests get 503 + Retry-After."

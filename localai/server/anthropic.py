@@ -12,7 +12,6 @@ anyway, so a breakpoint changes how long it is kept, not what is cached. Accepte
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -26,6 +25,7 @@ from localai.schema import (
     Block,
     Finished,
     GenerationRequest,
+    KeepAlive,
     Message,
     ReasoningBlock,
     ReasoningDelta,
@@ -302,9 +302,10 @@ async def messages(body: MessagesRequest, request: Request) -> JSONResponse | St
                 "stop_reason": None, "stop_sequence": None,
                 "usage": usage_json(generation.prompt_tokens, generation.cached_tokens, 0)}}, "message_start")
             yield sse({"type": "ping"}, "ping")
-            last_ping = time.monotonic()
-            async for event in generation.events():
-                if isinstance(event, TextDelta | ReasoningDelta):
+            async for event in generation.stream_events():
+                if isinstance(event, KeepAlive):
+                    yield sse({"type": "ping"}, "ping")
+                elif isinstance(event, TextDelta | ReasoningDelta):
                     kind = "text" if isinstance(event, TextDelta) else "thinking"
                     if open_kind != kind:
                         if open_kind is not None:
@@ -331,9 +332,6 @@ async def messages(body: MessagesRequest, request: Request) -> JSONResponse | St
                                "usage": usage_json(usage.prompt_tokens, usage.cached_tokens,
                                                    usage.completion_tokens)}, "message_delta")
                     yield sse({"type": "message_stop"}, "message_stop")
-                if time.monotonic() - last_ping > 10:
-                    yield sse({"type": "ping"}, "ping")
-                    last_ping = time.monotonic()
         except LocalAIError as exc:
             error = {"type": anthropic_error_type(exc.status_code), "message": exc.message}
             yield sse({"type": "error", "error": error}, "error")

@@ -100,6 +100,7 @@ def sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
     return f"{head}data: {payload}\n\n".encode()
 
 
+KEEPALIVE_COMMENT = b": keep-alive\n\n"  # an SSE comment: clients skip it, idle timers restart
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 

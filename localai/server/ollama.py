@@ -29,6 +29,7 @@ from localai.schema import (
     Block,
     Finished,
     GenerationRequest,
+    KeepAlive,
     Message,
     ReasoningBlock,
     ReasoningDelta,
@@ -238,9 +239,10 @@ async def _respond(request: Request, generation: Generation, body_stream: bool, 
 
     async def stream() -> AsyncIterator[bytes]:
         try:
-            async for event in generation.events():
-                if isinstance(event, TextDelta):
-                    yield line({"model": model, "created_at": now_iso(), **piece(event.text), "done": False})
+            async for event in generation.stream_events():
+                if isinstance(event, TextDelta | KeepAlive):  # a keep-alive is an empty chunk: NDJSON has no comments
+                    text = event.text if isinstance(event, TextDelta) else ""
+                    yield line({"model": model, "created_at": now_iso(), **piece(text), "done": False})
                 elif isinstance(event, ReasoningDelta):
                     yield line({"model": model, "created_at": now_iso(), **piece("", thinking=event.text),
                                 "done": False})

@@ -20,6 +20,7 @@ from localai.schema import (
     Block,
     Finished,
     GenerationRequest,
+    KeepAlive,
     Message,
     ReasoningBlock,
     ReasoningDelta,
@@ -37,6 +38,7 @@ from localai.schema import (
     Usage,
 )
 from localai.server.common import (
+    KEEPALIVE_COMMENT,
     SSE_HEADERS,
     check_tool_results,
     check_tool_schema,
@@ -319,8 +321,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     async def stream() -> AsyncIterator[bytes]:
         try:
             yield sse(chunk({"role": "assistant", "content": ""}))
-            async for event in generation.events():
-                if isinstance(event, TextDelta):
+            async for event in generation.stream_events():
+                if isinstance(event, KeepAlive):
+                    yield KEEPALIVE_COMMENT
+                elif isinstance(event, TextDelta):
                     yield sse(chunk({"content": event.text}))
                 elif isinstance(event, ReasoningDelta):
                     yield sse(chunk({"reasoning_content": event.text}))
@@ -369,8 +373,10 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         try:
             if prefix:
                 yield sse(chunk(prefix))
-            async for event in generation.events():
-                if isinstance(event, TextDelta):
+            async for event in generation.stream_events():
+                if isinstance(event, KeepAlive):
+                    yield KEEPALIVE_COMMENT
+                elif isinstance(event, TextDelta):
                     yield sse(chunk(event.text))
                 elif isinstance(event, Finished):
                     yield sse(chunk("", finish_reason(event.reason)))

@@ -26,6 +26,7 @@ from localai.registry import Registry
 from localai.schema import (
     Finished,
     GenerationRequest,
+    KeepAlive,
     Message,
     ReasoningBlock,
     ReasoningDelta,
@@ -42,6 +43,7 @@ from localai.schema import (
     ToolResultBlock,
 )
 from localai.server.common import (
+    KEEPALIVE_COMMENT,
     SSE_HEADERS,
     check_tool_results,
     check_tool_schema,
@@ -444,7 +446,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
             builder.event("response.in_progress", response=start)
             for kind, data in builder.take():
                 yield sse(data, kind)
-            async for event in generation.events():
+            async for event in generation.stream_events():
+                if isinstance(event, KeepAlive):
+                    yield KEEPALIVE_COMMENT
+                    continue
                 if isinstance(event, Finished):
                     response = await finish(event)
                     builder.event("response.incomplete" if response["status"] == "incomplete"
