@@ -8,6 +8,7 @@ import errno
 import logging
 import os
 import socket
+import threading
 from pathlib import Path
 
 import uvicorn
@@ -67,6 +68,16 @@ def bind_tcp(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _discover(registry: Registry, sources: list[str]) -> None:
+    """Register the models Ollama, LM Studio and the Hugging Face cache hold (on a thread: it may hash a file)."""
+    from localai import discover
+
+    try:
+        discover.sync(registry.reopen(), sources)
+    except Exception:
+        log.exception("could not look for models already on this disk")
+
+
 def serve(settings: Settings) -> None:
     """Run the daemon until SIGINT/SIGTERM; workers are stopped on the way out."""
     logging.basicConfig(
@@ -82,6 +93,8 @@ def serve(settings: Settings) -> None:
         registry.ensure_embedded()
     except Exception:
         log.exception("could not register the embedded model")
+    if settings.discover:
+        threading.Thread(target=_discover, args=(registry, settings.discover), name="discover", daemon=True).start()
     runtime = Runtime(settings, registry, Scheduler(settings))
     app = create_app(settings, runtime)
     host, port = settings.bind

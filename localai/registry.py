@@ -31,6 +31,7 @@ _thread_registries = threading.local()
 EMBEDDED_MODEL = "smollm2:135m"
 EMBEDDED_ALIAS = "smollm2:latest"
 PACKAGE_SOURCE = "package:"
+FOUND_SOURCES = ("ollama:", "lmstudio:", "hf:")  # models found on disk (localai.discover), used in place
 WATCHED = "modelfile:"  # the source of models created from a user Modelfile, followed by its path
 # Fields that decide whether re-creating a model from the same Modelfile changes anything.
 _DEFINING = ("source", "path", "format", "sha256", "parameters", "template", "system", "messages", "license",
@@ -345,7 +346,9 @@ class Registry:
             removed += [r["name"] for r in self._models.rows_where("alias_of = ?", [key])]
         for item in removed:
             self._models.delete(item)
-        if delete_weights and not row["alias_of"] and row["path"] and row["format"] != REMOTE_FORMAT:
+        found_elsewhere = str(row["source"] or "").startswith(FOUND_SOURCES)  # another tool's files: never deleted
+        if delete_weights and not row["alias_of"] and row["path"] and row["format"] != REMOTE_FORMAT \
+                and not found_elsewhere:
             still_used = self._models.count_where("path = ? and alias_of is null", [row["path"]])
             if not still_used:
                 try:
@@ -356,6 +359,11 @@ class Registry:
                     if freed:
                         log.info("deleted %d bytes of weights of %s from the cache", freed, key)
         return removed
+
+    def sourced(self, prefixes: tuple[str, ...]) -> dict[str, str]:
+        """Models (not aliases) whose source starts with one of ``prefixes``: name → source."""
+        return {row["name"]: row["source"] for row in self._models.rows_where("alias_of is null")
+                if str(row["source"] or "").startswith(prefixes)}
 
     def watched(self) -> dict[str, str]:
         """Models created from user Modelfiles: name → source (``modelfile:<path>``)."""

@@ -96,6 +96,12 @@ class Settings(BaseSettings):
     origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated browser origins allowed by CORS (none by default)."
     )
+    discover: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["ollama", "lmstudio", "hf"],
+        description="Where to find models already on this disk, used in place: `ollama` (OLLAMA_MODELS or "
+        "~/.ollama/models), `lmstudio` (~/.lmstudio/models), `hf` (GGUFs in the Hugging Face cache); comma-separated, "
+        "empty for none.",
+    )
     api_key: str | None = Field(default=None, description="When set, TCP requests need it as a bearer token.")
     cache_max_bytes: int = Field(
         default=8 << 30, ge=0, description="Disk quota of the persisted prompt cache in bytes; 0 turns it off."
@@ -141,6 +147,18 @@ class Settings(BaseSettings):
     def _split_origins(cls, value: object) -> object:
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
+        return value
+
+    @field_validator("discover", mode="before")
+    @classmethod
+    def _split_sources(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [item.strip().lower() for item in value.split(",") if item.strip()]
+        if not isinstance(value, list):
+            raise ValueError("a comma-separated list of ollama, lmstudio, hf")
+        unknown = [str(item) for item in value if item not in ("ollama", "lmstudio", "hf")]
+        if unknown:
+            raise ValueError(f"unknown model source(s) {', '.join(unknown)}: use ollama, lmstudio, hf")
         return value
 
     @property

@@ -61,6 +61,8 @@ def cached_digest(path: Path) -> str | None:
     sha256 for weights, a git object id for small files): a single file's digest is its blob's name,
     several files get the sha256 of their names and blob names. None when any file is not such a link.
     """
+    if path.parent.name == "blobs" and re.fullmatch(r"sha256-[0-9a-f]{64}", path.name):
+        return path.name[7:]  # an Ollama blob: named by the sha256 Ollama verified when it pulled it
     entries: list[str] = []
     for item in files(path):
         if not item.is_symlink():

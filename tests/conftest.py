@@ -139,7 +139,8 @@ def corrupt_cache_files(home: Path) -> int:
     return len(files)
 
 
-TEST_DEFAULTS = {"num_thread": "2", "num_parallel": "2", "context_length": "4096"}
+TEST_DEFAULTS = {"num_thread": "2", "num_parallel": "2", "context_length": "4096",
+                 "discover": ""}  # the machine's own Ollama/LM Studio/HF models stay out of tests
 
 
 def start_daemon(home: Path, **settings: str) -> Daemon:
