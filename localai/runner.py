@@ -129,15 +129,23 @@ class Worker:
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerCrashed(f"the worker for '{self.name}' stopped: {exc}") from exc
 
-    async def generate(self, op: GenerateOp) -> AsyncIterator[dict[str, Any]]:
-        """Send a generate op and yield its frames until ``done`` or ``error``; cancels if abandoned."""
+    async def generate(self, op: GenerateOp, *, idle: float = 0.0) -> AsyncIterator[dict[str, Any]]:
+        """Send a generate op and yield its frames until ``done`` or ``error``; cancels if abandoned. With ``idle``,
+        an ``{"ev": "idle"}`` frame comes each time the worker sent nothing for that many seconds."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._queues[op["id"]] = queue
         finished = False
         try:
             await self._send(dict(op))
             while True:
-                message = await queue.get()
+                if idle > 0:
+                    try:
+                        message = await asyncio.wait_for(queue.get(), idle)  # a cancelled get loses no frame
+                    except TimeoutError:
+                        yield {"ev": "idle"}
+                        continue
+                else:
+                    message = await queue.get()
                 if message is _CRASHED:
                     finished = True
                     raise self.crashed("during the request")

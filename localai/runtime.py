@@ -66,47 +66,29 @@ class Generation:
     replica: str | None = None  # the remote replica serving it (remote models)
     cache: dict[str, Any] | None = None  # where the reused prefix came from (source, restored, restore_ms)
     follow_up: FollowUp | None = None  # told the reply once it is complete (the worker then prefills it)
-    keepalive: float = 0.0  # seconds without output after which stream_events yields KeepAlive (0: never)
-
-    async def stream_events(self) -> AsyncIterator[Event | KeepAlive]:
-        """``events()``, with a ``KeepAlive`` whenever none came for ``keepalive`` seconds: a stream's clients
-        (and proxies) with idle timeouts keep a request that is evaluating a long prompt."""
-        source = self.events()
-        if self.keepalive <= 0:
-            async for event in source:
-                yield event
-            return
-        pending: asyncio.Future[Event] | None = None
-        try:
-            while True:
-                if pending is None:
-                    pending = asyncio.ensure_future(source.__anext__())
-                done, _ = await asyncio.wait({pending}, timeout=self.keepalive)
-                if not done:
-                    yield KeepAlive()
-                    continue
-                finished, pending = pending, None
-                try:
-                    event = finished.result()
-                except StopAsyncIteration:
-                    return
-                yield event
-        finally:
-            if pending is not None:
-                pending.cancel()
-                with contextlib.suppress(BaseException):
-                    await pending
-            await source.aclose()
 
     async def events(self) -> AsyncGenerator[Event, None]:
         """Text, reasoning and tool-call events, then ``Finished`` (reason ``tool_calls`` when calls were made)."""
+        async for event in self._events(keepalive=False):
+            if not isinstance(event, KeepAlive):
+                yield event
+
+    def stream_events(self) -> AsyncGenerator[Event | KeepAlive, None]:
+        """``events()``, with a ``KeepAlive`` each time the worker had nothing to send for ``keepalive`` seconds (a long
+        prompt being evaluated): a stream's clients and proxies with idle timeouts keep the request."""
+        return self._events(keepalive=True)
+
+    async def _events(self, *, keepalive: bool) -> AsyncGenerator[Event | KeepAlive, None]:
         parser = self.parser
         reply = ReplyParts()
         seen = reply.add
         try:
             async for frame in self._frames:
                 kind = frame.get("ev")
-                if kind == "event":  # already an event: a remote model's upstream parsed its own output
+                if kind == "idle":  # the worker is still evaluating the prompt
+                    if keepalive:
+                        yield KeepAlive()
+                elif kind == "event":  # already an event: a remote model's upstream parsed its own output
                     yield frame["event"]
                 elif kind == "text":
                     if parser is None:
@@ -190,6 +172,8 @@ class Runtime:
                 previous_length = length
                 frames = target.generate(op)
                 first = await frames.__anext__()
+                while first.get("ev") == "idle":  # waiting for a slot: nothing to tell the client before admission
+                    first = await frames.__anext__()
                 if first.get("ev") != "error":
                     stack.push_async_callback(_close_quietly, frames)
                     break
@@ -232,7 +216,7 @@ class Runtime:
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
                 _metrics=self.scheduler.metrics, replica=first.get("replica"), cache=first.get("cache"),
-                follow_up=follow_up, keepalive=self.settings.stream_keepalive,
+                follow_up=follow_up,
             )
         except BaseException:
             await stack.aclose()
@@ -495,7 +479,7 @@ class LocalTarget:
         return len(op["prompt"])
 
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self.loaded.worker.generate(op)  # type: ignore[arg-type]
+        return self.loaded.worker.generate(op, idle=self.runtime.settings.stream_keepalive)  # type: ignore[arg-type]
 
     def parser(self, request: GenerationRequest) -> OutputParser | None:
         return self.runtime._parser(self.record, self.loaded, request)
