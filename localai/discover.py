@@ -34,7 +34,6 @@ from localai.registry import FOUND_SOURCES, Registry, new_name
 
 log = logging.getLogger("localai.discover")
 
-SOURCES = ("ollama", "lmstudio", "hf")
 OLLAMA_MODEL = "application/vnd.ollama.image.model"
 OLLAMA_SKIPPED = {"application/vnd.ollama.image.projector": "a vision projector",
                   "application/vnd.ollama.image.adapter": "an adapter (LoRA)"}

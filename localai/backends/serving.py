@@ -212,9 +212,11 @@ class Serving:
             restored=restored.n_tokens if restored else 0, restore_ms=restored.seconds * 1000 if restored else 0.0,
             pin_ttl=float(op.get("pin_ttl") or 0.0),
         )
-        request.snapshot_at = self._system_boundary(op.get("system_prefix"), prompt, common)
-        if request.pin_ttl and request.snapshot_at is None and self.cache is not None and op.get("system_prefix"):
-            self.cache.pin_prefix(engine.tokenize(str(op["system_prefix"])), request.pin_ttl)  # stored: keep it
+        prefix_text = op.get("system_prefix")
+        system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []
+        request.snapshot_at = self._system_boundary(system, prompt, common)
+        if request.pin_ttl and request.snapshot_at is None and self.cache is not None and system:
+            self.cache.pin_prefix(system, request.pin_ttl)  # already stored: keep it
         self.requests[request.id] = request
         emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common,
               "cache": {"source": request.source, "restored": request.restored,
@@ -271,11 +273,11 @@ class Serving:
         self.cache.count("tokens_restored", restored.common)
         return slot, restored.common, restored
 
-    def _system_boundary(self, prefix_text: str | None, prompt: list[int], common: int) -> int | None:
-        """Where the system-and-tools segment ends, when prefill will cross it and it is not stored yet."""
-        if self.cache is None or not prefix_text:
+    def _system_boundary(self, prefix: list[int], prompt: list[int], common: int) -> int | None:
+        """Where the system-and-tools segment (``prefix``, tokenized) ends, when prefill will cross it and it is not
+        stored yet."""
+        if self.cache is None or not prefix:
             return None
-        prefix = self.engine.tokenize(prefix_text)
         boundary = len(prefix)
         if boundary < MIN_TOKENS or boundary <= common or boundary >= len(prompt) - 1:
             return None

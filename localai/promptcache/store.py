@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -269,22 +270,13 @@ class PromptStore:
             if key not in self.folder.blocks:
                 return None, False
         path = self.folder.block_path(key)
-        try:
-            _, _, payload = read_block(path, with_payload=True)
-        except FileNotFoundError:
-            with self._lock:
-                self.folder.drop_subtree(key)  # evicted by another worker or removed by `localai cache rm`
-            return None, True
-        except (OSError, CorruptEntry) as exc:
-            self.count("corrupt")
-            log.warning("dropping damaged cache block %s and the blocks after it: %s", key, exc)
-            with self._lock:
-                self.folder.drop_subtree(key)
-            return None, True
-        self.count("bytes_read", len(payload))
-        with contextlib.suppress(OSError):
-            os.utime(path)  # the file's mtime carries LRU order across restarts
-        self._remember("b:" + key, payload)
+        payload = self._from_disk(f"block {key} and the blocks after it", path,
+                                  lambda at: read_block(at, with_payload=True)[2],
+                                  lambda: self.folder.drop_subtree(key))
+        if payload is not None:
+            with contextlib.suppress(OSError):
+                os.utime(path)  # the file's mtime carries LRU order across restarts
+            self._remember("b:" + key, payload)
         return payload, True
 
     def _snapshot_payload(self, key: str) -> tuple[bytes | None, bool]:
@@ -292,21 +284,30 @@ class PromptStore:
             cached = self._ram.get("s:" + key) or self._pending.get("s:" + key)
             if cached is not None:
                 return cached, False
+        payload = self._from_disk(f"snapshot {key}", self.folder.snapshot_path(key), read_snapshot,
+                                  lambda: self.folder.drop_snapshot(key))
+        if payload is not None:
+            self._remember("s:" + key, payload)
+        return payload, True
+
+    def _from_disk(self, what: str, path: Path, read: Callable[[Path], bytes],
+                   forget: Callable[[], None]) -> bytes | None:
+        """A file's verified payload; a missing file (evicted by another worker, removed by `localai cache rm`) or a
+        damaged one (counted and logged) is forgotten with what depends on it, and is None."""
         try:
-            payload = read_snapshot(self.folder.snapshot_path(key))
+            payload = read(path)
         except FileNotFoundError:
             with self._lock:
-                self.folder.snapshots.pop(key, None)
-            return None, True
+                forget()
+            return None
         except (OSError, CorruptEntry) as exc:
             self.count("corrupt")
-            log.warning("dropping damaged cache snapshot %s: %s", key, exc)
+            log.warning("dropping damaged cache %s: %s", what, exc)
             with self._lock:
-                self.folder.drop_snapshot(key)
-            return None, True
+                forget()
+            return None
         self.count("bytes_read", len(payload))
-        self._remember("s:" + key, payload)
-        return payload, True
+        return payload
 
     # -- saving ----------------------------------------------------------------------------------
 
