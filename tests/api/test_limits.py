@@ -229,9 +229,13 @@ def test_in_flight_cache_writes_are_not_listed(api: TestClient, api_home: Any) -
     api.post("/v1/chat/completions", json={"model": "smollm2", "max_tokens": 2, "messages": [
         {"role": "system", "content": "You are a careful assistant. " * 20}, {"role": "user", "content": "Hi"}]})
     deadline = time.monotonic() + 30
-    while not api.get("/api/cache").json()["entries"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    entries = api.get("/api/cache").json()["entries"]
+    entries: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:  # settled: the reply's entry is saved just after the response
+        listed = api.get("/api/cache").json()["entries"]
+        if listed and listed == entries:
+            break
+        entries = listed
+        time.sleep(0.5)
     assert entries
     folder = api_home / "cache" / entries[0]["fingerprint"]
     head = folder / "heads" / f"{entries[0]['id']}.json"
