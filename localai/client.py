@@ -196,6 +196,7 @@ def spawn_daemon() -> subprocess.Popen[bytes]:
     """``localai serve`` in the background, in its own session, logging to the server log."""
     paths.ensure_home()
     paths.logs_dir().mkdir(parents=True, exist_ok=True)
+    paths.rotate_log(paths.server_log_path())
     with open(paths.server_log_path(), "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "localai", "serve"], stdin=subprocess.DEVNULL, stdout=log, stderr=log,

@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import errno
 import logging
+import logging.handlers
 import os
+import signal
 import socket
 import threading
 from pathlib import Path
 
 import uvicorn
+import uvicorn.config
 
 from localai import paths
 from localai.errors import DaemonUnavailable
@@ -78,11 +81,22 @@ def _discover(registry: Registry, sources: list[str]) -> None:
         log.exception("could not look for models already on this disk")
 
 
-def serve(settings: Settings) -> None:
-    """Run the daemon until SIGINT/SIGTERM; workers are stopped on the way out."""
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def serve(settings: Settings, log_file: Path | None = None) -> None:
+    """Run the daemon until SIGINT/SIGTERM; workers are stopped on the way out. With ``log_file`` its log
+    (uvicorn's included) goes to that file, rotated at 10 MiB with three old files kept."""
+    handlers: list[logging.Handler] | None = None
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers = [logging.handlers.RotatingFileHandler(log_file, maxBytes=paths.LOG_MAX_BYTES,
+                                                         backupCount=paths.LOG_BACKUPS)]
     logging.basicConfig(
         level=logging.DEBUG if settings.debug else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        handlers=handlers,
     )
     if not settings.debug:  # a line per upstream request (remote models, pulls) would drown the log
         logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -101,11 +115,15 @@ def serve(settings: Settings) -> None:
     tcp = bind_tcp(host, port)
     unix = bind_unix_socket(paths.socket_path())
     config = uvicorn.Config(app, log_level="debug" if settings.debug else "warning", access_log=settings.debug,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5,
+                            log_config=None if log_file is not None else uvicorn.config.LOGGING_CONFIG)
     server = uvicorn.Server(config)
     paths.pid_path().write_text(str(os.getpid()))
     paths.address_path().write_text(settings.base_url)  # `localai launch` hands this URL to agents
     log.info("localai listening on http://%s:%s and %s", host, port, paths.socket_path())
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it found: with the
+    # default one the process died there, leaving its pid file and socket behind (what a service manager sends)
+    signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         asyncio.run(server.serve(sockets=[tcp, unix]))
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import platformdirs
@@ -40,6 +39,25 @@ def logs_dir() -> Path:
 def server_log_path() -> Path:
     """The log of a daemon started in the background by the CLI."""
     return logs_dir() / "server.log"
+
+
+LOG_MAX_BYTES = 10 << 20  # a log over this is rotated (name.1 .. name.3) before it is opened for appending
+LOG_BACKUPS = 3
+
+
+def rotate_log(path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS) -> None:
+    """Shift ``path`` to ``path.1`` (and older ones along, dropping the oldest) when it is over ``max_bytes``.
+    Called before a log is opened for appending, so a log written by child processes stays bounded."""
+    try:
+        if path.stat().st_size <= max_bytes:
+            return
+    except FileNotFoundError:
+        return
+    for index in range(backups - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{index}")
+        if older.exists():
+            older.replace(path.with_name(f"{path.name}.{index + 1}"))
+    path.replace(path.with_name(f"{path.name}.1"))
 
 
 def pid_path() -> Path:
@@ -88,13 +106,19 @@ def hf_hub_cache() -> Path:
     return Path(xdg).expanduser() / "huggingface" / "hub"
 
 
-def library_modelfiles_dir() -> Path:
-    """The library of Modelfiles that ship with localai (``NAME/TAG.Modelfile``): the source tree's
-    ``modelfiles/`` or ``<prefix>/share/localai/modelfiles``."""
-    source_tree = Path(__file__).resolve().parent.parent / "modelfiles"
-    if source_tree.is_dir():
+def shipped_dir(name: str) -> Path:
+    """A folder of data that ships with localai: ``modelfiles`` or ``packaging``. In a checkout it is the
+    top-level folder; an installed wheel holds it inside the package (``localai/modelfiles``, see setup.py)."""
+    package = Path(__file__).resolve().parent
+    source_tree = package.parent / name
+    if (package.parent / "pyproject.toml").is_file() and source_tree.is_dir():
         return source_tree
-    return Path(sys.prefix) / "share" / "localai" / "modelfiles"
+    return package / name
+
+
+def library_modelfiles_dir() -> Path:
+    """The library of Modelfiles that ship with localai (``NAME/TAG.Modelfile``)."""
+    return shipped_dir("modelfiles")
 
 
 def ensure_home() -> Path:

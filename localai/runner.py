@@ -49,6 +49,7 @@ class Worker:
         """Spawn the worker and wait for its ``ready`` frame (or its load error)."""
         parent, child = socket.socketpair()
         paths.logs_dir().mkdir(parents=True, exist_ok=True)
+        paths.rotate_log(paths.logs_dir() / "workers.log")
         log_file = open(paths.logs_dir() / "workers.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             self.process = await asyncio.create_subprocess_exec(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import tomllib
 from pathlib import Path
@@ -36,9 +37,9 @@ def test_the_library_has_a_dozen_laptop_models_each_complete() -> None:
 
 def test_every_library_family_ships_in_the_wheel() -> None:
     pyproject = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())
-    shipped = pyproject["tool"]["setuptools"]["data-files"]
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["localai.modelfiles"]
     for entry in library.entries():
-        assert shipped.get(f"share/localai/modelfiles/{entry.family}") == [f"modelfiles/{entry.family}/*.Modelfile"]
+        assert any(fnmatch.fnmatch(entry.path.relative_to(ROOT).as_posix(), pattern) for pattern in shipped), entry
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,164 @@
+"""``localai service``: the systemd unit and the launchd agent it writes are valid, and the exact command line and
+environment each holds start a daemon that answers. There is no user systemd bus on CI, so the unit is checked
+with ``systemd-analyze --user verify`` and its ExecStart is run as systemd would run it."""
+
+from __future__ import annotations
+
+import os
+import plistlib
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localai import paths
+from tests.conftest import free_port
+
+UNIT = Path("systemd/user/localai.service")
+
+
+def localai(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "localai", *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The installing user's environment: a config dir, a home with characters systemd treats specially, a port,
+    and no user bus (so nothing can reach a real service manager by accident)."""
+    home = tmp_path / "state 100% $HOME"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
+    return {**base, "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            "XDG_RUNTIME_DIR": str(tmp_path / "no-runtime"), "DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent",
+            "LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{free_port()}", "LOCALAI_DISCOVER": ""}
+
+
+def systemd_unit(text: str) -> tuple[list[str], dict[str, str]]:
+    """ExecStart's words and the Environment= assignments, unquoted as systemd does for these forms."""
+    command: list[str] = []
+    environment: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            command = [word.replace("%%", "%").replace("$$", "$") for word in shlex.split(line[len("ExecStart="):])]
+        elif line.startswith("Environment="):
+            key, _, value = shlex.split(line[len("Environment="):])[0].replace("%%", "%").partition("=")
+            environment[key] = value
+    return command, environment
+
+
+def serve_until_healthy(command: list[str], environment: dict[str, str], port: str) -> subprocess.Popen[bytes]:
+    """Start the service's command line with only the service's environment (plus PATH), wait for /health."""
+    process = subprocess.Popen(command, env={"PATH": os.environ["PATH"], **environment},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0].decode()
+        try:
+            if httpx.get(f"http://{port}/health", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    raise AssertionError("the service's command line never answered /health")
+
+
+def stop(process: subprocess.Popen[bytes], home: Path) -> None:
+    """SIGTERM, as systemd and launchd stop a service: the daemon shuts down cleanly (uvicorn re-raises the
+    signal after its graceful shutdown, so the status is -SIGTERM, which systemd counts as a clean stop)."""
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode in (0, -signal.SIGTERM), output.decode()
+    assert not (home / "localai.pid").exists() and not (home / "localai.sock").exists(), output.decode()
+
+
+def test_the_systemd_unit_verifies_and_its_command_line_serves(env: dict[str, str], tmp_path: Path) -> None:
+    done = localai("service", "install", "--no-start", env=env)
+    assert done.returncode == 0, done.stderr
+    unit = tmp_path / "config" / UNIT
+    assert stat.S_IMODE(unit.stat().st_mode) == 0o600  # it may hold LOCALAI_API_KEY
+    text = unit.read_text()
+    if shutil.which("systemd-analyze"):
+        runtime = tmp_path / "runtime"
+        runtime.mkdir(mode=0o700)
+        verify = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)], capture_output=True, text=True,
+                                env={**env, "XDG_RUNTIME_DIR": str(runtime)}, timeout=60)
+        assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
+    command, environment = systemd_unit(text)
+    assert command == [sys.executable, "-m", "localai", "serve"]
+    assert environment["LOCALAI_HOME"] == env["LOCALAI_HOME"]  # the odd characters survived systemd's quoting
+    process = serve_until_healthy(command, environment, env["LOCALAI_HOST"])
+    home = Path(env["LOCALAI_HOME"])
+    try:
+        assert (home / "localai.pid").read_text() == str(process.pid)  # the service runs on the installer's home
+        models = httpx.get(f"http://{env['LOCALAI_HOST']}/api/tags", timeout=10).json()["models"]
+        assert any(m["name"] == "smollm2:135m" for m in models)
+    finally:
+        stop(process, home)
+
+
+def test_the_launchd_agent_parses_and_its_command_line_serves_with_a_log_file(env: dict[str, str],
+                                                                               tmp_path: Path) -> None:
+    done = localai("service", "install", "--manager", "launchd", "--no-start", env=env)
+    assert done.returncode == 0, done.stderr
+    plist = plistlib.loads((tmp_path / "Library" / "LaunchAgents" / "dev.localai.daemon.plist").read_bytes())
+    assert plist["Label"] == "dev.localai.daemon" and plist["RunAtLoad"] is True
+    log = Path(env["LOCALAI_HOME"]) / "logs" / "service.log"
+    assert plist["ProgramArguments"] == [sys.executable, "-m", "localai", "serve", "--log-file", str(log)]
+    process = serve_until_healthy(plist["ProgramArguments"], plist["EnvironmentVariables"], env["LOCALAI_HOST"])
+    stop(process, Path(env["LOCALAI_HOME"]))
+    assert "localai listening on" in log.read_text()  # logging went to the rotated file, not to stderr
+
+
+def test_install_without_a_user_bus_writes_the_unit_and_says_how_to_start_it(env: dict[str, str],
+                                                                              tmp_path: Path) -> None:
+    done = localai("service", "install", env=env)
+    assert done.returncode == 1
+    assert "could not be started" in done.stderr and "systemctl --user enable --now localai.service" in done.stderr
+    assert (tmp_path / "config" / UNIT).exists()
+    status = localai("service", "status", env=env)
+    assert status.returncode == 0 and "(installed)" in status.stdout and "not answering" in status.stdout
+
+
+def test_a_unit_localai_did_not_write_is_never_replaced_or_removed_without_force(env: dict[str, str],
+                                                                                 tmp_path: Path) -> None:
+    unit = tmp_path / "config" / UNIT
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\nExecStart=/usr/bin/true\n")
+    done = localai("service", "install", "--no-start", env=env)
+    assert done.returncode == 1 and "was not written by localai" in done.stderr
+    gone = localai("service", "uninstall", env=env)
+    assert gone.returncode == 1 and "not written by localai" in gone.stderr
+    assert unit.read_text() == "[Service]\nExecStart=/usr/bin/true\n"
+    forced = localai("service", "install", "--no-start", "--force", env=env)
+    assert forced.returncode == 0 and unit.read_text().startswith("# Written by `localai service install`")
+    removed = localai("service", "uninstall", env=env)  # systemctl is unreachable: a warning, the file still goes
+    assert removed.returncode == 0 and not unit.exists(), removed.stderr
+    again = localai("service", "uninstall", env=env)
+    assert again.returncode == 0 and "not installed" in again.stdout
+
+
+def test_logs_of_a_service_that_is_not_installed_is_a_clear_error(env: dict[str, str]) -> None:
+    done = localai("service", "logs", env=env)
+    assert done.returncode == 1 and "not installed" in done.stderr
+    bad = localai("service", "install", "--manager", "upstart", env=env)
+    assert bad.returncode == 2 and "upstart" in bad.stderr
+
+
+def test_logs_are_rotated_before_they_are_appended_to(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    for generation in range(5):
+        log.write_bytes(bytes([65 + generation]) * 20)
+        paths.rotate_log(log, max_bytes=10, backups=3)
+        assert not log.exists()
+    assert [(tmp_path / f"server.log.{i}").read_bytes()[:1] for i in (1, 2, 3)] == [b"E", b"D", b"C"]
+    assert not (tmp_path / "server.log.4").exists()
+    log.write_bytes(b"small")
+    paths.rotate_log(log, max_bytes=10, backups=3)
+    assert log.read_bytes() == b"small"
