@@ -6,7 +6,7 @@ PIP := $(BIN)/python -m pip
 # llama-cpp-python builds from source: CPU by default. For GPUs see README (CMAKE_ARGS).
 export CMAKE_ARGS ?=
 
-.PHONY: demo test test-fast lint typecheck unit install install-test install-agents bench clean
+.PHONY: demo test test-fast lint typecheck unit install install-test install-agents bench stress clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,15 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 bench: $(VENV)/.installed-bench
 	$(BIN)/localai bench --model smollm2
 	$(BIN)/localai bench agents --llama-cpp-python
+
+$(VENV)/.installed-stress: pyproject.toml | $(BIN)/python
+	$(PIP) install --quiet -e '.[stress]'
+	touch $@
+
+## stress: the abuse runs with figures (about 20 minutes): security, fuzz, full disk, kill -9 chaos, 64-client load.
+## Needs root for the full-disk check (it mounts a small tmpfs); `python -m tests.stress --help` for one check.
+stress: $(VENV)/.installed-stress
+	$(BIN)/python -m tests.stress
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR)

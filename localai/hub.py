@@ -91,7 +91,7 @@ def parse_reference(text: str) -> HubRef:
             raw = raw[len(prefix):]
             break
     repo, _, quant = raw.partition(":")
-    repo = repo.strip("/")
+    repo = repo.rstrip("/")  # a leading slash is a path (/etc/passwd), never a repository
     if not _REPO.match(repo) or ".." in repo:
         raise InvalidRequest(
             f"invalid model name '{text}': use a library name (see `localai list --library`), "

@@ -46,7 +46,7 @@ def test_references(text: str, repo: str, quant: str | None) -> None:
 
 
 @pytest.mark.parametrize("text", ["", "hf.co/", "justaname", "a/b/c", "hf.co/a", "a/b:Q4 K", "a/../b", "-a/b",
-                                  "a/b:" + "q" * 80, "hf.co/a b/c"])
+                                  "a/b:" + "q" * 80, "hf.co/a b/c", "/etc/passwd", "//a/b"])
 def test_bad_references_name_the_forms(text: str) -> None:
     with pytest.raises(InvalidRequest) as error:
         hub.parse_reference(text)

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,11 @@ def test_create_rejects_missing_and_non_gguf_files(registry: Registry, tmp_path:
         registry.create("x", parse(f"FROM {bogus}\n"))
     with pytest.raises(ModelfileError, match=r"neither a GGUF file, an http\(s\) URL of a remote model nor an"):
         registry.create("x", parse("FROM nothing-like-this\n"))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for special in ("/dev/zero", str(fifo), str(tmp_path)):  # endless, blocking on open, a folder: never read
+        with pytest.raises(ModelfileError, match="not a model file"):
+            registry.create("x", parse(f"FROM {special}\n"))
     assert registry.names() == []
 
 

@@ -8,6 +8,7 @@ with a sequence (or with a cached state on RAM or disk) evaluates only the rest.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import time
@@ -16,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localai.backends.engine import BatchItem, DecodeFailed, Engine, LoadOptions
+from localai.backends.engine import BatchItem, DecodeFailed, Engine, LoadOptions, StateBytes
 from localai.backends.grammars import GrammarError
 from localai.backends.text import StopMatcher
-from localai.promptcache.blocks import Head, fingerprint
+from localai.promptcache.blocks import fingerprint
 from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, common_prefix
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
 
@@ -216,7 +217,8 @@ class Serving:
         system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []
         request.snapshot_at = self._system_boundary(system, prompt, common)
         if request.pin_ttl and request.snapshot_at is None and self.cache is not None and system:
-            self.cache.pin_prefix(system, request.pin_ttl)  # already stored: keep it
+            with contextlib.suppress(OSError):  # a pin that cannot be written leaves the entry to the LRU
+                self.cache.pin_prefix(system, request.pin_ttl)  # already stored: keep it
         self.requests[request.id] = request
         emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common,
               "cache": {"source": request.source, "restored": request.restored,
@@ -292,7 +294,7 @@ class Serving:
             return
         state = self.engine.seq_state(slot.seq)
         if state:
-            self._pin(self.cache.save(list(slot.tokens), state, request.session), request)
+            self._store(list(slot.tokens), state, request, request.session, "history")
 
     def _snapshot_system(self, request: Request) -> None:
         request.snapshot_at = None
@@ -301,11 +303,19 @@ class Serving:
             return
         state = self.engine.seq_state(slot.seq)
         if state:
-            self._pin(self.cache.save(list(slot.tokens), state, None, kind="system"), request)
+            self._store(list(slot.tokens), state, request, None, "system")
 
-    def _pin(self, head: Head | None, request: Request) -> None:
-        if self.cache is not None and head is not None and request.pin_ttl > 0:
-            self.cache.pin(head.id, request.pin_ttl)
+    def _store(self, tokens: list[int], state: StateBytes, request: Request, session: str | None, kind: str) -> None:
+        """Save (and pin) a state. The cache only saves work: a disk that is full or gone costs the cache an entry,
+        never the request or the worker."""
+        assert self.cache is not None
+        try:
+            head = self.cache.save(tokens, state, session, kind=kind)
+            if head is not None and request.pin_ttl > 0:
+                self.cache.pin(head.id, request.pin_ttl)
+        except OSError as exc:
+            self.cache.count("dropped_writes")
+            log.warning("could not save %d tokens to the prompt cache (%s); the reply is unaffected", len(tokens), exc)
 
     # -- decoding --------------------------------------------------------------------------------
 

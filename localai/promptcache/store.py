@@ -465,8 +465,8 @@ class PromptStore:
                 self._busy = True
             try:
                 self._write(kind, item)
-            except Exception:
-                log.exception("cache write failed")
+            except Exception as exc:
+                self._abandon(kind, item, exc)
             finally:
                 with self._lock:
                     self._busy = False
@@ -512,6 +512,20 @@ class PromptStore:
             with self._lock:
                 self.folder.collect_garbage(keep=self._queued_keys() | self._others_recent())
             self.enforce_quota()
+
+    def _abandon(self, kind: str, item: Any, exc: Exception) -> None:
+        """A write that failed (a full disk, a vanished folder): its payload is let go, so failed writes never pile
+        up in memory; the block stays known without a file, and a restore that needs it finds it missing and stops
+        before it (as for a block another worker evicted)."""
+        key = {"block": lambda: "b:" + item.key, "snapshot": lambda: "s:" + item}.get(kind, lambda: "")()
+        with self._lock:
+            payload = self._pending.pop(key, b"") if key else b""
+            self._queued_bytes -= len(payload)
+            self.stats["dropped_writes"] += 1
+        if isinstance(exc, OSError):
+            log.warning("could not write a cache %s (%s); the reply is unaffected, the cache keeps less", kind, exc)
+        else:
+            log.error("cache %s write failed", kind, exc_info=exc)
 
     def _others_recent(self) -> set[str]:
         """Blocks another worker wrote lately (its entry may not be on disk yet): not garbage."""

@@ -42,9 +42,11 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         return JSONResponse({"status": "ok", "version": __version__,
                              "loaded_models": list(runtime.scheduler.loaded)})
 
-    @app.api_route("/", methods=["GET", "HEAD"])
+    @app.get("/")
     async def root() -> PlainTextResponse:
         return PlainTextResponse("localai is running")
+
+    app.add_api_route("/", root, methods=["HEAD"], include_in_schema=False)  # one operation id per schema path
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -65,5 +67,6 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.add_middleware(BodyGuardMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(JsonBodyMiddleware)
     host, _ = settings.bind
-    app.add_middleware(GuardMiddleware, loopback_only=is_loopback_host(host), api_key=settings.api_key)
+    app.add_middleware(GuardMiddleware, loopback_only=is_loopback_host(host), api_key=settings.api_key,
+                       origins=settings.origins)
     return app

@@ -37,13 +37,33 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-class GuardMiddleware:
-    """Refuses foreign Host headers while bound to loopback, and TCP requests without the API key."""
+# Origins a browser-like client on this machine sends: desktop app shells and editor webviews (as Ollama allows).
+LOCAL_APP_SCHEMES = frozenset({"app", "file", "tauri", "vscode-webview", "vscode-file"})
 
-    def __init__(self, app: ASGIApp, *, loopback_only: bool, api_key: str | None) -> None:
+
+def is_allowed_origin(origin: str, configured: list[str]) -> bool:
+    """A page may call the API when its origin is configured (LOCALAI_ORIGINS, ``*`` for any), is served from
+    this machine's loopback, or is a local app shell; any other website is refused, whatever it sends."""
+    if origin in configured or "*" in configured:
+        return True
+    scheme, sep, rest = origin.partition("://")
+    if not sep:
+        return False
+    if scheme.lower() in LOCAL_APP_SCHEMES:
+        return True
+    return scheme.lower() in ("http", "https") and "/" not in rest and is_loopback_host(rest)
+
+
+class GuardMiddleware:
+    """Refuses foreign Host headers while bound to loopback, pages from foreign origins, and TCP requests
+    without the API key."""
+
+    def __init__(self, app: ASGIApp, *, loopback_only: bool, api_key: str | None,
+                 origins: list[str] | None = None) -> None:
         self.app = app
         self.loopback_only = loopback_only
         self.api_key = api_key
+        self.origins = origins or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or is_unix_socket(scope):
@@ -54,6 +74,12 @@ class GuardMiddleware:
         if self.loopback_only and not is_loopback_host(host):
             await _refuse(scope, send, 403, "permission_error",
                           f"host {host!r} is not allowed: localai answers only loopback names (DNS rebinding guard)")
+            return
+        origin = headers.get("origin")
+        if origin is not None and not is_allowed_origin(origin, self.origins):
+            await _refuse(scope, send, 403, "permission_error",
+                          f"origin {origin[:200]!r} is not allowed: add it to LOCALAI_ORIGINS to let that page call "
+                          "localai")
             return
         if self.api_key and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_PATHS:
             supplied = headers.get("x-api-key") or ""

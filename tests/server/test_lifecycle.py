@@ -145,8 +145,19 @@ def test_api_key_is_required_on_tcp_but_not_on_the_socket(tmp_path: Path, smollm
 
 def test_no_cors_headers_without_configured_origins(daemon: Daemon) -> None:
     with daemon.http() as http:
-        response = http.get("/v1/models", headers={"Origin": "http://app.test"})
-    assert "access-control-allow-origin" not in response.headers
+        response = http.get("/v1/models", headers={"Origin": "http://localhost:5173"})
+    assert response.status_code == 200 and "access-control-allow-origin" not in response.headers
+
+
+def test_a_page_from_another_site_is_refused_even_without_a_preflight(daemon: Daemon) -> None:
+    """A website may POST text/plain to localhost without a CORS preflight; its Origin header gives it away."""
+    with daemon.http() as http:
+        refused = http.post("/api/generate", headers={"Origin": "http://evil.example", "Content-Type": "text/plain"},
+                            content='{"model": "smollm2", "prompt": "hi", "stream": false}')
+        assert refused.status_code == 403 and "LOCALAI_ORIGINS" in refused.json()["error"]["message"]
+        assert http.get("/api/ps", headers={"Origin": "https://attacker.test"}).status_code == 403
+    with daemon.unix() as unix:  # no browser reaches the socket
+        assert unix.get("/api/ps", headers={"Origin": "https://attacker.test"}).status_code == 200
 
 
 def test_second_daemon_on_the_same_home_refuses_to_start(daemon: Daemon) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localai.server.security import BodyProblem, check_json
+from localai.server.security import BodyProblem, check_json, is_allowed_origin
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -33,3 +33,24 @@ def test_unusable_json_is_refused(body: bytes, message: str) -> None:
 ])
 def test_usable_json_passes(body: bytes) -> None:
     check_json(body)
+
+
+@pytest.mark.parametrize(("origin", "allowed"), [
+    ("http://localhost:3000", True),
+    ("https://127.0.0.1", True),
+    ("http://[::1]:8080", True),
+    ("http://app.localhost", True),
+    ("vscode-webview://abc123", True),
+    ("tauri://localhost", True),
+    ("http://configured.test", True),
+    ("http://evil.example", False),
+    ("https://localhost.evil.example", False),
+    ("http://127.0.0.1.evil.example", False),
+    ("http://localhost/../evil", False),
+    ("null", False),  # sandboxed iframes and data: pages
+    ("", False),
+    ("localhost", False),
+])
+def test_origins_from_this_machine_pass_and_websites_do_not(origin: str, allowed: bool) -> None:
+    assert is_allowed_origin(origin, ["http://configured.test"]) is allowed
+    assert is_allowed_origin(origin, ["*"]) is True

@@ -1,0 +1,59 @@
+"""`python -m tests.stress [CHECK ...]`: run the abuse checks (all by default) and print their figures."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.stress import chaos, disk, fuzz, load, security
+from tests.stress.common import Report
+
+CHECKS = ("security", "fuzz", "disk", "chaos", "load")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.stress", description=__doc__)
+    parser.add_argument("checks", nargs="*", default=list(CHECKS),
+                        help=f"which checks: {', '.join(CHECKS)} (default: all)")
+    parser.add_argument("--kills", type=int, default=20, help="kill -9 of the worker and of the daemon, each")
+    parser.add_argument("--load-seconds", type=float, default=180.0, help="how long 64 clients load each daemon")
+    parser.add_argument("--examples", type=int, default=25, help="schemathesis examples per operation")
+    parser.add_argument("--workdir", type=Path, default=None)
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="localai-stress-"))
+    reports = []
+    for name in args.checks:
+        report = Report(name)
+        print(f"== {name}", flush=True)
+        started = time.monotonic()
+        folder = workdir / name
+        try:
+            if name == "security":
+                security.run(report, folder)
+            elif name == "fuzz":
+                fuzz.run(report, folder, args.examples)
+            elif name == "disk":
+                disk.run(report, folder)
+            elif name == "chaos":
+                chaos.run(report, folder, args.kills)
+            else:
+                load.run(report, folder, args.load_seconds)
+        except Exception as exc:  # a check that crashes is a finding, and the others still run
+            report.finding(f"the check crashed: {exc!r}")
+        print(f"   ({time.monotonic() - started:.0f} s)", flush=True)
+        reports.append(report)
+    print("\n== summary")
+    for report in reports:
+        print(f"{report.name}: {'ok' if not report.findings else f'{len(report.findings)} findings'}")
+        for figure in report.figures:
+            print(f"  {figure}")
+        for finding in report.findings:
+            print(f"  FINDING: {finding}")
+    return 1 if any(report.findings for report in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""What the stress checks share: a report of figures and findings, daemons, greedy replies, process facts."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from localai.promptcache.blocks import CorruptEntry, read_block, read_snapshot
+from tests.conftest import Daemon, start_daemon
+
+PROMPT = "List three prime numbers and say why each is prime."
+
+
+@dataclass
+class Report:
+    name: str
+    figures: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+
+    def figure(self, text: str) -> None:
+        print(f"  {text}", flush=True)
+        self.figures.append(text)
+
+    def finding(self, text: str) -> None:
+        print(f"  FINDING: {text}", flush=True)
+        self.findings.append(text)
+
+
+def daemon(home: Path, **settings: str) -> Daemon:
+    settings.setdefault("keep_alive", "-1")
+    return start_daemon(home, **settings)
+
+
+def healthy(base_url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> bool:
+    try:
+        return httpx.get(f"{base_url}/health", timeout=timeout, headers=headers).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def greedy(http: httpx.Client, session: str, messages: list[dict[str, Any]] | None = None, tokens: int = 24) -> str:
+    """A deterministic reply (temperature 0) in a session, so the prompt cache is used and written."""
+    body = {"model": "smollm2", "temperature": 0, "seed": 7, "max_tokens": tokens,
+            "messages": messages or [{"role": "user", "content": PROMPT}]}
+    response = http.post("/v1/chat/completions", json=body, headers={"x-session-id": session})
+    response.raise_for_status()
+    return str(response.json()["choices"][0]["message"]["content"])
+
+
+def worker_pids() -> list[int]:
+    """Every model worker process on this machine (``python -m localai.worker``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"localai.worker" in command:
+                found.append(int(entry.name))
+    return found
+
+
+def rss_and_fds(pid: int) -> tuple[int, int]:
+    """Resident memory (bytes) and open file descriptors of a process."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024  # type: ignore[union-attr]
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def damaged_cache_files(home: Path) -> tuple[int, int]:
+    """(files checked, files whose checksum or framing is wrong) among the cache's blocks and snapshots."""
+    checked = damaged = 0
+    for path in (home / "cache").rglob("*"):
+        if path.suffix not in (".blk", ".snp"):
+            continue
+        checked += 1
+        try:
+            if path.suffix == ".blk":
+                read_block(path, with_payload=True)
+            else:
+                read_snapshot(path)
+        except FileNotFoundError:
+            checked -= 1  # evicted while we looked
+        except (OSError, CorruptEntry):
+            damaged += 1
+    return checked, damaged
+
+
+def wait_until(predicate: Any, timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
