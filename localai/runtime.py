@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from localai import divergence
 from localai import prompt as prompting
-from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError
+from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
 from localai.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.fitting import apply as fitting_apply
 from localai.metrics import Metrics
@@ -147,7 +147,10 @@ class Runtime:
         record = self.registry.get(request.model)
         stack = contextlib.AsyncExitStack()
         try:
-            target = await self._target(stack, record, request)
+            lease = contextlib.AsyncExitStack()  # the model's lease, given back early if its worker dies unused
+            stack.push_async_callback(lease.aclose)
+            target = await self._target(lease, record, request)
+            retried = False
             fitting = self._fitting_enabled(record, request)
             fit: Fit | None = None
             original = request.messages
@@ -171,9 +174,25 @@ class Runtime:
                         "the last user message and what follows it)", param="messages")
                 previous_length = length
                 frames = target.generate(op)
-                first = await frames.__anext__()
-                while first.get("ev") == "idle":  # waiting for a slot: nothing to tell the client before admission
+                try:
                     first = await frames.__anext__()
+                    while first.get("ev") == "idle":  # waiting for a slot: nothing to tell the client yet
+                        first = await frames.__anext__()
+                except WorkerCrashed:
+                    # The worker died before it took the request (killed, or crashed on another one): nothing has
+                    # reached the client yet, so it goes once to a fresh worker. A second death is the answer.
+                    await _close_quietly(frames)
+                    if retried or not isinstance(target, LocalTarget):
+                        raise
+                    retried = True
+                    log.warning("the worker for %s died before taking a request; sending it to a new worker",
+                                record.name)
+                    await lease.aclose()
+                    lease = contextlib.AsyncExitStack()
+                    stack.push_async_callback(lease.aclose)
+                    target = await self._target(lease, record, request)
+                    previous_length = None
+                    continue
                 if first.get("ev") != "error":
                     stack.push_async_callback(_close_quietly, frames)
                     break

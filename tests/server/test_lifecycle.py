@@ -64,10 +64,29 @@ def test_worker_killed_during_a_plain_request_gives_a_json_error(fresh_daemon: D
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             future = pool.submit(http.post, "/v1/chat/completions", json=LONG)
             assert wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 1)
+            time.sleep(1.0)  # let the worker take it (4000 tokens to go): a request it never took is retried
             os.kill(pid, signal.SIGKILL)
             response = future.result(timeout=60)
     assert response.status_code == 500
     assert response.json()["error"]["code"] == "worker_crashed"
+
+
+def test_a_request_the_dead_worker_never_took_goes_to_a_new_one(fresh_daemon: Daemon) -> None:
+    """kill -9 just as a request is sent (the worker is stopped, so the request waits unread in its socket): the
+    client gets its answer from a fresh worker instead of a 500."""
+    with fresh_daemon.http() as http:
+        http.post("/api/generate", json={"model": "smollm2"})  # load it
+        pid = int(loaded(fresh_daemon)[0]["pid"])  # type: ignore[call-overload]
+        os.kill(pid, signal.SIGSTOP)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            future = pool.submit(http.post, "/v1/chat/completions",
+                                 json={"model": "smollm2", "messages": PROMPT, "max_tokens": 3})
+            assert wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 1)
+            os.kill(pid, signal.SIGKILL)
+            response = future.result(timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] > 0
+    assert int(loaded(fresh_daemon)[0]["pid"]) != pid  # type: ignore[call-overload]
 
 
 def test_client_disconnect_stops_the_generation(fresh_daemon: Daemon) -> None:
