@@ -15,6 +15,9 @@ from localai.promptcache.blocks import CorruptEntry, read_block, read_snapshot
 from tests.conftest import Daemon, start_daemon
 
 PROMPT = "List three prime numbers and say why each is prime."
+# a system prompt of ~700 tokens: every conversation is long enough to be saved to the cache and restored from it
+SYSTEM = "You are a careful assistant. " + " ".join(
+    f"Rule {i}: check step {i} of the build before you answer, and say which file it touched." for i in range(40))
 
 
 @dataclass
@@ -47,7 +50,7 @@ def healthy(base_url: str, timeout: float = 10.0, headers: dict[str, str] | None
 def greedy(http: httpx.Client, session: str, messages: list[dict[str, Any]] | None = None, tokens: int = 24) -> str:
     """A deterministic reply (temperature 0) in a session, so the prompt cache is used and written."""
     body = {"model": "smollm2", "temperature": 0, "seed": 7, "max_tokens": tokens,
-            "messages": messages or [{"role": "user", "content": PROMPT}]}
+            "messages": [{"role": "system", "content": SYSTEM}, *(messages or [{"role": "user", "content": PROMPT}])]}
     response = http.post("/v1/chat/completions", json=body, headers={"x-session-id": session})
     response.raise_for_status()
     return str(response.json()["choices"][0]["message"]["content"])
