@@ -89,7 +89,7 @@ def test_registry_creates_mlx_and_split_models(isolated_home: Path, tmp_path: Pa
         registry.create("split2", parse(f"FROM {parts[0]}\n"))
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ModelfileError, match="no such file"):
+    with pytest.raises(ModelfileError, match="not a model file"):
         registry.create("nothing", parse(f"FROM {empty}\n"))
 
 

@@ -134,5 +134,8 @@ def test_post_without_json_content_type_is_read_as_json(daemon: Daemon) -> None:
                              headers={"content-type": "application/x-www-form-urlencoded"})
         assert response.status_code == 200 and response.json()["done"] is True
         browser = http.post("/api/generate", content=body, headers={"content-type": "text/plain",
+                                                                     "origin": "http://localhost:3000"})
+        assert browser.status_code == 400  # a page in a browser gets no JSON coercion, even an allowed one
+        foreign = http.post("/api/generate", content=body, headers={"content-type": "text/plain",
                                                                      "origin": "http://evil.example"})
-        assert browser.status_code == 400  # a page in a browser gets no JSON coercion
+        assert foreign.status_code == 403  # and a page from another site is refused outright
