@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -105,6 +106,8 @@ class PromptStore:
         self._queue: list[tuple[str, Any]] = []
         self._queued_bytes = 0
         self._busy = False
+        self._failed_writes = 0  # write failures not logged yet (see _abandon)
+        self._failed_logged_at = -math.inf
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
@@ -522,8 +525,13 @@ class PromptStore:
             payload = self._pending.pop(key, b"") if key else b""
             self._queued_bytes -= len(payload)
             self.stats["dropped_writes"] += 1
-        if isinstance(exc, OSError):
-            log.warning("could not write a cache %s (%s); the reply is unaffected, the cache keeps less", kind, exc)
+        if isinstance(exc, OSError):  # a full disk fails every write: one line a minute, with the count
+            self._failed_writes += 1
+            now = time.monotonic()
+            if now - self._failed_logged_at >= 60.0:
+                log.warning("could not write %d cache file(s) (%s); replies are unaffected, the cache keeps less",
+                            self._failed_writes, exc)
+                self._failed_logged_at, self._failed_writes = now, 0
         else:
             log.error("cache %s write failed", kind, exc_info=exc)
 

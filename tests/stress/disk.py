@@ -67,10 +67,12 @@ def _full_disk(report: Report, home: Path) -> None:
         temps = [p.name for p in home.rglob("*.tmp")]
         checked, damaged = damaged_cache_files(home)
         log = instance.log()
-        errors = log.count("No space left on device")
+        workers = home / "logs" / "workers.log"  # the cache is written by the worker: its warnings are there
+        worker_log = workers.read_text(errors="replace") if workers.exists() else ""
+        errors = (log + worker_log).count("No space left on device")
     (home.parent.parent / "full-disk-daemon.log").write_text(log)
     report.figure(f"full disk (12 MiB tmpfs home): {answered} answered, {failed} failed of {SESSIONS * TURNS}; free "
-                  f"space at the end {free >> 10} KiB; ENOSPC lines in the log {errors}; healthy {healthy}; "
+                  f"space at the end {free >> 10} KiB; ENOSPC warnings logged {errors}; healthy {healthy}; "
                   f"`localai cache ls` exit {listing.returncode}; temp files left {len(temps)}; cache files "
                   f"{checked}, damaged {damaged}")
     if failed or not healthy or listing.returncode or temps or damaged:
