@@ -37,7 +37,8 @@ def test_the_wheel_builds_without_warnings_and_holds_the_data(wheel: tuple[Path,
             "localai/tui/app.tcss", "localai/py.typed"} <= names
     assert not any(name.startswith(("modelfiles/", "packaging/", "tui/")) for name in names)  # nothing top-level
     metadata = zipfile.ZipFile(path).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert "License-Expression: MIT" in metadata
+    assert "License-Expression: MIT" in metadata and "License-File: LICENSE" in metadata
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
 
 
 def test_an_installed_wheel_finds_its_library_and_service_files(wheel: tuple[Path, str], tmp_path: Path) -> None:

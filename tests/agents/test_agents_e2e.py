@@ -44,14 +44,18 @@ MODEL = "smollm2-agent"
 def agent_daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Daemon]:
     """A daemon with the access log on (debug), so a test can see which endpoint served the agent.
 
-    The agents get smollm2 with its replies ending at the first blank line: a 135M model can ramble until its
-    output limit, and an agent takes a reply cut there as an error (Claude Code) or as a reason to go on
-    (OpenCode loops). One paragraph keeps every agent's run short whatever the model says."""
+    The agents get smollm2 with its replies ending at the end of their first line, and a repeat penalty: a 135M
+    model can ramble until its output limit, and an agent takes a reply cut there as an error (Claude Code) or as
+    a reason to go on (OpenCode loops). A blank line was not enough: on Claude Code's prompt, with its date
+    varied over 30 days, greedy smollm2 wrote past 400 tokens in single-newline paragraphs on 15 of them, and CI
+    once saw Claude Code give up after four replies cut at its 2048-token limit. With these settings the same 30
+    prompts all ended by themselves, in 22 to 95 tokens. One line keeps every agent's run short whatever the
+    model says."""
     instance = start_daemon(tmp_path_factory.mktemp("agent-daemon"), keep_alive="-1", debug="true",
                             context_length="8192")
     with instance.http() as http:
         created = http.post("/api/create", json={"model": MODEL, "from": "smollm2", "parameters": {
-            "stop": ["\n\n", "<|im_end|>", "<|im_start|>"], "temperature": 0}})
+            "stop": ["\n", "<|im_end|>", "<|im_start|>"], "temperature": 0, "repeat_penalty": 1.2}})
         assert created.status_code == 200, created.text
     yield instance
     instance.stop()
