@@ -138,10 +138,12 @@ def test_aider(agent_daemon: Daemon, tmp_path: Path) -> None:
 
 def test_aider_on_the_mlx_engine(agent_daemon: Daemon, tmp_path: Path, mlx_model_path: Path) -> None:
     """The same launch on an MLX model (SmolLM2's weights converted; MLX's CPU backend): Aider's prompt is the
-    shortest of the agents' (~600 tokens), which MLX on this CPU prefills in about half a minute."""
+    shortest of the agents' (~600 tokens), which MLX on this CPU prefills in about half a minute. The model ends
+    its reply at the first line, as the agents' smollm2 does (Aider's prompt carries the date too)."""
     with agent_daemon.http() as http:
         created = http.post("/api/create", json={"model": "smol-mlx-agent", "from": str(mlx_model_path),
-                                                 "parameters": {"stop": ["\n\n", "<|im_end|>"], "temperature": 0}})
+                                                 "parameters": {"stop": ["\n", "<|im_end|>"], "temperature": 0,
+                                                                "repeat_penalty": 1.2}})
         assert created.status_code == 200, created.text
         assert http.post("/api/show", json={"model": "smol-mlx-agent"}).json()["engine"] == "mlx"
     check_aider(*run_agent(agent_daemon, tmp_path, "aider", *AIDER_ARGS, model="smol-mlx-agent"))
