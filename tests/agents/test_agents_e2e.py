@@ -38,6 +38,8 @@ def pinned_agents(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 MODEL = "smollm2-agent"
+# What every agent's model runs with (see agent_daemon): replies end at their first line.
+ONE_LINE = {"stop": ["\n", "<|im_end|>", "<|im_start|>"], "temperature": 0, "repeat_penalty": 1.2}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +56,7 @@ def agent_daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -
     instance = start_daemon(tmp_path_factory.mktemp("agent-daemon"), keep_alive="-1", debug="true",
                             context_length="8192")
     with instance.http() as http:
-        created = http.post("/api/create", json={"model": MODEL, "from": "smollm2", "parameters": {
-            "stop": ["\n", "<|im_end|>", "<|im_start|>"], "temperature": 0, "repeat_penalty": 1.2}})
+        created = http.post("/api/create", json={"model": MODEL, "from": "smollm2", "parameters": ONE_LINE})
         assert created.status_code == 200, created.text
     yield instance
     instance.stop()
@@ -142,8 +143,7 @@ def test_aider_on_the_mlx_engine(agent_daemon: Daemon, tmp_path: Path, mlx_model
     its reply at the first line, as the agents' smollm2 does (Aider's prompt carries the date too)."""
     with agent_daemon.http() as http:
         created = http.post("/api/create", json={"model": "smol-mlx-agent", "from": str(mlx_model_path),
-                                                 "parameters": {"stop": ["\n", "<|im_end|>"], "temperature": 0,
-                                                                "repeat_penalty": 1.2}})
+                                                 "parameters": ONE_LINE})
         assert created.status_code == 200, created.text
         assert http.post("/api/show", json={"model": "smol-mlx-agent"}).json()["engine"] == "mlx"
     check_aider(*run_agent(agent_daemon, tmp_path, "aider", *AIDER_ARGS, model="smol-mlx-agent"))
