@@ -69,6 +69,7 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "num_gpu": int(params.get("num_gpu", -1)),
         "use_mmap": bool(params.get("use_mmap", True)),
         "flash_attention": settings.flash_attention,
+        "cpu_repack": settings.cpu_repack,
         "model_sha256": record.sha256,
         "template": record.template,
         "cache_dir": str(paths.cache_dir()),

@@ -87,6 +87,12 @@ class Settings(BaseSettings):
     )
     num_thread: int | None = Field(default=None, ge=1, description="CPU threads per worker (default: all cores).")
     flash_attention: bool = Field(default=False, description="Run llama.cpp with flash attention.")
+    cpu_repack: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Let llama.cpp repack weights into its CPU-optimized layouts (AMX, AVX2/AVX-512, ARM): `auto` "
+        "does unless llama.cpp was built with AMX kernels, which crash on some Sapphire Rapids machines "
+        "(llama.cpp #20824); `on` always, `off` never (llama.cpp's --no-repack).",
+    )
     engine: Literal["llama.cpp", "mlx", "scripted"] | None = Field(
         default=None,
         description="The preferred engine: models whose weights it can load run on it, and a library pull with "

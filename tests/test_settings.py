@@ -59,3 +59,25 @@ def test_min_free_space(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALAI_MIN_FREE_SPACE", "-1")
     with pytest.raises(ValueError):
         Settings()
+
+
+def test_cpu_repack_is_off_by_default_only_where_llama_cpp_has_amx_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localai.backends.engine import LoadOptions
+    from localai.backends.llama_cpp import repacks_weights
+    from localai.registry import ModelRecord
+    from localai.scheduler import load_options
+
+    amx = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |"
+    plain = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | REPACK = 1 |"
+    assert not repacks_weights("auto", amx) and repacks_weights("auto", plain)
+    assert repacks_weights("on", amx) and not repacks_weights("off", plain)
+    assert Settings().cpu_repack == "auto"
+    monkeypatch.setenv("LOCALAI_CPU_REPACK", "off")
+    assert Settings().cpu_repack == "off"
+    monkeypatch.setenv("LOCALAI_CPU_REPACK", "sometimes")
+    with pytest.raises(ValueError, match="cpu_repack"):
+        Settings()
+    monkeypatch.setenv("LOCALAI_CPU_REPACK", "on")
+    record = ModelRecord(name="m", source="m.gguf", path="/m.gguf", format="gguf", sha256="", size=1, family="llama",
+                         quantization="Q4_1", parameter_size="135M", context_length=8192)
+    assert LoadOptions(**load_options(record, Settings())).cpu_repack == "on"  # what the worker is given

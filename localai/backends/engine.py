@@ -28,6 +28,7 @@ class LoadOptions:
     num_gpu: int = -1
     use_mmap: bool = True
     flash_attention: bool = False
+    cpu_repack: str = "auto"  # auto, on, off: llama.cpp's weight repacking (extra buffer types)
     kv_type: str = "f16"
     model_sha256: str = ""
     template: str | None = None

@@ -46,6 +46,16 @@ def _quiet_llama_logs(debug: bool) -> None:
     L.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 
 
+def repacks_weights(setting: str, system_info: str | None = None) -> bool:
+    """Whether llama.cpp may repack weights into its CPU layouts (``use_extra_bufts``). ``auto`` does, unless this
+    build of llama.cpp has AMX kernels: on some Sapphire Rapids machines (VMs among them) the first batched matmul
+    in an AMX buffer segfaults (llama.cpp #20824), which would take every worker down on its first prompt."""
+    if setting != "auto":
+        return setting == "on"
+    info = system_info if system_info is not None else L.llama_print_system_info().decode(errors="replace")
+    return "AMX_INT8 = 1" not in info
+
+
 class LlamaCppEngine:
     """A loaded GGUF model with ``n_parallel`` sequences."""
 
@@ -58,6 +68,10 @@ class LlamaCppEngine:
         self.options = options
         model_params = L.llama_model_default_params()
         model_params.use_mmap = options.use_mmap
+        model_params.use_extra_bufts = repacks_weights(options.cpu_repack)
+        if not model_params.use_extra_bufts and options.cpu_repack == "auto":
+            log.info("llama.cpp was built with AMX kernels, which crash on some CPUs (llama.cpp #20824): weights "
+                     "are not repacked (LOCALAI_CPU_REPACK=on to repack anyway)")
         if options.num_gpu >= 0:
             model_params.n_gpu_layers = options.num_gpu
         else:
