@@ -34,12 +34,15 @@ class SpeedResult:
     prompt_tokens: list[int] = field(default_factory=list)
 
 
-def sse_events(http: httpx.Client, path: str, body: dict[str, Any],
-               headers: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
-    """The JSON events of a streamed OpenAI-style response (``data: [DONE]`` ends it)."""
+def sse_events(http: httpx.Client, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
+               received: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
+    """The JSON events of a streamed OpenAI-style response (``data: [DONE]`` ends it); ``received`` gets the
+    response's headers."""
     with http.stream("POST", path, json=body, headers=headers) as response:
         if response.status_code >= 400:
             raise RuntimeError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')[:300]}")
+        if received is not None:
+            received.update({name.lower(): value for name, value in response.headers.items()})
         for line in response.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 yield json.loads(line[6:])

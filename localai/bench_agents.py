@@ -68,6 +68,8 @@ class Sample:
     ttft: float
     prompt_tokens: int
     cached_tokens: int | None
+    cache_source: str = ""  # localai's X-LocalAI-Cache: live, ram, disk or miss
+    restore_ms: float = 0.0  # localai's X-LocalAI-Cache-Restore-Ms: loading the prefix from RAM or disk
 
 
 @dataclass
@@ -103,27 +105,29 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
-            reply_tokens: int) -> tuple[float, str, int, int | None]:
-    """Stream one chat request: (TTFT, reply text, prompt tokens, cached tokens or None).
+            reply_tokens: int, received: dict[str, str] | None = None) -> tuple[float, str, int, int | None]:
+    """Stream one chat request: (TTFT, reply text, prompt tokens, cached tokens or None); ``received`` gets the
+    response's headers.
 
     A keep-alive connection that the server closed just before reuse is retried once (nothing was sent
     back, so nothing was processed); llama-server closes idle connections that way.
     """
     try:
-        return _request(http, model, messages, session, reply_tokens)
+        return _request(http, model, messages, session, reply_tokens, received)
     except httpx.RemoteProtocolError:
-        return _request(http, model, messages, session, reply_tokens)
+        return _request(http, model, messages, session, reply_tokens, received)
 
 
 def _request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
-             reply_tokens: int) -> tuple[float, str, int, int | None]:
+             reply_tokens: int, received: dict[str, str] | None) -> tuple[float, str, int, int | None]:
     body = {"model": model, "messages": messages, "max_tokens": reply_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "prompt_cache_key": session}
     started = time.perf_counter()
     first: float | None = None
     parts: list[str] = []
     usage: dict[str, Any] = {}
-    for payload in sse_events(http, "/chat/completions", body, headers={"X-Session-Id": session}):
+    for payload in sse_events(http, "/chat/completions", body, headers={"X-Session-Id": session},
+                              received=received):
         if payload.get("usage"):
             usage = payload["usage"]
         for choice in payload.get("choices") or []:
@@ -150,9 +154,12 @@ def run_trace(name: str, base_url: str, model: str, *, sessions: int, turns: int
             if before_turn is not None:
                 before_turn(turn)
             for index, messages in enumerate(conversations):
+                received: dict[str, str] = {}
                 ttft, reply, prompt_tokens, cached = request(http, model, messages, f"bench-{seed}-{index}",
-                                                             reply_tokens)
-                result.samples.append(Sample(index, turn, ttft, prompt_tokens, cached))
+                                                             reply_tokens, received)
+                result.samples.append(Sample(index, turn, ttft, prompt_tokens, cached,
+                                             received.get("x-localai-cache", ""),
+                                             float(received.get("x-localai-cache-restore-ms") or 0)))
                 messages.append({"role": "assistant", "content": reply})
                 messages.append({"role": "user", "content": tool_result(rng, turn + 1)})
                 if think_time:

@@ -191,6 +191,11 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
                f"{statistics.median(ours.ttft(restart_at)):.3f} s without restart "
                f"({statistics.median(restarted.ttft(restart_at)) / statistics.median(ours.ttft(restart_at)):.2f}x); "
                f"model load after restart {restart.last_load_seconds:.2f} s")
+    resumed = [s for s in restarted.samples if s.turn == restart_at]
+    click.echo(f"restart: turn {restart_at}'s prefixes came from "
+               f"{', '.join(sorted({s.cache_source or '?' for s in resumed}))}; restored "
+               f"{statistics.mean(s.cached_tokens or 0 for s in resumed):.0f} tokens in "
+               f"{statistics.median(s.restore_ms for s in resumed):.1f} ms (median)")
     for other in results[2:]:
         click.echo(f"localai vs {other.name}: median TTFT turns 1-{turns - 1} "
                    f"{ours.median_ttft(later) / other.median_ttft(later):.2f}x")
