@@ -7,7 +7,9 @@ PIP := $(BIN)/python -m pip
 # On x86-64 it is built without llama.cpp's AMX kernels, which segfault on some Sapphire Rapids machines (llama.cpp
 # #20824); the weights' other CPU layouts (AVX2/AVX-512 repacking) stay. `make test NO_AMX=` builds them in.
 NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8)
-export CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
+# `override`: also when CMAKE_ARGS=... is given on make's command line
+override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
+export CMAKE_ARGS
 
 .PHONY: demo test test-fast lint typecheck unit install install-test install-agents bench stress clean
 

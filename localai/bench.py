@@ -42,7 +42,7 @@ def sse_events(http: httpx.Client, path: str, body: dict[str, Any], headers: dic
         if response.status_code >= 400:
             raise RuntimeError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')[:300]}")
         if received is not None:
-            received.update({name.lower(): value for name, value in response.headers.items()})
+            received.update(response.headers.items())  # httpx gives the names lower-cased
         for line in response.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 yield json.loads(line[6:])
