@@ -288,7 +288,9 @@ def test_anthropic_cache_control_pins_the_prefix_for_its_ttl(daemon: Daemon) -> 
         answered = http.post("/v1/messages", json=body, headers={"X-Claude-Code-Session-Id": "pinned-cc"})
         assert answered.status_code == 200, answered.text
         entries: list[dict[str, Any]] = []
-        for _ in range(100):  # the conversation's entry is saved once its reply is prefilled
+        # the conversation's entry is saved once its reply is prefilled, by the writer thread, which on this shared
+        # daemon may still be writing earlier tests' blocks: a full suite once took longer than 5 s here
+        for _ in range(600):
             entries = http.get("/api/cache").json()["entries"]
             if any(e["session"] == "pinned-cc" for e in entries):
                 break
