@@ -89,15 +89,29 @@ def measure_once(http: httpx.Client, model: str, words: int, gen_tokens: int, re
         result.decode.append((n_generated - 1) / (last - first))
 
 
+def _llama_bench_rows(binary: str, *args: str) -> list[dict[str, Any]]:
+    output = subprocess.run([binary, *args, "-o", "json"], capture_output=True, text=True, check=True,
+                            timeout=900).stdout
+    rows: list[dict[str, Any]] = json.loads(output[output.index("["):])
+    return rows
+
+
 def llama_bench(binary: str, model_path: str, threads: int, prompt_tokens: int, gen_tokens: int) -> tuple[float, float]:
     """(pp, tg) tokens/s from one llama-bench run (``-r 1``)."""
-    output = subprocess.run(
-        [binary, "-m", model_path, "-t", str(threads), "-p", str(prompt_tokens), "-n", str(gen_tokens), "-r", "1",
-         "-o", "json"], capture_output=True, text=True, check=True, timeout=600,
-    ).stdout
-    rows = json.loads(output[output.index("["):])
+    rows = _llama_bench_rows(binary, "-m", model_path, "-t", str(threads), "-p", str(prompt_tokens),
+                             "-n", str(gen_tokens), "-r", "1")
     rates = {("pp" if row["n_prompt"] else "tg"): float(row["avg_ts"]) for row in rows}
     return rates["pp"], rates["tg"]
+
+
+def llama_bench_depths(binary: str, model_path: str, threads: int, prompt_tokens: int, depths: list[int], *,
+                       flash_attention: bool, n_batch: int, repetitions: int = 2) -> dict[int, float]:
+    """Seconds llama-bench takes to prefill ``prompt_tokens`` tokens after ``depth`` tokens already in the
+    context, for each depth (``-d``): the compute a new turn costs however well its prefix is cached."""
+    rows = _llama_bench_rows(binary, "-m", model_path, "-t", str(threads), "-p", str(prompt_tokens), "-n", "0",
+                             "-d", ",".join(str(depth) for depth in depths), "-fa", "on" if flash_attention else "off",
+                             "-b", str(n_batch), "-ub", str(n_batch), "-r", str(repetitions))
+    return {int(row["n_depth"]): float(row["avg_ns"]) / 1e9 for row in rows if row["n_prompt"]}
 
 
 MLX_LM_REFERENCE = """

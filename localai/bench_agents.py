@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -70,6 +70,16 @@ class Sample:
     cached_tokens: int | None
     cache_source: str = ""  # localai's X-LocalAI-Cache: live, ram, disk or miss
     restore_ms: float = 0.0  # localai's X-LocalAI-Cache-Restore-Ms: loading the prefix from RAM or disk
+    completion_tokens: int = 0
+    new_tokens: int | None = None  # the text sent for the first time in this request, in tokens (when counted)
+
+
+class Reply(NamedTuple):
+    ttft: float
+    text: str
+    prompt_tokens: int
+    cached_tokens: int | None  # None: the server does not report them
+    completion_tokens: int
 
 
 @dataclass
@@ -94,6 +104,15 @@ class TraceResult:
             return None
         return sum(s.cached_tokens or 0 for s in later) / sum(s.prompt_tokens for s in later)
 
+    def hit_ceiling(self) -> float | None:
+        """The hit ratio of a cache that had everything but the text of each new message (the tool result, which
+        no server sees before it arrives), over the same requests as ``hit_ratio``; None without a tokenizer."""
+        later = [s for s in self.samples if s.turn > 0 and s.cached_tokens is not None and s.new_tokens is not None]
+        if not later:
+            return None
+        prompt = sum(s.prompt_tokens for s in later)
+        return (prompt - sum(s.new_tokens or 0 for s in later)) / prompt
+
     def median_ttft(self, turns: range) -> float:
         return statistics.median([s.ttft for s in self.samples if s.turn in turns])
 
@@ -105,9 +124,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
-            reply_tokens: int, received: dict[str, str] | None = None) -> tuple[float, str, int, int | None]:
-    """Stream one chat request: (TTFT, reply text, prompt tokens, cached tokens or None); ``received`` gets the
-    response's headers.
+            reply_tokens: int, received: dict[str, str] | None = None) -> Reply:
+    """Stream one chat request; ``received`` gets the response's headers.
 
     A keep-alive connection that the server closed just before reuse is retried once (nothing was sent
     back, so nothing was processed); llama-server closes idle connections that way.
@@ -119,7 +137,7 @@ def request(http: httpx.Client, model: str, messages: list[dict[str, str]], sess
 
 
 def _request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
-             reply_tokens: int, received: dict[str, str] | None) -> tuple[float, str, int, int | None]:
+             reply_tokens: int, received: dict[str, str] | None) -> Reply:
     body = {"model": model, "messages": messages, "max_tokens": reply_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "prompt_cache_key": session}
     started = time.perf_counter()
@@ -138,11 +156,30 @@ def _request(http: httpx.Client, model: str, messages: list[dict[str, str]], ses
     ttft = (first or time.perf_counter()) - started
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")
-    return ttft, "".join(parts), int(usage.get("prompt_tokens", 0)), (int(cached) if cached is not None else None)
+    return Reply(ttft, "".join(parts), int(usage.get("prompt_tokens", 0)), int(cached) if cached is not None else None,
+                 int(usage.get("completion_tokens", 0)))
+
+
+def token_counter(model_path: str) -> Callable[[str], int] | None:
+    """Counts a text's tokens with the model's own tokenizer (a GGUF's vocabulary through llama.cpp, or an MLX
+    folder's tokenizer); None where neither loads."""
+    try:
+        if Path(model_path).is_file():
+            from llama_cpp import Llama
+
+            vocab = Llama(model_path, vocab_only=True, verbose=False)
+            return lambda text: len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+    except Exception:  # the ceiling is optional; the trace runs without it
+        return None
 
 
 def run_trace(name: str, base_url: str, model: str, *, sessions: int, turns: int, reply_tokens: int,
-              think_time: float, seed: int, before_turn: Callable[[int], None] | None = None) -> TraceResult:
+              think_time: float, seed: int, before_turn: Callable[[int], None] | None = None,
+              count_tokens: Callable[[str], int] | None = None) -> TraceResult:
     rng = random.Random(seed)
     system = system_prompt()
     conversations = [[{"role": "system", "content": system},
@@ -155,12 +192,13 @@ def run_trace(name: str, base_url: str, model: str, *, sessions: int, turns: int
                 before_turn(turn)
             for index, messages in enumerate(conversations):
                 received: dict[str, str] = {}
-                ttft, reply, prompt_tokens, cached = request(http, model, messages, f"bench-{seed}-{index}",
-                                                             reply_tokens, received)
-                result.samples.append(Sample(index, turn, ttft, prompt_tokens, cached,
+                reply = request(http, model, messages, f"bench-{seed}-{index}", reply_tokens, received)
+                result.samples.append(Sample(index, turn, reply.ttft, reply.prompt_tokens, reply.cached_tokens,
                                              received.get("x-localai-cache", ""),
-                                             float(received.get("x-localai-cache-restore-ms") or 0)))
-                messages.append({"role": "assistant", "content": reply})
+                                             float(received.get("x-localai-cache-restore-ms") or 0),
+                                             reply.completion_tokens,
+                                             count_tokens(messages[-1]["content"]) if count_tokens else None))
+                messages.append({"role": "assistant", "content": reply.text})
                 messages.append({"role": "user", "content": tool_result(rng, turn + 1)})
                 if think_time:
                     time.sleep(think_time)
@@ -184,9 +222,12 @@ def report(results: list[TraceResult]) -> list[str]:
         turns = result.turns()
         later = range(1, max(turns) + 1)
         flat = statistics.median(result.ttft(max(turns))) / statistics.median(result.ttft(1)) if len(turns) > 1 else 0
+        ceiling = result.hit_ceiling()
+        hits = f"{100 * ratio:.1f}%" if ratio is not None else "n/a (server reports no cached tokens)"
+        if ratio is not None and ceiling is not None:
+            hits += f" (ceiling {100 * ceiling:.1f}%: all but the new tool results' text)"
         lines.append(f"{result.name}: median TTFT turns 1-{max(turns)} {result.median_ttft(later):.3f} s; "
-                     f"last/first-later turn {flat:.2f}x; hit ratio after first request "
-                     f"{f'{100 * ratio:.1f}%' if ratio is not None else 'n/a (server reports no cached tokens)'}")
+                     f"last/first-later turn {flat:.2f}x; hit ratio after first request {hits}")
     return lines
 
 
@@ -232,9 +273,10 @@ def run_long(base_url: str, model: str, *, turns: int, growth_words: int, reply_
     before = metric(base_url, "localai_prompt_cache_bytes_written_total")
     with httpx.Client(base_url=base_url.rstrip("/"), timeout=600) as http:
         for turn in range(turns):
-            ttft, reply, prompt_tokens, cached = request(http, model, messages, f"long-{seed}", reply_tokens)
-            samples.append(Sample(0, turn, ttft, prompt_tokens, cached))
-            messages.append({"role": "assistant", "content": reply})
+            reply = request(http, model, messages, f"long-{seed}", reply_tokens)
+            samples.append(Sample(0, turn, reply.ttft, reply.prompt_tokens, reply.cached_tokens,
+                                  completion_tokens=reply.completion_tokens))
+            messages.append({"role": "assistant", "content": reply.text})
             messages.append({"role": "user", "content": tool_result(rng, turn + 1, growth_words)})
     settle(base_url, model)
     return samples, metric(base_url, "localai_prompt_cache_bytes_written_total") - before
@@ -250,7 +292,8 @@ def run_subagents(base_url: str, model: str, *, agents: int, prefix_repeats: int
         for index in range(agents):
             messages = [{"role": "system", "content": system},
                         {"role": "user", "content": f"Sub-task {index}: " + tool_result(rng, index, 60)}]
-            ttft, _, prompt_tokens, cached = request(http, model, messages, f"sub-{seed}-{index}", reply_tokens)
-            samples.append(Sample(index, 0, ttft, prompt_tokens, cached))
+            reply = request(http, model, messages, f"sub-{seed}-{index}", reply_tokens)
+            samples.append(Sample(index, 0, reply.ttft, reply.prompt_tokens, reply.cached_tokens,
+                                  completion_tokens=reply.completion_tokens))
     settle(base_url, model)
     return samples

@@ -92,11 +92,14 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
               help="Also run one conversation growing ~250 tokens a turn for this many turns (30: ~7,500 tokens).")
 @click.option("--subagents", default=0, show_default=True,
               help="Also run this many sessions sharing a ~4,000-token system prompt (disk bytes vs one prefix).")
+@click.option("--llama-bench", "llama_bench_path", default=None, metavar="PATH",
+              help="With --long-turns: llama.cpp's llama-bench prefills the long session's new tokens at its second "
+              "and last turn's depth (-d), the compute no cache removes, for comparison.")
 @click.option("--seed", default=7, show_default=True)
 @fail_cleanly
 def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think_time: float, restart_at: int,
                  with_llama_cpp_python: bool, with_mlx_lm_server: bool, compare: tuple[str, ...], source: str | None,
-                 long_turns: int, subagents: int, seed: int) -> None:
+                 long_turns: int, subagents: int, llama_bench_path: str | None, seed: int) -> None:
     """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume."""
     import tempfile
     from pathlib import Path
@@ -105,6 +108,8 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
         raise click.BadParameter("needs at least 2 turns and 1 session", param_hint="--turns/--sessions")
     if not 0 < restart_at < turns:
         raise click.BadParameter(f"must be between 1 and {turns - 1} (--turns {turns})", param_hint="--restart-at")
+    if llama_bench_path and long_turns < 2:
+        raise click.BadParameter("compares the long session: give --long-turns 2 or more", param_hint="--llama-bench")
 
     from localai import bench_agents as trace
     from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon, MlxLmServer, ReferenceServer
@@ -118,6 +123,7 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
         with daemon:
             daemon.warm_up(model)
             model_path = daemon.model_path(model)
+            options["count_tokens"] = trace.token_counter(model_path)  # for the hit ratio's ceiling
             written: list[float] = []
 
             def count_writes(turn: int) -> None:
@@ -147,6 +153,8 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
                     f"({final * per_token / 1e6:.1f} MB); TTFT turn 1 {samples[1].ttft:.3f} s, last "
                     f"{samples[-1].ttft:.3f} s ({samples[-1].ttft / samples[1].ttft:.2f}x); hit ratio after the first "
                     f"{sum(s.cached_tokens or 0 for s in samples[1:]) / sum(s.prompt_tokens for s in samples[1:]):.1%}")
+                if llama_bench_path:
+                    storage.append(depth_reference(llama_bench_path, model_path, samples[1], samples[-1]))
             if subagents:
                 before_disk = trace.disk_bytes(cache_dir)
                 subs = trace.run_subagents(daemon.base_url, model, agents=subagents, prefix_repeats=4,
@@ -199,6 +207,24 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
     for other in results[2:]:
         click.echo(f"localai vs {other.name}: median TTFT turns 1-{turns - 1} "
                    f"{ours.median_ttft(later) / other.median_ttft(later):.2f}x")
+
+
+def depth_reference(binary: str, model_path: str, second: Any, last: Any) -> str:
+    """llama-bench's time for the last turn's new tokens at the second and the last turn's cached depth."""
+    from localai import bench as measure
+    from localai.settings import Settings
+
+    if second.cached_tokens is None or last.cached_tokens is None:
+        return "long session: no cached tokens reported, so no llama-bench depth comparison"
+    settings = Settings()
+    new_tokens = max(1, last.prompt_tokens - last.cached_tokens)
+    depths = [second.cached_tokens, last.cached_tokens]
+    seconds = measure.llama_bench_depths(binary, model_path, settings.threads(), new_tokens, depths,
+                                         flash_attention=settings.flash_attention, n_batch=512)
+    early, late = seconds[depths[0]], seconds[depths[1]]
+    return (f"long session, the compute no cache removes: llama-bench prefills {new_tokens} tokens in {early:.3f} s "
+            f"after {depths[0]} and {late:.3f} s after {depths[1]} ({late / early:.2f}x; {settings.threads()} "
+            f"threads, flash attention {'on' if settings.flash_attention else 'off'}, batch 512)")
 
 
 @bench.command("remote")
