@@ -165,10 +165,20 @@ def token_counter(model_path: str) -> Callable[[str], int] | None:
     folder's tokenizer); None where neither loads."""
     try:
         if Path(model_path).is_file():
-            from llama_cpp import Llama
+            import llama_cpp as L
 
-            vocab = Llama(model_path, vocab_only=True, verbose=False)
-            return lambda text: len(vocab.tokenize(text.encode(), add_bos=False, special=False))
+            params = L.llama_model_default_params()
+            params.vocab_only = True  # the tokenizer alone: no weights, no context, nothing logged
+            model = L.llama_model_load_from_file(model_path.encode(), params)
+            if not model:
+                return None
+            vocab = L.llama_model_get_vocab(model)
+
+            def count(text: str) -> int:  # keeps ``model`` alive with ``vocab``
+                data = text.encode()
+                return -int(L.llama_tokenize(vocab, data, len(data), None, 0, False, False)) if data and model else 0
+
+            return count
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(model_path)
