@@ -81,6 +81,14 @@ class Reply(NamedTuple):
     cached_tokens: int | None  # None: the server does not report them
     completion_tokens: int
 
+    def sample(self, session: int, turn: int, headers: dict[str, str] | None = None,
+               new_tokens: int | None = None) -> Sample:
+        """This reply as a trace sample (``headers``: the response's, for localai's cache source and restore time)."""
+        headers = headers or {}
+        return Sample(session, turn, self.ttft, self.prompt_tokens, self.cached_tokens,
+                      headers.get("x-localai-cache", ""), float(headers.get("x-localai-cache-restore-ms") or 0),
+                      self.completion_tokens, new_tokens)
+
 
 @dataclass
 class TraceResult:
@@ -206,11 +214,8 @@ def run_trace(name: str, base_url: str, model: str, *, sessions: int, turns: int
             for index, messages in enumerate(conversations):
                 received: dict[str, str] = {}
                 reply = request(http, model, messages, f"bench-{seed}-{index}", reply_tokens, received)
-                result.samples.append(Sample(index, turn, reply.ttft, reply.prompt_tokens, reply.cached_tokens,
-                                             received.get("x-localai-cache", ""),
-                                             float(received.get("x-localai-cache-restore-ms") or 0),
-                                             reply.completion_tokens,
-                                             count_tokens(messages[-1]["content"]) if count_tokens else None))
+                result.samples.append(reply.sample(index, turn, received, count_tokens(messages[-1]["content"])
+                                                   if count_tokens else None))
                 messages.append({"role": "assistant", "content": reply.text})
                 messages.append({"role": "user", "content": tool_result(rng, turn + 1)})
                 if think_time:
@@ -287,8 +292,7 @@ def run_long(base_url: str, model: str, *, turns: int, growth_words: int, reply_
     with httpx.Client(base_url=base_url.rstrip("/"), timeout=600) as http:
         for turn in range(turns):
             reply = request(http, model, messages, f"long-{seed}", reply_tokens)
-            samples.append(Sample(0, turn, reply.ttft, reply.prompt_tokens, reply.cached_tokens,
-                                  completion_tokens=reply.completion_tokens))
+            samples.append(reply.sample(0, turn))
             messages.append({"role": "assistant", "content": reply.text})
             messages.append({"role": "user", "content": tool_result(rng, turn + 1, growth_words)})
     settle(base_url, model)
@@ -306,7 +310,6 @@ def run_subagents(base_url: str, model: str, *, agents: int, prefix_repeats: int
             messages = [{"role": "system", "content": system},
                         {"role": "user", "content": f"Sub-task {index}: " + tool_result(rng, index, 60)}]
             reply = request(http, model, messages, f"sub-{seed}-{index}", reply_tokens)
-            samples.append(Sample(index, 0, reply.ttft, reply.prompt_tokens, reply.cached_tokens,
-                                  completion_tokens=reply.completion_tokens))
+            samples.append(reply.sample(index, 0))
     settle(base_url, model)
     return samples

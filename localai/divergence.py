@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from localai import paths
+from localai.backends.text import common_prefix_length
 from localai.prompt import tool_json
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
@@ -95,19 +96,6 @@ def _digest(message: Message, *, reasoning: bool) -> str:
     return hashlib.blake2b(json.dumps(parts).encode(), digest_size=12).hexdigest()
 
 
-def parting(previous: str, current: str) -> int:
-    """The length of the longest common prefix of two texts."""
-    limit = min(len(previous), len(current))
-    low, high = 0, limit
-    while low < high:  # binary search on prefix equality: prompts are long and mostly equal
-        middle = (low + high + 1) // 2
-        if previous[:middle] == current[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
 def explain(previous: Turn, current: Turn, offset: int) -> tuple[str, str]:
     """The likely cause of prompts parting at character ``offset``, and a detail."""
     if offset >= len(previous.prompt):  # the prompt was kept; the reply came back different
@@ -155,7 +143,7 @@ def explain(previous: Turn, current: Turn, offset: int) -> tuple[str, str]:
 
 
 def _where(before: str, after: str) -> str:
-    at = parting(before, after)
+    at = common_prefix_length(before, after)
     return f"from character {at}: {before[at:at + 24]!r} became {after[at:at + 24]!r}"
 
 
@@ -177,7 +165,7 @@ class Tracker:
         best: tuple[int, Turn] | None = None
         for previous in earlier:
             expected = previous.expected or previous.prompt
-            offset = len(expected) if turn.prompt.startswith(expected) else parting(expected, turn.prompt)
+            offset = len(expected) if turn.prompt.startswith(expected) else common_prefix_length(expected, turn.prompt)
             if best is None or offset > best[0]:
                 best = (offset, previous)
         parted = best

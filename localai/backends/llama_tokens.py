@@ -18,6 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from localai.backends.text import common_prefix_length
+
 MIN_CHARS = 2_000  # shorter prompts tokenize in well under a millisecond: not worth a lookup
 RECENT = 8  # prompts remembered (a few sessions' last prompts per worker)
 
@@ -29,18 +31,6 @@ class Vocabulary:
     cuttable: bool  # SentencePiece or BPE, no EOS appended, no special token strips whitespace
     control: dict[int, str]  # control token id -> its text (the candidates to cut at)
     special: dict[int, frozenset[str]]  # text length -> every special-token text of that length (the overlap check)
-
-
-def common_prefix_length(a: str, b: str) -> int:
-    """Characters ``a`` and ``b`` share from the start (binary search on slices: each comparison runs in C)."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 class PrefixTokenizer:

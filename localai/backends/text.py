@@ -45,3 +45,16 @@ class StopMatcher:
         text = self._pending + self._decoder.decode(b"", final=True)
         self._pending = ""
         return "" if self.stopped else text
+
+
+def common_prefix_length(a: str, b: str) -> int:
+    """Characters ``a`` and ``b`` share from the start (binary search on slices: prompts are long and mostly equal,
+    and each comparison runs in C)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from localai.cli import cli, fail_cleanly
+
+if TYPE_CHECKING:
+    from localai.bench_agents import Sample
 
 
 @cli.group(invoke_without_command=True)
@@ -209,7 +212,7 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
                    f"{ours.median_ttft(later) / other.median_ttft(later):.2f}x")
 
 
-def depth_reference(binary: str, model_path: str, second: Any, last: Any) -> str:
+def depth_reference(binary: str, model_path: str, second: Sample, last: Sample) -> str:
     """llama-bench's time for the last turn's new tokens at the second and the last turn's cached depth."""
     from localai import bench as measure
     from localai.settings import Settings
