@@ -1,0 +1,160 @@
+"""The GGUF header reader: the same facts as the gguf package's full reader, on real and written files, and a clear
+ValueError (never another exception, never a hang) for every damaged header."""
+
+from __future__ import annotations
+
+import random
+import struct
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+
+from localai.gguf_meta import FILE_TYPES, GGUFMetadata, GGUFValueType, _human_count, read_metadata
+
+
+def reference(path: Path) -> GGUFMetadata:
+    """What ``gguf.GGUFReader`` (which parses every element of every field) says about the same file."""
+    reader = gguf.GGUFReader(path)
+
+    def field(key: str) -> Any:
+        item = reader.fields.get(key)
+        return item.contents() if item is not None else None
+
+    arch = str(field("general.architecture") or "unknown")
+    label = field("general.size_label")
+    if not label:
+        total = sum(int(tensor.n_elements) for tensor in reader.tensors)
+        label = _human_count(total)
+    file_type = field("general.file_type")
+    return GGUFMetadata(
+        architecture=arch, context_length=int(field(f"{arch}.context_length") or 0),
+        quantization=FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "unknown",
+        parameter_size=str(label), chat_template=field("tokenizer.chat_template") or None,
+        name=field("general.name"),
+    )
+
+
+def written(path: Path, *, size_label: str | None = None, nested: bool = True) -> Path:
+    """A small GGUF with every value type, string and nested arrays, and tensors of 1 to 4 dimensions."""
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name("Written Model")
+    writer.add_context_length(4096)
+    writer.add_file_type(15)
+    if size_label:
+        writer.add_size_label(size_label)
+    writer.add_chat_template("{{ messages[0]['content'] }}")
+    writer.add_array("tokenizer.ggml.tokens", ["<s>", "héllo", "", "world"] * 50)
+    writer.add_array("tokenizer.ggml.scores", [0.5] * 200)
+    writer.add_array("tokenizer.ggml.token_type", [1] * 200)
+    if nested:
+        writer.add_array("test.nested", [[1, 2, 3], [4]])
+    writer.add_bool("test.bool", True)
+    writer.add_int8("test.i8", -3)
+    writer.add_uint16("test.u16", 7)
+    writer.add_int64("test.i64", -(2**40))
+    writer.add_float64("test.f64", 2.5)
+    writer.add_string("test.string", "é" * 10)
+    for name, shape in (("a", (3000,)), ("b", (40, 50)), ("c", (2, 3, 4)), ("d", (2, 2, 2, 2))):
+        writer.add_tensor(name, np.zeros(shape, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_the_value_types_are_numbered_as_the_gguf_package_numbers_them() -> None:
+    assert {kind.name: kind.value for kind in GGUFValueType} == {kind.name: kind.value for kind in gguf.GGUFValueType}
+
+
+def test_real_models_read_as_the_full_reader_reads_them(smollm2_path: Path, gemma3_path: Path) -> None:
+    assert asdict(read_metadata(smollm2_path)) == asdict(reference(smollm2_path))
+    smol = read_metadata(smollm2_path)
+    assert (smol.architecture, smol.context_length, smol.quantization, smol.parameter_size) == (
+        "llama", 8192, "Q4_1", "135M")
+    assert smol.chat_template and "<|im_start|>" in smol.chat_template
+    gemma = read_metadata(gemma3_path)  # 262k-token vocabulary: the full reader takes seconds, so facts, not parity
+    assert asdict(gemma) == {"architecture": "gemma3", "context_length": 32768, "quantization": "Q4_K_M",
+                             "parameter_size": "270M", "chat_template": None, "name": "Gemma 3 270m"}
+
+
+@pytest.mark.parametrize("size_label", [None, "7B"])
+def test_a_written_file_with_every_value_type_reads_as_the_full_reader_reads_it(tmp_path: Path,
+                                                                               size_label: str | None) -> None:
+    path = written(tmp_path / "w.gguf", size_label=size_label)
+    meta = read_metadata(path)
+    assert asdict(meta) == asdict(reference(path))
+    # without a size label, the tensors' elements are counted: 3000 + 2000 + 24 + 16
+    assert meta.parameter_size == (size_label or "5K") and meta.name == "Written Model"
+    assert meta.context_length == 4096 and meta.quantization == "Q4_K_M"
+
+
+def header_end(path: Path) -> int:
+    """A byte before which the tensor infos surely end: the data section starts after them, padded to its
+    alignment (32 bytes), and is not part of the header."""
+    reader = gguf.GGUFReader(path)
+    return int(reader.data_offset) - 31
+
+
+def test_every_truncation_of_the_header_is_a_clear_error(tmp_path: Path) -> None:
+    source = written(tmp_path / "w.gguf")
+    data = source.read_bytes()
+    end = header_end(source)
+    cut = tmp_path / "cut.gguf"
+    positions = sorted(set(range(0, 64)) | set(range(64, end, 7)))
+    for at in positions:
+        cut.write_bytes(data[:at])
+        with pytest.raises(ValueError, match=r"truncated|not a GGUF file|runs past the end") as error:
+            read_metadata(cut)
+        assert str(cut) in str(error.value)
+
+
+def test_damaged_headers_name_what_is_wrong(tmp_path: Path) -> None:
+    path = tmp_path / "bad.gguf"
+
+    def header(*parts: bytes) -> Path:
+        path.write_bytes(b"GGUF" + b"".join(parts))
+        return path
+
+    with pytest.raises(ValueError, match="version 1; only versions 2 and 3"):
+        read_metadata(header(struct.pack("<I", 1), bytes(64)))
+    with pytest.raises(ValueError, match=r"count \(1152921504606846976\) runs past the end"):
+        read_metadata(header(struct.pack("<IQQ", 3, 0, 2**60)))
+    key = struct.pack("<Q", 4) + b"\xff\xfe\xfd\xfc"
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_metadata(header(struct.pack("<IQQ", 3, 0, 1), key, struct.pack("<IB", 0, 1)))
+    name = struct.pack("<Q", 1) + b"k"
+    with pytest.raises(ValueError, match="unknown GGUF value type 42"):
+        read_metadata(header(struct.pack("<IQQ", 3, 0, 1), name, struct.pack("<I", 42), bytes(16)))
+    nesting = struct.pack("<I", 9) + b"".join(struct.pack("<IQ", 9, 1) for _ in range(5000))
+    with pytest.raises(ValueError, match="nested more than 4 deep"):  # no RecursionError on a hostile file
+        read_metadata(header(struct.pack("<IQQ", 3, 0, 1), name, nesting, bytes(64)))
+    many = struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", 1) + b"t" + struct.pack("<I", 99)
+    with pytest.raises(ValueError, match="a tensor with 99 dimensions"):
+        read_metadata(header(many, bytes(64)))
+
+
+def test_random_damage_is_a_value_error_or_a_reading_never_a_crash(tmp_path: Path) -> None:
+    source = written(tmp_path / "w.gguf")
+    data = bytearray(source.read_bytes())
+    end = header_end(source)
+    damaged = tmp_path / "damaged.gguf"
+    chance = random.Random(13)
+    outcomes = {"error": 0, "read": 0}
+    for _ in range(400):
+        copy = bytearray(data)
+        for _ in range(chance.randint(1, 4)):
+            copy[chance.randrange(4, end)] = chance.randrange(256)
+        damaged.write_bytes(copy)
+        try:
+            meta = read_metadata(damaged)
+        except ValueError:
+            outcomes["error"] += 1
+        else:
+            assert isinstance(meta.parameter_size, str)
+            outcomes["read"] += 1
+    assert outcomes["error"] and outcomes["read"]  # both kinds of damage happened, and neither crashed
