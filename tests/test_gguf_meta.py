@@ -3,6 +3,7 @@ ValueError (never another exception, never a hang) for every damaged header."""
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 from dataclasses import asdict
@@ -13,7 +14,7 @@ import gguf
 import numpy as np
 import pytest
 
-from localai.gguf_meta import FILE_TYPES, GGUFMetadata, GGUFValueType, _human_count, read_metadata
+from localai.gguf_meta import FILE_TYPES, GGUFMetadata, GGUFValueType, _Header, _human_count, _parse, read_metadata
 
 
 def reference(path: Path) -> GGUFMetadata:
@@ -158,3 +159,17 @@ def test_random_damage_is_a_value_error_or_a_reading_never_a_crash(tmp_path: Pat
             assert isinstance(meta.parameter_size, str)
             outcomes["read"] += 1
     assert outcomes["error"] and outcomes["read"]  # both kinds of damage happened, and neither crashed
+
+
+def test_a_file_cut_short_while_it_is_read_is_an_error_not_a_crash(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pull or a delete can shorten a model file under the reader: a short read, never a SIGBUS (no mmap)."""
+    path = written(tmp_path / "w.gguf")
+    end = header_end(path)
+    monkeypatch.setattr(_Header, "CHUNK", 64)  # read in small steps, so most of the header is read after the cut
+    with path.open("rb") as handle:
+        header = _Header(handle, path)  # takes the file's size as it is now
+        os.truncate(path, end // 2)
+        with pytest.raises(ValueError, match="is truncated"):
+            _parse(header)
+        assert header.size > end  # it was cut after the reader sized it: the short read itself was caught
