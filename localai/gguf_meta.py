@@ -178,6 +178,8 @@ def _parse(header: _Header) -> GGUFMetadata:
     header.skip(4)
     version = header.take("<I")
     if version not in (2, 3):
+        if int.from_bytes(version.to_bytes(4, "little"), "big") in (2, 3):
+            raise ValueError(f"{path} is a big-endian GGUF; only little-endian files are read")
         raise ValueError(f"{path} is GGUF version {version}; only versions 2 and 3 are read")
     n_tensors = header.count(8 + 4 + 8 + 4 + 8)  # the smallest tensor info: empty name, one dimension
     n_fields = header.count(8 + 4 + 1)  # the smallest field: empty key, one byte

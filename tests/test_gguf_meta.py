@@ -123,6 +123,8 @@ def test_damaged_headers_name_what_is_wrong(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="version 1; only versions 2 and 3"):
         read_metadata(header(struct.pack("<I", 1), bytes(64)))
+    with pytest.raises(ValueError, match="a big-endian GGUF; only little-endian files are read"):
+        read_metadata(header(struct.pack(">IQQ", 3, 0, 0), bytes(64)))
     with pytest.raises(ValueError, match=r"count \(1152921504606846976\) runs past the end"):
         read_metadata(header(struct.pack("<IQQ", 3, 0, 2**60)))
     key = struct.pack("<Q", 4) + b"\xff\xfe\xfd\xfc"
