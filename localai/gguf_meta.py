@@ -44,12 +44,14 @@ class GGUFValueType(IntEnum):
     FLOAT64 = 12
 
 
-# struct formats of the scalar value types (little-endian files; llama.cpp writes no others in practice)
-_SCALARS = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i", GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
-}
+# the scalar value types' layouts (little-endian files; llama.cpp writes no others in practice)
+_SCALARS: dict[int, struct.Struct] = {kind: struct.Struct(fmt) for kind, fmt in (
+    (GGUFValueType.UINT8, "<B"), (GGUFValueType.INT8, "<b"), (GGUFValueType.UINT16, "<H"),
+    (GGUFValueType.INT16, "<h"), (GGUFValueType.UINT32, "<I"), (GGUFValueType.INT32, "<i"),
+    (GGUFValueType.FLOAT32, "<f"), (GGUFValueType.BOOL, "<?"), (GGUFValueType.UINT64, "<Q"),
+    (GGUFValueType.INT64, "<q"), (GGUFValueType.FLOAT64, "<d"),
+)}
+_U32, _U64 = _SCALARS[GGUFValueType.UINT32], _SCALARS[GGUFValueType.UINT64]
 _WANTED = ("general.architecture", "general.file_type", "general.size_label", "general.name",
            "tokenizer.chat_template")
 MAX_DIMS = 8  # GGML_MAX_DIMS is 4; a larger count is a damaged file
@@ -96,11 +98,10 @@ class _Header:
             if end > len(self.data):  # the file shrank since it was opened
                 raise self._truncated()
 
-    def take(self, fmt: str) -> Any:
-        size = struct.calcsize(fmt)
-        self.need(size)
-        (value,) = struct.unpack_from(fmt, self.data, self.at)
-        self.at += size
+    def take(self, layout: struct.Struct) -> Any:
+        self.need(layout.size)
+        (value,) = layout.unpack_from(self.data, self.at)
+        self.at += layout.size
         return value
 
     def skip(self, size: int) -> None:
@@ -108,7 +109,7 @@ class _Header:
         self.at += size
 
     def string(self) -> str:
-        length = self.take("<Q")
+        length = self.take(_U64)
         start = self.at
         self.skip(length)
         try:
@@ -123,7 +124,7 @@ class _Header:
             if at + 8 > len(data):
                 self.at = at
                 self.need(8)
-            (length,) = struct.unpack_from("<Q", data, at)
+            (length,) = _U64.unpack_from(data, at)
             at += 8 + length
             if at > self.size:
                 raise self._truncated()
@@ -131,7 +132,7 @@ class _Header:
 
     def count(self, minimum_size: int) -> int:
         """A count of items of at least ``minimum_size`` bytes each, checked against the bytes left."""
-        number = self.take("<Q")
+        number = self.take(_U64)
         if number * minimum_size > self.size - self.at:
             raise ValueError(f"{self.path}: a GGUF count ({number}) runs past the end of the file")
         return int(number)
@@ -139,19 +140,19 @@ class _Header:
     def value(self, kind: int, keep: bool, depth: int = 0) -> Any:
         """Read (``keep``) or skip one value of type ``kind``."""
         if kind in _SCALARS:
-            value = self.take(_SCALARS[GGUFValueType(kind)])
+            value = self.take(_SCALARS[kind])
             return value if keep else None
         if kind == GGUFValueType.STRING:
             if keep:
                 return self.string()
-            self.skip(self.take("<Q"))
+            self.skip(self.take(_U64))
             return None
         if kind == GGUFValueType.ARRAY:
-            item = self.take("<I")
+            item = self.take(_U32)
             if depth >= MAX_NESTING:
                 raise ValueError(f"{self.path}: GGUF arrays nested more than {MAX_NESTING} deep")
             if item in _SCALARS:
-                size = struct.calcsize(_SCALARS[GGUFValueType(item)])
+                size = _SCALARS[item].size
                 self.skip(self.count(size) * size)
             elif item == GGUFValueType.STRING:
                 self.skip_strings(self.count(8))
@@ -167,16 +168,17 @@ class _Header:
 def read_metadata(path: Path) -> GGUFMetadata:
     """Read a GGUF header. Raises ValueError for a file that is not GGUF or whose header is damaged."""
     with path.open("rb") as handle:
-        if handle.read(4) != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
-        handle.seek(0)
         return _parse(_Header(handle, path))
 
 
 def _parse(header: _Header) -> GGUFMetadata:
     path = header.path
+    if header.size < 4:
+        raise ValueError(f"{path} is not a GGUF file")
     header.skip(4)
-    version = header.take("<I")
+    if header.data[:4] != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    version = header.take(_U32)
     if version not in (2, 3):
         if int.from_bytes(version.to_bytes(4, "little"), "big") in (2, 3):
             raise ValueError(f"{path} is a big-endian GGUF; only little-endian files are read")
@@ -186,19 +188,20 @@ def _parse(header: _Header) -> GGUFMetadata:
     fields: dict[str, Any] = {}
     for _ in range(n_fields):
         key = header.string()
-        kind = header.take("<I")
         wanted = key in _WANTED or key.endswith(".context_length")
-        fields[key] = header.value(kind, keep=wanted)
+        value = header.value(header.take(_U32), keep=wanted)
+        if wanted:
+            fields[key] = value
     arch = str(fields.get("general.architecture") or "unknown")
     size_label = fields.get("general.size_label")
     if not size_label:
         total = 0
         for _ in range(n_tensors):
-            header.skip(header.take("<Q"))  # the name
-            dims = header.take("<I")
+            header.skip(header.take(_U64))  # the name
+            dims = header.take(_U32)
             if dims > MAX_DIMS:
                 raise ValueError(f"{path}: a tensor with {dims} dimensions")
-            total += math.prod(header.take("<Q") for _ in range(dims))
+            total += math.prod(header.take(_U64) for _ in range(dims))
             header.skip(4 + 8)  # its type and offset
         size_label = _human_count(total)
     file_type = fields.get("general.file_type")

@@ -19,9 +19,9 @@ from typing import Any
 
 from localai.backends.engine import BatchItem, DecodeFailed, Engine, LoadOptions, StateBytes
 from localai.backends.grammars import GrammarError
-from localai.backends.text import StopMatcher
+from localai.backends.text import StopMatcher, common_prefix_length
 from localai.promptcache.blocks import fingerprint
-from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, common_prefix
+from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
 
 log = logging.getLogger("localai.worker")
@@ -236,7 +236,7 @@ class Serving:
         otherwise the least recently used slot is taken (its state was saved after its last request).
         Without a cache, the slot sharing the longest prefix wins.
         """
-        scored = [(slot, common_prefix(slot.tokens, prompt)) for slot in free]
+        scored = [(slot, common_prefix_length(slot.tokens, prompt)) for slot in free]
         if warm:  # the conversation's own slot: its reply's tokens give way to the reply as the template renders it
             return max(scored, key=lambda item: (item[1], -item[0].last_used))
         if self.cache is not None:
@@ -244,7 +244,7 @@ class Serving:
             if keeping:
                 return max(keeping, key=lambda item: (item[1], -item[0].last_used))
             lru = min(free, key=lambda slot: slot.last_used)
-            return lru, common_prefix(lru.tokens, prompt)
+            return lru, common_prefix_length(lru.tokens, prompt)
         return max(scored, key=lambda item: (item[1], -item[0].last_used))
 
     # -- the prompt cache ------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import codecs
+from collections.abc import Sequence
+from typing import Any
 
 
 class StopMatcher:
@@ -47,10 +49,12 @@ class StopMatcher:
         return "" if self.stopped else text
 
 
-def common_prefix_length(a: str, b: str) -> int:
-    """Characters ``a`` and ``b`` share from the start (binary search on slices: prompts are long and mostly equal,
-    and each comparison runs in C)."""
+def common_prefix_length(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items (characters, tokens) ``a`` and ``b`` share. Prompts are long and mostly equal: one
+    comparison when one extends the other, else a binary search on slices (each comparison runs in C)."""
     low, high = 0, min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
     while low < high:
         middle = (low + high + 1) // 2
         if a[:middle] == b[:middle]:

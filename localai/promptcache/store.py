@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localai.backends.engine import StateBytes
+from localai.backends.text import common_prefix_length
 from localai.promptcache import legacy
 from localai.promptcache.blocks import (
     BLOCK_TOKENS,
@@ -156,7 +157,7 @@ class PromptStore:
                     for child in folder.children.get(parent, ()):
                         block = folder.blocks.get(child)
                         if block is not None and child in folder.snapshots and child != key \
-                                and common_prefix(block.tokens, prompt[position:]) == len(block.tokens) \
+                                and common_prefix_length(block.tokens, prompt[position:]) == len(block.tokens) \
                                 and (tail is None or position + len(block.tokens) > sum(tail[1])):
                             tail = ([*keys, child], [*lengths, len(block.tokens)], child)
                 if key is not None and key in folder.blocks:
@@ -171,7 +172,7 @@ class PromptStore:
                     block = folder.blocks.get(child)
                     if block is None:
                         continue
-                    common = common_prefix(block.tokens, prompt[position:])
+                    common = common_prefix_length(block.tokens, prompt[position:])
                     if windowed and (common < len(block.tokens) or child not in folder.snapshots):
                         continue  # a window cannot be cut: only a tail ending where a snapshot was taken helps
                     if common > best_common and (common == len(block.tokens) or self.trims):
@@ -204,7 +205,7 @@ class PromptStore:
                 continue
             keys = self.folder.chain(head.key)
             tokens = [token for key in keys for token in self.folder.blocks[key].tokens]
-            common = common_prefix(tokens, prompt)
+            common = common_prefix_length(tokens, prompt)
             if common < len(tokens) and not self.trims:
                 continue
             if common >= MIN_TOKENS and (best is None or common > best.common):
@@ -629,17 +630,6 @@ class PromptStore:
             log.warning("converted old cache entry %s (%d tokens) into blocks%s", path.name, len(tokens),
                         "" if head else " failed: dropped")
             path.unlink(missing_ok=True)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two sequences share."""
-    limit = min(len(a), len(b))
-    if a[:limit] == b[:limit]:
-        return limit
-    index = 0
-    while a[index] == b[index]:
-        index += 1
-    return index
 
 
 def _chain_is_prefix(folder: Folder, head: Head, tokens: list[int]) -> bool:
