@@ -17,11 +17,11 @@ import uvicorn
 import uvicorn.config
 
 from localai import paths
+from localai.api.app import create_app
 from localai.errors import DaemonUnavailable
 from localai.registry import Registry
 from localai.runtime import Runtime
 from localai.scheduler import Scheduler
-from localai.server.app import create_app
 from localai.settings import Settings
 
 log = logging.getLogger("localai.daemon")

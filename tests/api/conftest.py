@@ -16,10 +16,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from localai import paths
+from localai.api.app import create_app
 from localai.registry import Registry
 from localai.runtime import Runtime
 from localai.scheduler import Scheduler
-from localai.server.app import create_app
 from localai.settings import Settings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from localai.server.security import BodyProblem, check_json, is_allowed_origin
+from localai.api.security import BodyProblem, check_json, is_allowed_origin
 
 
 @pytest.mark.parametrize(("body", "message"), [

@@ -20,6 +20,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from localai.api.common import (
+    SSE_HEADERS,
+    check_tool_results,
+    check_tool_schema,
+    collect,
+    generation_headers,
+    runtime_of,
+    sse,
+)
+from localai.api.errors import anthropic_error_type
+from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError
 from localai.schema import (
     Block,
@@ -39,17 +50,6 @@ from localai.schema import (
     ToolChoice,
     ToolResultBlock,
 )
-from localai.server.common import (
-    SSE_HEADERS,
-    check_tool_results,
-    check_tool_schema,
-    collect,
-    generation_headers,
-    runtime_of,
-    sse,
-)
-from localai.server.errors import anthropic_error_type
-from localai.server.sessions import session_id
 
 router = APIRouter()
 

@@ -21,6 +21,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from localai.api.common import (
+    KEEPALIVE_COMMENT,
+    SSE_HEADERS,
+    check_tool_results,
+    check_tool_schema,
+    generation_headers,
+    parse_arguments,
+    runtime_of,
+    sse,
+    unless_disconnected,
+)
+from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, NotFound
 from localai.registry import Registry
 from localai.schema import (
@@ -42,18 +54,6 @@ from localai.schema import (
     ToolChoice,
     ToolResultBlock,
 )
-from localai.server.common import (
-    KEEPALIVE_COMMENT,
-    SSE_HEADERS,
-    check_tool_results,
-    check_tool_schema,
-    generation_headers,
-    parse_arguments,
-    runtime_of,
-    sse,
-    unless_disconnected,
-)
-from localai.server.sessions import session_id
 from localai.settings import Settings
 
 router = APIRouter()

@@ -10,12 +10,12 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-import localai.server.pull as pull_api
+import localai.api.pull as pull_api
 from localai import __version__, paths
+from localai.api import anthropic, cache, ollama, openai, responses
+from localai.api.errors import install_error_handlers
+from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, is_loopback_host
 from localai.runtime import Runtime
-from localai.server import anthropic, cache, ollama, openai, responses
-from localai.server.errors import install_error_handlers
-from localai.server.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, is_loopback_host
 from localai.settings import Settings
 from localai.watcher import ModelfileWatcher, stop_quietly
 

@@ -13,6 +13,19 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from localai.api.common import (
+    KEEPALIVE_COMMENT,
+    SSE_HEADERS,
+    check_tool_results,
+    check_tool_schema,
+    collect,
+    generation_headers,
+    parse_arguments,
+    remote_descriptions,
+    runtime_of,
+    sse,
+)
+from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.registry import ModelRecord
 from localai.scheduler import chosen_engine, context_size
@@ -37,19 +50,6 @@ from localai.schema import (
     ToolResultBlock,
     Usage,
 )
-from localai.server.common import (
-    KEEPALIVE_COMMENT,
-    SSE_HEADERS,
-    check_tool_results,
-    check_tool_schema,
-    collect,
-    generation_headers,
-    parse_arguments,
-    remote_descriptions,
-    runtime_of,
-    sse,
-)
-from localai.server.sessions import session_id
 from localai.settings import Settings
 
 router = APIRouter()

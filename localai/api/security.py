@@ -227,7 +227,7 @@ class BodyGuardMiddleware:
 
 
 async def _refuse(scope: Scope, send: Send, status: int, kind: str, message: str) -> None:
-    from localai.server.errors import error_body
+    from localai.api.errors import error_body
 
     body = json.dumps(error_body(scope["path"], message, kind, status)).encode()
     headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json"),

@@ -18,6 +18,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localai import __version__
+from localai.api.common import collect, generation_headers, parse_arguments, remote_descriptions, runtime_of
+from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
+from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.gguf_meta import read_metadata
 from localai.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
@@ -41,9 +44,6 @@ from localai.schema import (
     ToolCallEnd,
     ToolResultBlock,
 )
-from localai.server.common import collect, generation_headers, parse_arguments, remote_descriptions, runtime_of
-from localai.server.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
-from localai.server.sessions import session_id
 from localai.settings import Settings, parse_duration
 
 router = APIRouter()
