@@ -175,7 +175,7 @@ def token_counter(model_path: str) -> Callable[[str], int] | None:
         if Path(model_path).is_file():
             import llama_cpp as L
 
-            from localai.backends.llama_cpp import quiet_llama_logs
+            from localai.engines.llama_cpp import quiet_llama_logs
 
             quiet_llama_logs(False)
             params = L.llama_model_default_params()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from localai import paths
-from localai.backends.text import common_prefix_length
+from localai.engines.text import common_prefix_length
 from localai.prompt import tool_json
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 

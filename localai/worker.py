@@ -19,8 +19,8 @@ import sys
 import threading
 from typing import Any
 
-from localai.backends.engine import Engine, LoadOptions
-from localai.backends.serving import Serving
+from localai.engines.engine import Engine, LoadOptions
+from localai.engines.serving import Serving
 from localai.protocol import FrameSocket, FrameTooLarge
 
 log = logging.getLogger("localai.worker")
@@ -90,15 +90,15 @@ def load_engine(backend: str, options: dict[str, Any], *, debug: bool) -> Servin
     load = LoadOptions(**options)
     engine: Engine
     if backend == "llama.cpp":
-        from localai.backends.llama_cpp import LlamaCppEngine
+        from localai.engines.llama_cpp import LlamaCppEngine
 
         engine = LlamaCppEngine(load, debug=debug)
     elif backend == "mlx":
-        from localai.backends.mlx import MlxEngine
+        from localai.engines.mlx import MlxEngine
 
         engine = MlxEngine(load, debug=debug)
     elif backend == "scripted":
-        from localai.backends.scripted import ScriptedEngine
+        from localai.engines.scripted import ScriptedEngine
 
         engine = ScriptedEngine(load)
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from localai.backends.engine import StateBytes
+from localai.engines.engine import StateBytes
 
 
 def state_of(tokens: list[int], rest: bytes = b"") -> bytes:

@@ -9,7 +9,7 @@ from typing import Any
 import llama_cpp as L
 import pytest
 
-from localai.backends.grammars import GrammarError, grammar_for, sanitized
+from localai.engines.grammars import GrammarError, grammar_for, sanitized
 
 # The shape of Claude Code 2.1's Workflow tool: a typeless "any value" property and a 512 KiB maxLength,
 # which unrolled naively overflows llama.cpp's grammar parser (the worker died with SIGSEGV).
@@ -76,7 +76,7 @@ def test_json_strings_cannot_hold_raw_control_characters(vocab: Any) -> None:
 def test_lazy_tool_grammar_only_with_a_one_token_trigger(smollm2_path: Path) -> None:
     """smollm2 writes <tool_call> as several tokens: a text-triggered lazy grammar could be fed a piece running
     past the trigger and abort the worker, so it gets no lazy grammar (its calls are parsed, unconstrained)."""
-    from localai.backends.llama_cpp import LlamaCppEngine, LoadOptions
+    from localai.engines.llama_cpp import LlamaCppEngine, LoadOptions
 
     engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=512, n_parallel=1))
     assert len(engine.tokenize_special("<tool_call>")) > 1
@@ -88,7 +88,7 @@ def test_lazy_tool_grammar_only_with_a_one_token_trigger(smollm2_path: Path) -> 
 
 
 def test_closed_schemas_take_only_their_listed_properties_on_both_engines() -> None:
-    from localai.backends.grammars import closed
+    from localai.engines.grammars import closed
 
     schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
                                                "c": {"type": "array", "items": {"properties": {"d": {}}}}},

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from localai.backends import llama_state
-from localai.backends.engine import BatchItem, LoadOptions
-from localai.backends.llama_cpp import LlamaCppEngine
+from localai.engines import llama_state
+from localai.engines.engine import BatchItem, LoadOptions
+from localai.engines.llama_cpp import LlamaCppEngine
 from localai.promptcache.blocks import BLOCK_TOKENS, fingerprint
 from localai.promptcache.store import PromptStore
 

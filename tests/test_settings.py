@@ -62,8 +62,8 @@ def test_min_free_space(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cpu_repack_is_off_by_default_only_where_llama_cpp_has_amx_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    from localai.backends.engine import LoadOptions
-    from localai.backends.llama_cpp import repacks_weights
+    from localai.engines.engine import LoadOptions
+    from localai.engines.llama_cpp import repacks_weights
     from localai.registry import ModelRecord
     from localai.scheduler import load_options
 

@@ -1,4 +1,4 @@
-from localai.backends.text import StopMatcher
+from localai.engines.text import StopMatcher
 
 
 def feed_all(matcher: StopMatcher, pieces: list[bytes]) -> str:

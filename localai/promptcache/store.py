@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from localai.backends.engine import StateBytes
-from localai.backends.text import common_prefix_length
+from localai.engines.engine import StateBytes
+from localai.engines.text import common_prefix_length
 from localai.promptcache import legacy
 from localai.promptcache.blocks import (
     BLOCK_TOKENS,

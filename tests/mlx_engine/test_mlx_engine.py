@@ -239,8 +239,8 @@ def test_a_gguf_pinned_to_mlx_and_an_unknown_engine_are_refused(mlx_daemon: Daem
 @pytest.mark.parametrize("state", [b"", b"\x00\x00\x00\x00", b"\xff\xff\xff\x7fgarbage", b"\x05\x00\x00\x00{\"la"])
 def test_mlx_state_restore_refuses_malformed_bytes(state: bytes, mlx_model_path: Path) -> None:
     """A damaged state never reaches a sequence (the cache's checksum catches damage first; this is the floor)."""
-    from localai.backends.engine import LoadOptions
-    from localai.backends.mlx import MlxEngine
+    from localai.engines.engine import LoadOptions
+    from localai.engines.mlx import MlxEngine
 
     engine = MlxEngine(LoadOptions(model_path=str(mlx_model_path), num_ctx=512, n_parallel=1, n_batch=64))
     assert engine.seq_restore(0, state) is False
@@ -251,8 +251,8 @@ def test_mlx_states_are_cut_into_token_blocks_and_put_back_bit_for_bit(mlx_model
     """The prompt cache stores an MLX sequence as token blocks: cutting its state by token range and joining the
     pieces gives the same bytes, and the first pieces alone give the state of that shorter prefix, which restores
     and continues exactly as the sequence computed directly does."""
-    from localai.backends.engine import BatchItem, LoadOptions
-    from localai.backends.mlx import MlxEngine
+    from localai.engines.engine import BatchItem, LoadOptions
+    from localai.engines.mlx import MlxEngine
 
     engine = MlxEngine(LoadOptions(model_path=str(mlx_model_path), num_ctx=512, n_parallel=2, n_batch=64))
     tokens = engine.tokenize(SYSTEM * 2)[:150]

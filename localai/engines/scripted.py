@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
 
 EOS = 256

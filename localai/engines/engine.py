@@ -1,4 +1,4 @@
-"""What an engine supplies to the engine-neutral serving loop (``backends/serving.py``).
+"""What an engine supplies to the engine-neutral serving loop (``engines/serving.py``).
 
 An engine owns a loaded model and ``n_seq`` sequences of KV state. The serving loop decides which request runs
 on which sequence, what goes into each decode step, when state is saved to or restored from the prompt cache,

@@ -1,7 +1,7 @@
 """The GGUF engine: llama.cpp through llama-cpp-python's low-level API, inside a worker process.
 
 One llama.cpp context holds ``n_parallel`` sequences, each with its own KV stream (``kv_unified`` off, so idle
-sessions do not slow active decoding). The serving loop (``backends/serving.py``) batches the sequences' tokens
+sessions do not slow active decoding). The serving loop (``engines/serving.py``) batches the sequences' tokens
 into each ``llama_decode``; this module evaluates, samples with llama.cpp's sampler chains (grammars included),
 and moves one sequence's KV state in and out with ``llama_state_seq_*``.
 """
@@ -15,11 +15,11 @@ from typing import Any, ClassVar
 
 import llama_cpp as L
 
-from localai.backends import llama_state
-from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
-from localai.backends.grammars import HERMES_TRIGGER, GrammarError, grammar_for
-from localai.backends.llama_embed import EmbeddingContext
-from localai.backends.llama_tokens import PrefixTokenizer, Vocabulary
+from localai.engines import llama_state
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
+from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
+from localai.engines.llama_embed import EmbeddingContext
+from localai.engines.llama_tokens import PrefixTokenizer, Vocabulary
 from localai.protocol import Constraint, ModelInfo, Sampling
 
 log = logging.getLogger("localai.worker")

@@ -26,8 +26,8 @@ from mlx_lm.models import cache as mlx_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 from mlx_lm.utils import load
 
-from localai.backends.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
-from localai.backends.grammars import GrammarError, lark_for
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
+from localai.engines.grammars import GrammarError, lark_for
 from localai.protocol import Constraint, ModelInfo, Sampling
 
 log = logging.getLogger("localai.worker")
@@ -400,7 +400,7 @@ class MlxEngine:
         """Mean-pooled final hidden states, L2-normalised (a chat model's, like the llama.cpp engine's)."""
         inner = getattr(self.model, "model", None)
         if inner is None:
-            from localai.backends.engine import EmbeddingsUnsupported
+            from localai.engines.engine import EmbeddingsUnsupported
 
             raise EmbeddingsUnsupported("this MLX model has no embeddings")
         limit = min(self.n_ctx, 2048)

@@ -3,7 +3,7 @@
 Requests are decoded together: every step holds the next token of each generating request plus prompt chunks of
 the requests still prefilling. Each sequence keeps the tokens its KV holds, so a request that shares a prefix
 with a sequence (or with a cached state on RAM or disk) evaluates only the rest. The engine behind it
-(``backends/engine.py``) evaluates, samples and moves KV state; everything else is here, the same for every engine.
+(``engines/engine.py``) evaluates, samples and moves KV state; everything else is here, the same for every engine.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localai.backends.engine import BatchItem, DecodeFailed, Engine, LoadOptions, StateBytes
-from localai.backends.grammars import GrammarError
-from localai.backends.text import StopMatcher, common_prefix_length
+from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions, StateBytes
+from localai.engines.grammars import GrammarError
+from localai.engines.text import StopMatcher, common_prefix_length
 from localai.promptcache.blocks import fingerprint
 from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
