@@ -21,8 +21,8 @@ from localai.api.app import create_app
 from localai.errors import DaemonUnavailable
 from localai.registry import Registry
 from localai.runtime import Runtime
-from localai.scheduler import Scheduler
 from localai.settings import Settings
+from localai.workers.scheduler import Scheduler
 
 log = logging.getLogger("localai.daemon")
 

@@ -28,8 +28,8 @@ from localai import hub, library, paths
 from localai.errors import HubUnreachable, InvalidRequest, LocalAIError, ModelNotFound, PullFailed
 from localai.modelfile import Modelfile, parse_file
 from localai.registry import PACKAGE_SOURCE, ModelRecord, Registry, normalize, resolve_weights
-from localai.scheduler import preferred_engine
 from localai.settings import Settings
+from localai.workers.scheduler import preferred_engine
 
 log = logging.getLogger("localai.pull")
 Event = dict[str, Any]

@@ -20,8 +20,6 @@ from localai.metrics import Metrics
 from localai.modelfile import LOAD_PARAMETERS
 from localai.protocol import Constraint, GenerateOp, Sampling
 from localai.registry import ModelRecord, Registry
-from localai.runner import new_request_id
-from localai.scheduler import LoadedModel, Scheduler
 from localai.schema import (
     Event,
     Finished,
@@ -41,6 +39,8 @@ from localai.schema import (
 from localai.settings import Settings
 from localai.tool_calls import OutputParser
 from localai.upstreams.remote import RemotePool, Remotes, estimated_tokens, request_body, routing_key
+from localai.workers.handle import new_request_id
+from localai.workers.scheduler import LoadedModel, Scheduler
 
 log = logging.getLogger("localai.runtime")
 SAMPLING_KEYS = frozenset(Sampling.__annotations__)

@@ -20,8 +20,8 @@ from localai import hub, library, paths
 from localai import pull as pulling
 from localai.errors import HubUnreachable
 from localai.modelfile import parse_file
-from localai.scheduler import mlx_importable
 from localai.settings import Settings
+from localai.workers.scheduler import mlx_importable
 from tests.conftest import Daemon, start_daemon
 from tests.hubserver import HubServer, split_gguf
 

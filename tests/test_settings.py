@@ -65,7 +65,7 @@ def test_cpu_repack_is_off_by_default_only_where_llama_cpp_has_amx_kernels(monke
     from localai.engines.engine import LoadOptions
     from localai.engines.llama_cpp import repacks_weights
     from localai.registry import ModelRecord
-    from localai.scheduler import load_options
+    from localai.workers.scheduler import load_options
 
     amx = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |"
     plain = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | REPACK = 1 |"

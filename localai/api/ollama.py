@@ -27,7 +27,6 @@ from localai.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_temp
 from localai.prompt import Template
 from localai.registry import ModelRecord
 from localai.runtime import SAMPLING_KEYS, Generation
-from localai.scheduler import chosen_engine, context_size
 from localai.schema import (
     Block,
     Finished,
@@ -45,6 +44,7 @@ from localai.schema import (
     ToolResultBlock,
 )
 from localai.settings import Settings, parse_duration
+from localai.workers.scheduler import chosen_engine, context_size
 
 router = APIRouter()
 

@@ -28,7 +28,6 @@ from localai.api.common import (
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.registry import ModelRecord
-from localai.scheduler import chosen_engine, context_size
 from localai.schema import (
     Block,
     Finished,
@@ -51,6 +50,7 @@ from localai.schema import (
     Usage,
 )
 from localai.settings import Settings
+from localai.workers.scheduler import chosen_engine, context_size
 
 router = APIRouter()
 

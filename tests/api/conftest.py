@@ -19,8 +19,8 @@ from localai import paths
 from localai.api.app import create_app
 from localai.registry import Registry
 from localai.runtime import Runtime
-from localai.scheduler import Scheduler
 from localai.settings import Settings
+from localai.workers.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")

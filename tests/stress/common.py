@@ -57,7 +57,7 @@ def greedy(http: httpx.Client, session: str, messages: list[dict[str, Any]] | No
 
 
 def worker_pids() -> list[int]:
-    """Every model worker process on this machine (``python -m localai.worker``)."""
+    """Every model worker process on this machine (``python -m localai.workers.worker``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -65,7 +65,7 @@ def worker_pids() -> list[int]:
                 command = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"localai.worker" in command:
+            if b"localai.workers.worker" in command:
                 found.append(int(entry.name))
     return found
 

@@ -25,8 +25,8 @@ from localai import paths
 from localai.errors import EngineUnavailable, ServerBusy
 from localai.metrics import Metrics
 from localai.registry import ModelRecord
-from localai.runner import Worker
 from localai.settings import Settings, default_cache_ram_bytes
+from localai.workers.handle import Worker
 
 log = logging.getLogger("localai.scheduler")
 

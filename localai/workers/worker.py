@@ -1,6 +1,6 @@
 """A worker process: loads one model on one backend and serves it over the frame protocol.
 
-Started by the daemon as ``python -m localai.worker --fd N --options JSON``. The engine runs on
+Started by the daemon as ``python -m localai.workers.worker --fd N --options JSON``. The engine runs on
 its own thread; the main thread reads frames so that a cancel reaches the engine within a step.
 If the engine thread fails, the process exits: a worker that stays alive without serving would
 hang every request to its model, while a dead one is noticed by the daemon and reloaded.

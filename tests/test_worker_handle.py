@@ -10,8 +10,8 @@ import pytest
 
 from localai.errors import RequestTooLarge, WorkerCrashed
 from localai.protocol import MAX_FRAME, GenerateOp
-from localai.runner import Worker
-from localai.worker import EXIT_ENGINE_FAILED
+from localai.workers.handle import Worker
+from localai.workers.worker import EXIT_ENGINE_FAILED
 
 pytestmark = pytest.mark.model
 

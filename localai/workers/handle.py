@@ -79,7 +79,7 @@ class Worker:
 
     def command(self, fd: int) -> list[str]:
         """The worker's command line; it inherits ``fd``, its end of the frame socket."""
-        command = [sys.executable, "-m", "localai.worker", "--fd", str(fd), "--backend", self.backend,
+        command = [sys.executable, "-m", "localai.workers.worker", "--fd", str(fd), "--backend", self.backend,
                    "--options", json.dumps(self.options)]
         return [*command, "--debug"] if self.debug else command
 
