@@ -18,7 +18,7 @@ import sqlite_utils
 
 from localai import paths
 from localai.errors import LocalAIError, NotFound
-from localai.store import migration, now, open_database
+from localai.models.db import migration, now, open_database
 
 TITLE_LENGTH = 48
 

@@ -19,7 +19,7 @@ import uvicorn.config
 from localai import paths
 from localai.api.app import create_app
 from localai.errors import DaemonUnavailable
-from localai.registry import Registry
+from localai.models.registry import Registry
 from localai.runtime import Runtime
 from localai.settings import Settings
 from localai.workers.scheduler import Scheduler
@@ -73,7 +73,7 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 
 def _discover(registry: Registry, sources: list[str]) -> None:
     """Register the models Ollama, LM Studio and the Hugging Face cache hold (on a thread: it may hash a file)."""
-    from localai import discover
+    from localai.models import discover
 
     try:
         discover.sync(registry.reopen(), sources)

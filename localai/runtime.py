@@ -17,9 +17,9 @@ from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, 
 from localai.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.fitting import apply as fitting_apply
 from localai.metrics import Metrics
-from localai.modelfile import LOAD_PARAMETERS
+from localai.models.modelfile import LOAD_PARAMETERS
+from localai.models.registry import ModelRecord, Registry
 from localai.protocol import Constraint, GenerateOp, Sampling
-from localai.registry import ModelRecord, Registry
 from localai.schema import (
     Event,
     Finished,

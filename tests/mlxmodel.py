@@ -120,7 +120,7 @@ def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None) -> 
 
 
 def main() -> None:
-    from localai.registry import resolve_weights
+    from localai.models.registry import resolve_weights
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("out", type=Path)

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from localai import discover
-from localai.modelfile import parse
-from localai.registry import Registry
+from localai.models import discover
+from localai.models.modelfile import parse
+from localai.models.registry import Registry
 from tests.conftest import start_daemon
 
 

@@ -14,7 +14,15 @@ import gguf
 import numpy as np
 import pytest
 
-from localai.gguf_meta import FILE_TYPES, GGUFMetadata, GGUFValueType, _Header, _human_count, _parse, read_metadata
+from localai.models.gguf_meta import (
+    FILE_TYPES,
+    GGUFMetadata,
+    GGUFValueType,
+    _Header,
+    _human_count,
+    _parse,
+    read_metadata,
+)
 
 
 def reference(path: Path) -> GGUFMetadata:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localai import hub, paths
+from localai import paths
 from localai.errors import (
     DownloadCorrupt,
     GatedModel,
@@ -20,6 +20,7 @@ from localai.errors import (
     NotEnoughDiskSpace,
     PullCancelled,
 )
+from localai.models import hub
 from tests.hubserver import HubServer
 
 MiB = 1 << 20

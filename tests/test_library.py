@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from localai import hub, library, paths
+from localai import paths
 from localai.errors import InvalidRequest, ModelNotFound
-from localai.modelfile import parse_file
-from localai.registry import PACKAGE_SOURCE
+from localai.models import hub, library
+from localai.models.modelfile import parse_file
+from localai.models.registry import PACKAGE_SOURCE
 
 ROOT = paths.library_modelfiles_dir()
 

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from localai.errors import ModelfileError
-from localai.modelfile import coerce_parameter, parse, parse_file
+from localai.models.modelfile import coerce_parameter, parse, parse_file
 
 
 def test_parses_every_instruction() -> None:

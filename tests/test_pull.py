@@ -16,10 +16,11 @@ from typing import Any
 import ollama
 import pytest
 
-from localai import hub, library, paths
-from localai import pull as pulling
+from localai import paths
 from localai.errors import HubUnreachable
-from localai.modelfile import parse_file
+from localai.models import hub, library
+from localai.models import pull as pulling
+from localai.models.modelfile import parse_file
 from localai.settings import Settings
 from localai.workers.scheduler import mlx_importable
 from tests.conftest import Daemon, start_daemon

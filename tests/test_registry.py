@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 
 from localai.errors import ModelfileError, ModelNotFound
-from localai.modelfile import parse
-from localai.registry import EMBEDDED_MODEL, Registry, normalize
+from localai.models.modelfile import parse
+from localai.models.registry import EMBEDDED_MODEL, Registry, normalize
 
 
 @pytest.fixture

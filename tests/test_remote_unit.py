@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from localai.errors import ModelfileError
-from localai.modelfile import parse
-from localai.registry import Registry
+from localai.models.modelfile import parse
+from localai.models.registry import Registry
+from localai.models.remote_spec import RemoteSpec
 from localai.schema import Message, TextBlock, ToolCallBlock, ToolCallDelta, ToolCallStart, ToolResultBlock
 from localai.upstreams.remote import HashRing, _Call, _call_events, context_error, openai_messages
-from localai.upstreams.spec import RemoteSpec
 
 
 def registry(tmp_path: Path) -> Registry:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from localai import paths
-from localai.registry import Registry
-from localai.watcher import ModelfileWatcher
+from localai.models.registry import Registry
+from localai.models.watcher import ModelfileWatcher
 from tests.conftest import Daemon, start_daemon
 from tests.test_pull import wait_for
 

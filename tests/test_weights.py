@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from localai import weights
 from localai.errors import ModelfileError
-from localai.modelfile import parse
-from localai.registry import Registry
+from localai.models import weights
+from localai.models.modelfile import parse
+from localai.models.registry import Registry
 from tests.hubserver import split_gguf
 
 

@@ -46,7 +46,7 @@ def test_an_installed_wheel_finds_its_library_and_service_files(wheel: tuple[Pat
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target",
                               str(target), str(wheel[0])], capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr
-    probe = ("import localai, localai.library as library, localai.service as service; "
+    probe = ("import localai, localai.models.library as library, localai.service as service; "
              "print(localai.__file__); print(len(library.entries())); "
              "print(min(str(e.path) for e in library.entries())); "
              "print(service.Service('systemd').render().decode().splitlines()[0])")

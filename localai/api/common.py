@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
-from localai.registry import ModelRecord
+from localai.models.registry import ModelRecord
 from localai.runtime import Generation, Runtime
 from localai.schema import (
     Finished,

@@ -22,10 +22,10 @@ from localai.api.common import collect, generation_headers, parse_arguments, rem
 from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
-from localai.gguf_meta import read_metadata
-from localai.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
+from localai.models.gguf_meta import read_metadata
+from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
+from localai.models.registry import ModelRecord
 from localai.prompt import Template
-from localai.registry import ModelRecord
 from localai.runtime import SAMPLING_KEYS, Generation
 from localai.schema import (
     Block,

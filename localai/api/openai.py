@@ -27,7 +27,7 @@ from localai.api.common import (
 )
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
-from localai.registry import ModelRecord
+from localai.models.registry import ModelRecord
 from localai.schema import (
     Block,
     Finished,

@@ -13,9 +13,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from localai import pull as pulling
 from localai.errors import InvalidRequest
-from localai.hub import TOKEN_HEADER
+from localai.models import pull as pulling
+from localai.models.hub import TOKEN_HEADER
 from localai.runtime import Runtime
 from localai.settings import Settings
 

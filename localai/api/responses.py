@@ -34,7 +34,7 @@ from localai.api.common import (
 )
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, NotFound
-from localai.registry import Registry
+from localai.models.registry import Registry
 from localai.schema import (
     Finished,
     GenerationRequest,

@@ -74,8 +74,8 @@ def list_models(show_library: bool) -> None:
 
 
 def _list_library() -> None:
-    from localai import library
-    from localai.modelfile import parse_file
+    from localai.models import library
+    from localai.models.modelfile import parse_file
 
     client = _client(start=False)
     installed = {m["name"] for m in client.request("GET", "/api/tags")["models"]} if client.is_running() else set()
@@ -147,7 +147,7 @@ def stop(model: str) -> None:
 def show(model: str, part: str | None) -> None:
     """Show a model's details, Modelfile, parameters, template or system prompt."""
     from localai.errors import ModelNotFound
-    from localai.registry import normalize
+    from localai.models.registry import normalize
 
     client = _client()
     broken = [item for item in _broken_modelfiles(client) if item["name"] == normalize(model)]
@@ -216,7 +216,7 @@ def cp(source: str, destination: str) -> None:
 def create(name: str, modelfile_path: Path) -> None:
     """Create a model from a Modelfile."""
     from localai.errors import ModelfileError
-    from localai.modelfile import parse
+    from localai.models.modelfile import parse
 
     try:
         text = modelfile_path.read_text(encoding="utf-8")

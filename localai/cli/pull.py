@@ -22,7 +22,7 @@ def pull(model: str) -> None:
     from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
     from localai.client import Client
-    from localai.hub import TOKEN_HEADER
+    from localai.models.hub import TOKEN_HEADER
 
     client = Client()
     client.ensure_running()

@@ -81,7 +81,7 @@ class Chat:
 
     def _set_parameter(self, name: str, value: str) -> None:
         from localai.errors import ModelfileError
-        from localai.modelfile import PARAMETERS, coerce_parameter
+        from localai.models.modelfile import PARAMETERS, coerce_parameter
 
         if name not in PARAMETERS:
             click.echo(f"Unknown parameter '{name}'")

@@ -13,7 +13,7 @@ from localai.cli import cli, fail_cleanly
 def parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     """``NAME=VALUE`` pairs into typed options (the Modelfile's PARAMETER names and types)."""
     from localai.errors import InvalidRequest, ModelfileError
-    from localai.modelfile import LIST_PARAMETERS, PARAMETERS, coerce_parameter
+    from localai.models.modelfile import LIST_PARAMETERS, PARAMETERS, coerce_parameter
 
     options: dict[str, Any] = {}
     for pair in pairs:

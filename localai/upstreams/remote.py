@@ -38,7 +38,8 @@ from localai.errors import (
     UpstreamUnavailable,
 )
 from localai.metrics import Metrics
-from localai.registry import ModelRecord
+from localai.models.registry import ModelRecord
+from localai.models.remote_spec import RemoteSpec
 from localai.schema import (
     Event,
     GenerationRequest,
@@ -54,7 +55,6 @@ from localai.schema import (
     ToolResultBlock,
 )
 from localai.tool_calls import new_call_id
-from localai.upstreams.spec import RemoteSpec
 
 log = logging.getLogger("localai.remote")
 VNODES = 64  # points per replica on the ring: sessions spread within a few percent of even

@@ -24,7 +24,7 @@ from typing import Any
 from localai import paths
 from localai.errors import EngineUnavailable, ServerBusy
 from localai.metrics import Metrics
-from localai.registry import ModelRecord
+from localai.models.registry import ModelRecord
 from localai.settings import Settings, default_cache_ram_bytes
 from localai.workers.handle import Worker
 

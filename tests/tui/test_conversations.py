@@ -9,7 +9,7 @@ import pytest
 from localai import paths
 from localai.conversations import ChatMessage, ChatStats, Conversation, ConversationCorrupt, ConversationStore
 from localai.errors import NotFound
-from localai.registry import Registry
+from localai.models.registry import Registry
 from tests.tui.conftest import store_row
 
 

@@ -21,8 +21,8 @@ from .dialogs import AskScreen, ConfirmScreen, TextScreen
 
 def library_rows() -> list[tuple[str, str, str, str]]:
     """The library's models: name, FROM, context, description (read from the Modelfiles shipped with localai)."""
-    from localai import library
-    from localai.modelfile import parse_file
+    from localai.models import library
+    from localai.models.modelfile import parse_file
 
     rows = []
     for entry in library.entries():

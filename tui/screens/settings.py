@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, TextArea
 
 from localai.errors import ModelfileError
-from localai.modelfile import LIST_PARAMETERS, PARAMETERS, coerce_parameter
+from localai.models.modelfile import LIST_PARAMETERS, PARAMETERS, coerce_parameter
 
 EXAMPLE = "temperature 0.7\nnum_ctx 4096\nnum_predict 256"
 

@@ -17,12 +17,13 @@ from typing import Any, TypeVar
 
 import sqlite_utils
 
-from localai import hub, paths, weights
+from localai import paths
 from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
-from localai.gguf_meta import read_metadata
-from localai.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file
-from localai.store import now, open_database
-from localai.upstreams.spec import REMOTE_FORMAT, RemoteSpec, check_url, is_remote_url
+from localai.models import hub, weights
+from localai.models.db import now, open_database
+from localai.models.gguf_meta import read_metadata
+from localai.models.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file
+from localai.models.remote_spec import REMOTE_FORMAT, RemoteSpec, check_url, is_remote_url
 
 log = logging.getLogger("localai.registry")
 T = TypeVar("T")

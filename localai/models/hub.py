@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from localai import __version__, paths, weights
+from localai import __version__, paths
 from localai.errors import (
     DownloadCorrupt,
     GatedModel,
@@ -36,6 +36,7 @@ from localai.errors import (
     PullCancelled,
     PullFailed,
 )
+from localai.models import weights
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # How the CLI hands its HF_TOKEN to the daemon for one pull (a daemon started earlier lacks it).

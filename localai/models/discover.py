@@ -27,10 +27,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from localai import weights
 from localai.errors import LocalAIError, ModelfileError
-from localai.modelfile import PARAMETERS, REMOTE_PARAMETERS, Modelfile, coerce_parameter, parse
-from localai.registry import FOUND_SOURCES, Registry, new_name
+from localai.models import weights
+from localai.models.modelfile import PARAMETERS, REMOTE_PARAMETERS, Modelfile, coerce_parameter, parse
+from localai.models.registry import FOUND_SOURCES, Registry, new_name
 
 log = logging.getLogger("localai.discover")
 

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from localai.errors import ModelfileError, UpstreamFailed
-from localai.modelfile import ParameterValue
+from localai.models.modelfile import ParameterValue
 
 REMOTE_FORMAT = "remote"
 DEFAULT_TIMEOUT = 600.0  # seconds to the first byte and between chunks: a long prefill on a big model is slow

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from localai import library
 from localai.errors import LocalAIError
-from localai.modelfile import parse_file
-from localai.registry import WATCHED, Registry
+from localai.models import library
+from localai.models.modelfile import parse_file
+from localai.models.registry import WATCHED, Registry
 
 log = logging.getLogger("localai.watcher")
 DEBOUNCE_MS = 400

@@ -24,10 +24,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from localai import hub, library, paths
+from localai import paths
 from localai.errors import HubUnreachable, InvalidRequest, LocalAIError, ModelNotFound, PullFailed
-from localai.modelfile import Modelfile, parse_file
-from localai.registry import PACKAGE_SOURCE, ModelRecord, Registry, normalize, resolve_weights
+from localai.models import hub, library
+from localai.models.modelfile import Modelfile, parse_file
+from localai.models.registry import PACKAGE_SOURCE, ModelRecord, Registry, normalize, resolve_weights
 from localai.settings import Settings
 from localai.workers.scheduler import preferred_engine
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from localai.errors import ModelfileError
-from localai.gguf_meta import GGUFMetadata
+from localai.models.gguf_meta import GGUFMetadata
 
 SPLIT_PART = re.compile(r"^(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 _BLOB_NAME = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")  # a git object id or an LFS sha256
