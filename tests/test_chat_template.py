@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from localai import chat_template
 from localai.errors import InvalidRequest
+from localai.runtime import chat_template
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from localai import divergence
+from localai.runtime import divergence
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool
 
 READ = Tool("read", "Read a file", {"type": "object", "properties": {"path": {"type": "string"}}})

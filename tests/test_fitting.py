@@ -1,4 +1,4 @@
-from localai.fitting import FitMemory, apply, conversation_key, next_cut, protected_bounds, slim_tools
+from localai.runtime.fitting import FitMemory, apply, conversation_key, next_cut, protected_bounds, slim_tools
 from localai.schema import Message, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
 
@@ -71,7 +71,7 @@ def test_tool_results_are_shortened_and_calls_kept() -> None:
 
 
 def test_many_small_text_blocks_are_shortened_as_one_text() -> None:
-    from localai.fitting import cuttable
+    from localai.runtime.fitting import cuttable
 
     blocks = [TextBlock(f"block {i} " + "x" * 140) for i in range(400)]  # none long enough on its own
     turn = [Message("user", blocks)]  # type: ignore[arg-type]
@@ -83,7 +83,7 @@ def test_many_small_text_blocks_are_shortened_as_one_text() -> None:
 
 
 def test_nothing_left_to_cut_ends_fitting() -> None:
-    from localai.fitting import cuttable
+    from localai.runtime.fitting import cuttable
 
     tail = [msg("user", "Run the tools.")]
     for i in range(100):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localai import prompt
+from localai.runtime import prompt
 from localai.schema import Message, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
 CHATML = (

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from localai.runtime.tool_calls import OutputParser, json_end
 from localai.schema import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
-from localai.tool_calls import OutputParser, json_end
 
 
 def parse(text: str, *, chunk: int = 3, tools: bool = True, reasoning: bool = False) -> list[Event]:

@@ -16,7 +16,7 @@ from localai.api import anthropic, cache, ollama, openai, responses
 from localai.api.errors import install_error_handlers
 from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, is_loopback_host
 from localai.models.watcher import ModelfileWatcher, stop_quietly
-from localai.runtime import Runtime
+from localai.runtime.runtime import Runtime
 from localai.settings import Settings
 
 

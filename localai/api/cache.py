@@ -12,8 +12,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from localai import cache_admin, divergence
+from localai import cache_admin
 from localai.errors import InvalidRequest
+from localai.runtime import divergence
 from localai.settings import Settings, parse_duration
 
 router = APIRouter()

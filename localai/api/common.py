@@ -13,7 +13,7 @@ from fastapi import Request
 
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.models.registry import ModelRecord
-from localai.runtime import Generation, Runtime
+from localai.runtime.runtime import Generation, Runtime
 from localai.schema import (
     Finished,
     Message,

@@ -25,8 +25,8 @@ from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.gguf_meta import read_metadata
 from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
 from localai.models.registry import ModelRecord
-from localai.prompt import Template
-from localai.runtime import SAMPLING_KEYS, Generation
+from localai.runtime.prompt import Template
+from localai.runtime.runtime import SAMPLING_KEYS, Generation
 from localai.schema import (
     Block,
     Finished,

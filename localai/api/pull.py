@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from localai.errors import InvalidRequest
 from localai.models import pull as pulling
 from localai.models.hub import TOKEN_HEADER
-from localai.runtime import Runtime
+from localai.runtime.runtime import Runtime
 from localai.settings import Settings
 
 router = APIRouter()

@@ -34,7 +34,7 @@ def ls(as_json: bool) -> None:
         [e.id[:12], e.kind, str(e.tokens), str(e.blocks), human_size(e.bytes), e.session or "", ago(_iso(e.last_used)),
          _iso(e.pinned_until) if e.pinned_until else ""] for e in entries
     ])
-    from localai import divergence
+    from localai.runtime import divergence
 
     recent = {(d.model, d.session) for d in divergence.read(since=time.time() - 86400) if d.early}
     if recent:
@@ -50,8 +50,8 @@ def diverged(as_json: bool, show_all: bool) -> None:
     """Prompts that did not extend their session's last one: where they parted (in tokens) and the likely cause."""
     from dataclasses import asdict
 
-    from localai import divergence
     from localai.cli.models import _table, ago
+    from localai.runtime import divergence
 
     found = [d for d in divergence.read() if d.early or show_all]
     if as_json:

@@ -40,6 +40,7 @@ from localai.errors import (
 from localai.metrics import Metrics
 from localai.models.registry import ModelRecord
 from localai.models.remote_spec import RemoteSpec
+from localai.runtime.tool_calls import new_call_id
 from localai.schema import (
     Event,
     GenerationRequest,
@@ -54,7 +55,6 @@ from localai.schema import (
     ToolCallStart,
     ToolResultBlock,
 )
-from localai.tool_calls import new_call_id
 
 log = logging.getLogger("localai.remote")
 VNODES = 64  # points per replica on the ring: sessions spread within a few percent of even

@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from localai import paths
 from localai.api.app import create_app
 from localai.models.registry import Registry
-from localai.runtime import Runtime
+from localai.runtime.runtime import Runtime
 from localai.settings import Settings
 from localai.workers.scheduler import Scheduler
 

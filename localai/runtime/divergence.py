@@ -22,7 +22,7 @@ from typing import Any
 
 from localai import paths
 from localai.engines.text import common_prefix_length
-from localai.prompt import tool_json
+from localai.runtime.prompt import tool_json
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
 log = logging.getLogger("localai.cache")

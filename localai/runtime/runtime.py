@@ -11,15 +11,16 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from localai import divergence
-from localai import prompt as prompting
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
-from localai.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
-from localai.fitting import apply as fitting_apply
 from localai.metrics import Metrics
 from localai.models.modelfile import LOAD_PARAMETERS
 from localai.models.registry import ModelRecord, Registry
 from localai.protocol import Constraint, GenerateOp, Sampling
+from localai.runtime import divergence
+from localai.runtime import prompt as prompting
+from localai.runtime.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
+from localai.runtime.fitting import apply as fitting_apply
+from localai.runtime.tool_calls import OutputParser
 from localai.schema import (
     Event,
     Finished,
@@ -37,7 +38,6 @@ from localai.schema import (
     Usage,
 )
 from localai.settings import Settings
-from localai.tool_calls import OutputParser
 from localai.upstreams.remote import RemotePool, Remotes, estimated_tokens, request_body, routing_key
 from localai.workers.handle import new_request_id
 from localai.workers.scheduler import LoadedModel, Scheduler

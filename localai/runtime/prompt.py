@@ -14,8 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from localai import chat_template
 from localai.errors import InvalidRequest
+from localai.runtime import chat_template
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
 ToolFormat = Literal["hermes", "llama3", "mistral"]
