@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from localai import cache_admin
+from localai.promptcache import admin
 from localai.promptcache.blocks import BLOCK_TOKENS, read_block
 from localai.promptcache.store import MIN_TOKENS, PromptStore
 from tests.cachecodec import BytesCodec, state_of
@@ -64,7 +64,7 @@ def test_sessions_sharing_a_prefix_share_its_blocks_and_a_turn_writes_only_what_
     cache.flush()
     written = cache.stats_snapshot()["bytes_written"] - before
     assert written <= 2 * 8 * 100 + 2 * 1024, written  # the new tokens and the rewritten tail block's, plus headers
-    entries = [e for e in cache_admin.list_entries(tmp_path) if e.session == "agent-0"]
+    entries = [e for e in admin.list_entries(tmp_path) if e.session == "agent-0"]
     assert len(entries) == 1 and entries[0].tokens == len(grown)  # its entry moved forward, the old tail is gone
     assert len(blocks_on_disk(tmp_path)) == 4 + 5 + 3  # its old tail went; two full blocks and a tail came
 
@@ -127,16 +127,16 @@ def test_the_quota_evicts_least_recently_used_tails_first_and_never_a_pinned_cha
         cache.save(tokens, state_of(tokens), session)
         cache.flush()
         time.sleep(0.01)
-    cache_admin.add_pin(session="pinned", entry=None, ttl=600, root=tmp_path)
+    admin.add_pin(session="pinned", entry=None, ttl=600, root=tmp_path)
     block_bytes = read_size = blocks_on_disk(tmp_path)[0].stat().st_size
     cache.max_bytes = cache.folder.bytes_on_disk() - 2 * block_bytes + 1
     cache.enforce_quota()
-    sessions = {e.session: e.tokens for e in cache_admin.list_entries(tmp_path)}
+    sessions = {e.session: e.tokens for e in admin.list_entries(tmp_path)}
     assert sessions["pinned"] == 4 * BLOCK_TOKENS and sessions["new"] == 4 * BLOCK_TOKENS
     assert sessions.get("old", 0) <= 2 * BLOCK_TOKENS  # lost its tail, oldest first; the shared prefix stays
     cache.max_bytes = 0
     cache.enforce_quota()
-    left = {e.session: e.tokens for e in cache_admin.list_entries(tmp_path)}
+    left = {e.session: e.tokens for e in admin.list_entries(tmp_path)}
     assert left == {"pinned": 4 * BLOCK_TOKENS, "old": 2 * BLOCK_TOKENS, "new": 2 * BLOCK_TOKENS}
     assert len(blocks_on_disk(tmp_path)) == 4  # the shared prefix lives on under the pinned chain, and only it
     assert read_size > 0

@@ -12,8 +12,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from localai import cache_admin
 from localai.errors import InvalidRequest
+from localai.promptcache import admin
 from localai.runtime import divergence
 from localai.settings import Settings, parse_duration
 
@@ -40,24 +40,24 @@ def seconds(value: str | float, field: str) -> float:
 
 @router.get("/api/cache")
 def list_cache() -> dict[str, Any]:
-    return {"stats": cache_admin.stats(), "entries": [asdict(e) for e in cache_admin.list_entries()],
+    return {"stats": admin.stats(), "entries": [asdict(e) for e in admin.list_entries()],
             "divergences": [asdict(d) for d in divergence.read()[-50:]]}
 
 
 @router.post("/api/cache/pin")
 def pin(body: PinBody) -> dict[str, Any]:
-    created = cache_admin.add_pin(session=body.session, entry=body.entry, ttl=seconds(body.ttl, "ttl"))
+    created = admin.add_pin(session=body.session, entry=body.entry, ttl=seconds(body.ttl, "ttl"))
     return asdict(created)
 
 
 @router.delete("/api/cache/pin")
 def unpin(body: PinBody) -> dict[str, Any]:
-    return {"removed": cache_admin.remove_pin(session=body.session, entry=body.entry)}
+    return {"removed": admin.remove_pin(session=body.session, entry=body.entry)}
 
 
 @router.delete("/api/cache/{entry_id}")
 def remove(entry_id: str) -> dict[str, Any]:
-    return {"removed": cache_admin.remove_entries(entry=entry_id)}
+    return {"removed": admin.remove_entries(entry=entry_id)}
 
 
 @router.post("/api/cache/prune")
@@ -65,4 +65,4 @@ def prune(body: PruneBody, request: Request) -> dict[str, Any]:
     settings: Settings = request.app.state.settings
     older = seconds(body.older_than, "older_than") if body.older_than is not None else None
     limit = body.max_bytes if body.max_bytes is not None else settings.cache_max_bytes
-    return {"removed": cache_admin.prune(max_bytes=limit, older_than=older)}
+    return {"removed": admin.prune(max_bytes=limit, older_than=older)}

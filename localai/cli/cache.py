@@ -23,10 +23,10 @@ def ls(as_json: bool) -> None:
     """List cache entries."""
     from dataclasses import asdict
 
-    from localai import cache_admin
     from localai.cli.models import _table, ago, human_size
+    from localai.promptcache import admin
 
-    entries = cache_admin.list_entries()
+    entries = admin.list_entries()
     if as_json:
         click.echo(json.dumps([asdict(e) for e in entries], indent=2))
         return
@@ -70,10 +70,10 @@ def diverged(as_json: bool, show_all: bool) -> None:
 @fail_cleanly
 def stats() -> None:
     """Totals: entries, blocks (each stored once, however many entries share it), bytes on disk, tokens, pins."""
-    from localai import cache_admin
     from localai.cli.models import human_size
+    from localai.promptcache import admin
 
-    totals = cache_admin.stats()
+    totals = admin.stats()
     for key, value in totals.items():
         click.echo(f"{key:<14}{human_size(value) if key == 'bytes' else value}")
 
@@ -85,15 +85,15 @@ def stats() -> None:
 @fail_cleanly
 def pin(session: str | None, entry: str | None, ttl: str) -> None:
     """Keep a session's entries, or one prefix, out of eviction for a while."""
-    from localai import cache_admin
     from localai.errors import InvalidRequest
+    from localai.promptcache import admin
     from localai.settings import parse_duration
 
     try:
         seconds = parse_duration(ttl)
     except ValueError as exc:
         raise InvalidRequest(str(exc), param="ttl") from exc
-    created = cache_admin.add_pin(session=session, entry=_full_id(entry), ttl=seconds)
+    created = admin.add_pin(session=session, entry=_full_id(entry), ttl=seconds)
     click.echo(f"pinned {'session ' + session if session else 'entry ' + str(created.entry)} until "
                f"{_iso(created.expires_at)}")
 
@@ -104,9 +104,9 @@ def pin(session: str | None, entry: str | None, ttl: str) -> None:
 @fail_cleanly
 def unpin(session: str | None, entry: str | None) -> None:
     """Remove a pin."""
-    from localai import cache_admin
+    from localai.promptcache import admin
 
-    removed = cache_admin.remove_pin(session=session, entry=_full_id(entry))
+    removed = admin.remove_pin(session=session, entry=_full_id(entry))
     click.echo("unpinned" if removed else "no such pin")
 
 
@@ -116,9 +116,9 @@ def unpin(session: str | None, entry: str | None) -> None:
 @fail_cleanly
 def rm(entry: str | None, session: str | None) -> None:
     """Remove an entry (by id) or a session's entries."""
-    from localai import cache_admin
+    from localai.promptcache import admin
 
-    count = cache_admin.remove_entries(entry=_full_id(entry), session=session)
+    count = admin.remove_entries(entry=_full_id(entry), session=session)
     click.echo(f"removed {count} entr{'y' if count == 1 else 'ies'}")
 
 
@@ -128,8 +128,8 @@ def rm(entry: str | None, session: str | None) -> None:
 @fail_cleanly
 def prune(older_than: str | None, max_bytes: int | None) -> None:
     """Evict unpinned entries: old ones, then least recently used until under the quota."""
-    from localai import cache_admin
     from localai.errors import InvalidRequest
+    from localai.promptcache import admin
     from localai.settings import Settings, parse_duration
 
     try:
@@ -137,7 +137,7 @@ def prune(older_than: str | None, max_bytes: int | None) -> None:
     except ValueError as exc:
         raise InvalidRequest(str(exc), param="older-than") from exc
     limit = max_bytes if max_bytes is not None else Settings().cache_max_bytes
-    click.echo(f"removed {cache_admin.prune(max_bytes=limit, older_than=older)} blocks and entries")
+    click.echo(f"removed {admin.prune(max_bytes=limit, older_than=older)} blocks and entries")
 
 
 def _iso(stamp: float | None) -> str:
@@ -150,10 +150,10 @@ def _full_id(prefix: str | None) -> str | None:
     """Entries can be named by a unique prefix of their id, as `cache ls` prints them."""
     if not prefix:
         return None
-    from localai import cache_admin
     from localai.errors import InvalidRequest
+    from localai.promptcache import admin
 
-    matches = [e.id for e in cache_admin.list_entries() if e.id.startswith(prefix)]
+    matches = [e.id for e in admin.list_entries() if e.id.startswith(prefix)]
     if len(matches) > 1:
         raise InvalidRequest(f"entry id prefix '{prefix}' is ambiguous", param="entry")
     return matches[0] if matches else prefix

@@ -325,7 +325,7 @@ class PromptStore:
 
     def pin(self, head_id: str, ttl: float) -> None:
         """Keep an entry (its chain of blocks) from eviction for ``ttl`` seconds (a longer pin stays)."""
-        from localai.cache_admin import extend_pin
+        from localai.promptcache.admin import extend_pin
 
         try:
             extend_pin(head_id, ttl, self.root)
@@ -551,7 +551,7 @@ class PromptStore:
         """Evict until the whole cache folder is under quota: folders no live worker uses first (least recently
         used files), then this one's least recently used leaf blocks; never a pinned chain, never another live
         worker's entries."""
-        from localai.cache_admin import load_pins, pinned_until
+        from localai.promptcache.admin import load_pins, pinned_until
 
         others: list[tuple[float, int, Path]] = []
         total = 0
