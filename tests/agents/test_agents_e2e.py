@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from localai.agents import get
-from localai.cli.bench_servers import LlamaCppPythonServer
+from localai.bench.servers import LlamaCppPythonServer
 from tests.conftest import Daemon, start_daemon
 
 AGENTS_DIR = Path(__file__).resolve().parents[2] / ".agents"

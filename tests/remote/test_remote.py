@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from localai.cli.bench_servers import LlamaCppPythonServer
+from localai.bench.servers import LlamaCppPythonServer
 from tests.conftest import Daemon, free_port, start_daemon
 from tests.server.streams import check_anthropic_stream, check_chat_stream, check_responses_stream, named_events
 from tests.server.test_agent_replays import CLAUDE_CODE, CLAUDE_HEADERS

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from localai.bench import sse_events
+from localai.bench.api import sse_events
 
 PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to code."}]
 

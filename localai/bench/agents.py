@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from localai.bench import sse_events
+from localai.bench.api import sse_events
 
 TOOLS = [
     {"name": "read_file", "description": "Read a file from the workspace and return its contents.",
