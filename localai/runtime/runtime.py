@@ -20,7 +20,7 @@ from localai.runtime import divergence
 from localai.runtime import prompt as prompting
 from localai.runtime.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.runtime.fitting import apply as fitting_apply
-from localai.runtime.tool_calls import OutputParser
+from localai.runtime.formats.json_calls import OutputParser
 from localai.schema import (
     Event,
     Finished,

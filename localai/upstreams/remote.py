@@ -40,7 +40,7 @@ from localai.errors import (
 from localai.metrics import Metrics
 from localai.models.registry import ModelRecord
 from localai.models.remote_spec import RemoteSpec
-from localai.runtime.tool_calls import new_call_id
+from localai.runtime.formats.json_calls import new_call_id
 from localai.schema import (
     Event,
     GenerationRequest,

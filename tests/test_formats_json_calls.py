@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from localai.runtime.tool_calls import OutputParser, json_end
+from localai.runtime.formats.json_calls import OutputParser, json_end
 from localai.schema import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 
 
