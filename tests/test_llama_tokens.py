@@ -13,7 +13,7 @@ import pytest
 from localai.engines.engine import LoadOptions
 from localai.engines.llama_cpp import LlamaCppEngine
 from localai.engines.llama_tokens import MIN_CHARS, PrefixTokenizer, Vocabulary
-from localai.engines.text import common_prefix_length
+from localai.text import common_prefix_length
 
 CHATML = ("<|im_start|>{role}\n{content}<|im_end|>\n", "<|im_start|>assistant\n")
 GEMMA = ("<start_of_turn>{role}\n{content}<end_of_turn>\n", "<start_of_turn>model\n")

@@ -1,4 +1,4 @@
-from localai.engines.text import StopMatcher
+from localai.text import StopMatcher
 
 
 def feed_all(matcher: StopMatcher, pieces: list[bytes]) -> str:

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localai.engines.text import common_prefix_length
+from localai.text import common_prefix_length
 
 MIN_CHARS = 2_000  # shorter prompts tokenize in well under a millisecond: not worth a lookup
 RECENT = 8  # prompts remembered (a few sessions' last prompts per worker)

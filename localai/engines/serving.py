@@ -19,10 +19,10 @@ from typing import Any
 
 from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions, StateBytes
 from localai.engines.grammars import GrammarError
-from localai.engines.text import StopMatcher, common_prefix_length
 from localai.promptcache.blocks import fingerprint
 from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
+from localai.text import StopMatcher, common_prefix_length
 
 log = logging.getLogger("localai.worker")
 Emit = Callable[[dict[str, Any]], None]

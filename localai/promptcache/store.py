@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from localai.engines.engine import StateBytes
-from localai.engines.text import common_prefix_length
 from localai.promptcache import legacy
 from localai.promptcache.blocks import (
     BLOCK_TOKENS,
@@ -41,6 +40,7 @@ from localai.promptcache.blocks import (
     snapshot_file,
     write_atomic,
 )
+from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.cache")
 

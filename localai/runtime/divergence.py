@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from localai import paths
-from localai.engines.text import common_prefix_length
 from localai.runtime.prompt import tool_json
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
+from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.cache")
 RECORD_FILE = "divergences.jsonl"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localai.schema import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+from localai.text import partial_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -137,7 +138,7 @@ class OutputParser:
     def _think(self, events: list[Event], final: bool) -> bool:
         end = self._buffer.find(THINK_CLOSE)
         if end == -1:
-            cut = len(self._buffer) - (0 if final else _partial_suffix(self._buffer, (THINK_CLOSE,)))
+            cut = len(self._buffer) - (0 if final else partial_suffix(self._buffer, (THINK_CLOSE,)))
             if cut > 0:
                 events.append(ReasoningDelta(self._buffer[:cut]))
                 self._buffer = self._buffer[cut:]
@@ -185,7 +186,7 @@ class OutputParser:
             return True
         hold = 0
         if not final:  # what may begin a marker, and whitespace that a following marker would drop
-            hold = _partial_suffix(self._buffer, MARKERS)
+            hold = partial_suffix(self._buffer, MARKERS)
             hold += len(self._buffer[:len(self._buffer) - hold]) - len(self._buffer[:len(self._buffer) - hold].rstrip())
         cut = len(self._buffer) - hold
         if cut > 0:
@@ -330,17 +331,6 @@ class OutputParser:
             events[-1] = TextDelta(events[-1].text + text)
         else:
             events.append(TextDelta(text))
-
-
-def _partial_suffix(text: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest suffix of ``text`` that begins one of ``markers``."""
-    best = 0
-    for marker in markers:
-        for length in range(min(len(marker) - 1, len(text)), 0, -1):
-            if text.endswith(marker[:length]):
-                best = max(best, length)
-                break
-    return best
 
 
 def _could_be_head(text: str) -> bool:

@@ -1,4 +1,5 @@
-"""Engine-independent text handling for streamed completions: UTF-8 reassembly and stop strings."""
+"""Text helpers every room uses: UTF-8 reassembly and stop strings for streamed completions, the common prefix of
+two prompts, and how much of a stream to hold back while it may still begin a marker."""
 
 from __future__ import annotations
 
@@ -32,13 +33,7 @@ class StopMatcher:
             self.stopped = True
             text, self._pending = self._pending[:earliest], ""
             return text
-        hold = 0
-        for stop in self._stop:
-            for length in range(min(len(stop) - 1, len(self._pending)), 0, -1):
-                if self._pending.endswith(stop[:length]):
-                    hold = max(hold, length)
-                    break
-        cut = len(self._pending) - hold
+        cut = len(self._pending) - partial_suffix(self._pending, self._stop)
         text, self._pending = self._pending[:cut], self._pending[cut:]
         return text
 
@@ -62,3 +57,15 @@ def common_prefix_length(a: Sequence[Any], b: Sequence[Any]) -> int:
         else:
             high = middle - 1
     return low
+
+
+def partial_suffix(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that begins one of ``markers``: what a stream must hold back while
+    the next piece may complete a marker (a stop string, a tool-call tag)."""
+    best = 0
+    for marker in markers:
+        for length in range(min(len(marker) - 1, len(text)), 0, -1):
+            if text.endswith(marker[:length]):
+                best = max(best, length)
+                break
+    return best
