@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from localai.promptcache import admin
+from localai.promptcache import admin, pins
 from localai.promptcache.blocks import BLOCK_TOKENS, read_block
 from localai.promptcache.store import MIN_TOKENS, PromptStore
 from tests.cachecodec import BytesCodec, state_of
@@ -127,7 +127,7 @@ def test_the_quota_evicts_least_recently_used_tails_first_and_never_a_pinned_cha
         cache.save(tokens, state_of(tokens), session)
         cache.flush()
         time.sleep(0.01)
-    admin.add_pin(session="pinned", entry=None, ttl=600, root=tmp_path)
+    pins.add_pin(session="pinned", entry=None, ttl=600, root=tmp_path)
     block_bytes = read_size = blocks_on_disk(tmp_path)[0].stat().st_size
     cache.max_bytes = cache.folder.bytes_on_disk() - 2 * block_bytes + 1
     cache.enforce_quota()

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from localai.errors import InvalidRequest
-from localai.promptcache import admin
+from localai.promptcache import admin, pins
 from localai.runtime import divergence
 from localai.settings import Settings, parse_duration
 
@@ -46,13 +46,13 @@ def list_cache() -> dict[str, Any]:
 
 @router.post("/api/cache/pin")
 def pin(body: PinBody) -> dict[str, Any]:
-    created = admin.add_pin(session=body.session, entry=body.entry, ttl=seconds(body.ttl, "ttl"))
+    created = pins.add_pin(session=body.session, entry=body.entry, ttl=seconds(body.ttl, "ttl"))
     return asdict(created)
 
 
 @router.delete("/api/cache/pin")
 def unpin(body: PinBody) -> dict[str, Any]:
-    return {"removed": admin.remove_pin(session=body.session, entry=body.entry)}
+    return {"removed": pins.remove_pin(session=body.session, entry=body.entry)}
 
 
 @router.delete("/api/cache/{entry_id}")

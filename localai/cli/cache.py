@@ -86,14 +86,14 @@ def stats() -> None:
 def pin(session: str | None, entry: str | None, ttl: str) -> None:
     """Keep a session's entries, or one prefix, out of eviction for a while."""
     from localai.errors import InvalidRequest
-    from localai.promptcache import admin
+    from localai.promptcache import pins
     from localai.settings import parse_duration
 
     try:
         seconds = parse_duration(ttl)
     except ValueError as exc:
         raise InvalidRequest(str(exc), param="ttl") from exc
-    created = admin.add_pin(session=session, entry=_full_id(entry), ttl=seconds)
+    created = pins.add_pin(session=session, entry=_full_id(entry), ttl=seconds)
     click.echo(f"pinned {'session ' + session if session else 'entry ' + str(created.entry)} until "
                f"{_iso(created.expires_at)}")
 
@@ -104,9 +104,9 @@ def pin(session: str | None, entry: str | None, ttl: str) -> None:
 @fail_cleanly
 def unpin(session: str | None, entry: str | None) -> None:
     """Remove a pin."""
-    from localai.promptcache import admin
+    from localai.promptcache import pins
 
-    removed = admin.remove_pin(session=session, entry=_full_id(entry))
+    removed = pins.remove_pin(session=session, entry=_full_id(entry))
     click.echo("unpinned" if removed else "no such pin")
 
 

@@ -1,16 +1,14 @@
 """Managing the persisted prompt cache from outside a worker: list, stats, pins, remove, prune.
 
 Used by ``localai cache ...`` (directly on ``$LOCALAI_HOME/cache``, no daemon needed) and by the
-``/api/cache`` endpoints. Workers notice: a removed file is a miss, and pins are re-read at eviction time.
+``/api/cache`` endpoints (pins are ``pins.py``'s). Workers notice: a removed file is a miss, and pins are re-read
+at eviction time.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +16,7 @@ from localai import paths
 from localai.errors import InvalidRequest
 from localai.promptcache import legacy
 from localai.promptcache.blocks import CorruptEntry, Folder
-
-PINS_FILE = "pins.json"
+from localai.promptcache.pins import drop_expired, load_pins, pinned_until
 
 
 @dataclass
@@ -33,80 +30,6 @@ class EntryInfo:
     kind: str
     last_used: float
     pinned_until: float | None
-
-
-@dataclass
-class Pin:
-    """Keeps entries (their whole chains of blocks) from eviction until ``expires_at``: all of a session's, or one
-    entry (a prefix)."""
-
-    session: str | None
-    entry: str | None
-    expires_at: float
-
-
-def pins_path(root: Path | None = None) -> Path:
-    return (root or paths.cache_dir()) / PINS_FILE
-
-
-def load_pins(root: Path | None = None, *, now: float | None = None) -> list[Pin]:
-    """Pins still in force (expired ones are ignored)."""
-    path = pins_path(root)
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    moment = time.time() if now is None else now
-    pins = []
-    for item in raw if isinstance(raw, list) else []:
-        try:
-            pin = Pin(session=item.get("session"), entry=item.get("entry"), expires_at=float(item["expires_at"]))
-        except (KeyError, TypeError, ValueError, AttributeError):
-            continue
-        if pin.expires_at > moment and math.isfinite(pin.expires_at):  # a hand-edited Infinity is no pin
-            pins.append(pin)
-    return pins
-
-
-def save_pins(pins: list[Pin], root: Path | None = None) -> None:
-    path = pins_path(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".tmp-{os.getpid()}-{PINS_FILE}")
-    temp.write_text(json.dumps([asdict(pin) for pin in pins]))
-    os.replace(temp, path)
-
-
-def pinned_until(pins: list[Pin], entry_id: str, session: str | None) -> float | None:
-    times = [p.expires_at for p in pins if p.entry == entry_id or (p.session and p.session == session)]
-    return max(times) if times else None
-
-
-def add_pin(*, session: str | None, entry: str | None, ttl: float, root: Path | None = None) -> Pin:
-    if bool(session) == bool(entry):
-        raise InvalidRequest("pin either a session or an entry", param="session")
-    if ttl <= 0:
-        raise InvalidRequest("ttl must be positive", param="ttl")
-    pins = [p for p in load_pins(root) if not (p.session == session and p.entry == entry)]
-    pin = Pin(session=session, entry=entry, expires_at=time.time() + ttl)
-    save_pins([*pins, pin], root)
-    return pin
-
-
-def extend_pin(entry: str, ttl: float, root: Path | None = None) -> None:
-    """Keep an entry pinned at least ``ttl`` seconds from now (a longer pin it has stays)."""
-    pins = load_pins(root)
-    until = time.time() + ttl
-    if any(p.entry == entry and p.session is None and p.expires_at >= until for p in pins):
-        return
-    kept = [p for p in pins if not (p.entry == entry and p.session is None)]
-    save_pins([*kept, Pin(session=None, entry=entry, expires_at=until)], root)
-
-
-def remove_pin(*, session: str | None, entry: str | None, root: Path | None = None) -> bool:
-    pins = load_pins(root)
-    kept = [p for p in pins if not (p.session == session and p.entry == entry)]
-    save_pins(kept, root)
-    return len(kept) != len(pins)
 
 
 def folders(root: Path | None = None) -> list[Folder]:
@@ -227,5 +150,5 @@ def prune(*, max_bytes: int, older_than: float | None = None, root: Path | None 
         for head in folder.drop_block(block.key):
             folder.write_head(head)
         removed += 1
-    save_pins(load_pins(base), base)  # drops expired pins
+    drop_expired(base)
     return removed

@@ -40,6 +40,7 @@ from localai.promptcache.blocks import (
     snapshot_file,
     write_atomic,
 )
+from localai.promptcache.pins import extend_pin, load_pins, pinned_until
 from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.cache")
@@ -325,8 +326,6 @@ class PromptStore:
 
     def pin(self, head_id: str, ttl: float) -> None:
         """Keep an entry (its chain of blocks) from eviction for ``ttl`` seconds (a longer pin stays)."""
-        from localai.promptcache.admin import extend_pin
-
         try:
             extend_pin(head_id, ttl, self.root)
         except OSError as exc:
@@ -551,8 +550,6 @@ class PromptStore:
         """Evict until the whole cache folder is under quota: folders no live worker uses first (least recently
         used files), then this one's least recently used leaf blocks; never a pinned chain, never another live
         worker's entries."""
-        from localai.promptcache.admin import load_pins, pinned_until
-
         others: list[tuple[float, int, Path]] = []
         total = 0
         for folder in self.root.iterdir() if self.root.exists() else []:

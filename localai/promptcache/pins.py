@@ -1,0 +1,125 @@
+"""Pins: entries kept from eviction until a time, shared through ``<cache>/pins.json`` by every process.
+
+Workers extend pins (Anthropic ``cache_control``), the daemon and ``localai cache pin`` add and remove them, and
+every evictor reads them. Each change is a read-modify-write under an exclusive lock on ``pins.json.lock``, with
+a temp file of its own, so concurrent writers never lose each other's pins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from localai import paths
+from localai.errors import InvalidRequest
+
+PINS_FILE = "pins.json"
+_thread_lock = threading.Lock()  # flock is per open file: threads of one process also take this
+
+
+@dataclass
+class Pin:
+    """Keeps entries (their whole chains of blocks) from eviction until ``expires_at``: all of a session's, or one
+    entry (a prefix)."""
+
+    session: str | None
+    entry: str | None
+    expires_at: float
+
+
+def pins_path(root: Path | None = None) -> Path:
+    return (root or paths.cache_dir()) / PINS_FILE
+
+
+def load_pins(root: Path | None = None, *, now: float | None = None) -> list[Pin]:
+    """Pins still in force (expired ones are ignored)."""
+    try:
+        raw = json.loads(pins_path(root).read_text())
+    except (OSError, ValueError):
+        return []
+    moment = time.time() if now is None else now
+    pins = []
+    for item in raw if isinstance(raw, list) else []:
+        try:
+            pin = Pin(session=item.get("session"), entry=item.get("entry"), expires_at=float(item["expires_at"]))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        if pin.expires_at > moment and math.isfinite(pin.expires_at):  # a hand-edited Infinity is no pin
+            pins.append(pin)
+    return pins
+
+
+@contextlib.contextmanager
+def _locked(root: Path | None) -> Iterator[Path]:
+    path = pins_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _thread_lock, open(path.with_name(PINS_FILE + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield path
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def update_pins(change: Callable[[list[Pin]], list[Pin]], root: Path | None = None) -> list[Pin]:
+    """Replace the pins in force with ``change(pins)``, atomically with respect to every other writer."""
+    with _locked(root) as path:
+        pins = change(load_pins(root))
+        temp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex}-{PINS_FILE}")
+        try:
+            temp.write_text(json.dumps([asdict(pin) for pin in pins]))
+            os.replace(temp, path)
+        finally:
+            temp.unlink(missing_ok=True)
+        return pins
+
+
+def pinned_until(pins: list[Pin], entry_id: str, session: str | None) -> float | None:
+    times = [p.expires_at for p in pins if p.entry == entry_id or (p.session and p.session == session)]
+    return max(times) if times else None
+
+
+def add_pin(*, session: str | None, entry: str | None, ttl: float, root: Path | None = None) -> Pin:
+    if bool(session) == bool(entry):
+        raise InvalidRequest("pin either a session or an entry", param="session")
+    if ttl <= 0:
+        raise InvalidRequest("ttl must be positive", param="ttl")
+    pin = Pin(session=session, entry=entry, expires_at=time.time() + ttl)
+    update_pins(lambda pins: [*(p for p in pins if not (p.session == session and p.entry == entry)), pin], root)
+    return pin
+
+
+def extend_pin(entry: str, ttl: float, root: Path | None = None) -> None:
+    """Keep an entry pinned at least ``ttl`` seconds from now (a longer pin it has stays)."""
+    until = time.time() + ttl
+
+    def change(pins: list[Pin]) -> list[Pin]:
+        if any(p.entry == entry and p.session is None and p.expires_at >= until for p in pins):
+            return pins
+        kept = [p for p in pins if not (p.entry == entry and p.session is None)]
+        return [*kept, Pin(session=None, entry=entry, expires_at=until)]
+
+    update_pins(change, root)
+
+
+def remove_pin(*, session: str | None, entry: str | None, root: Path | None = None) -> bool:
+    before: list[int] = []
+
+    def change(pins: list[Pin]) -> list[Pin]:
+        before.append(len(pins))
+        return [p for p in pins if not (p.session == session and p.entry == entry)]
+
+    return len(update_pins(change, root)) != before[0]
+
+
+def drop_expired(root: Path | None = None) -> None:
+    update_pins(lambda pins: pins, root)  # load_pins leaves out the expired ones
