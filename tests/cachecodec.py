@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from localai.engines.engine import StateBytes
+from localai.promptcache.store import StateBytes
 
 
 def state_of(tokens: list[int], rest: bytes = b"") -> bytes:

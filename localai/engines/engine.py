@@ -10,9 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
 
+from localai.promptcache.store import StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
-
-StateBytes = bytes | bytearray  # a sequence's serialized KV state (llama.cpp's is a bytearray, loaded in place)
 
 
 @dataclass

@@ -16,10 +16,11 @@ from typing import Any, ClassVar
 import llama_cpp as L
 
 from localai.engines import llama_state
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
 from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.engines.llama_embed import EmbeddingContext
 from localai.engines.llama_tokens import PrefixTokenizer, Vocabulary
+from localai.promptcache.store import StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
 
 log = logging.getLogger("localai.worker")

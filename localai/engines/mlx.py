@@ -26,8 +26,9 @@ from mlx_lm.models import cache as mlx_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 from mlx_lm.utils import load
 
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
 from localai.engines.grammars import GrammarError, lark_for
+from localai.promptcache.store import StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
 
 log = logging.getLogger("localai.worker")

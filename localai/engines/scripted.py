@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, StateBytes
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.promptcache.store import StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
 
 EOS = 256

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions, StateBytes
+from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions
 from localai.engines.grammars import GrammarError
 from localai.promptcache.blocks import fingerprint
-from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored
+from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, StateBytes
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
 from localai.text import StopMatcher, common_prefix_length
 

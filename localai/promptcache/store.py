@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from localai.engines.engine import StateBytes
 from localai.promptcache import legacy
 from localai.promptcache.blocks import (
     BLOCK_TOKENS,
@@ -45,6 +44,7 @@ from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.cache")
 
+StateBytes = bytes | bytearray  # a sequence's serialized KV state (llama.cpp's is a bytearray, loaded in place)
 MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
 
 
