@@ -58,7 +58,7 @@ def gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def mlx_model_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
     """SmolLM2-135M-Instruct's own weights as an MLX folder (float16; about 7 s to write)."""
-    from localai.workers.scheduler import mlx_importable
+    from localai.models.loading import mlx_importable
     from tests.mlxmodel import convert
 
     if not mlx_importable():  # a failure, not a skip: `make test` installs the extra, so CI always runs these

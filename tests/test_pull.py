@@ -20,9 +20,9 @@ from localai import paths
 from localai.errors import HubUnreachable
 from localai.models import hub, library
 from localai.models import pull as pulling
+from localai.models.loading import mlx_importable
 from localai.models.modelfile import parse_file
 from localai.settings import Settings
-from localai.workers.scheduler import mlx_importable
 from tests.conftest import Daemon, start_daemon
 from tests.hubserver import HubServer, split_gguf
 

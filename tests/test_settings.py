@@ -64,8 +64,8 @@ def test_min_free_space(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cpu_repack_is_off_by_default_only_where_llama_cpp_has_amx_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     from localai.engines.engine import LoadOptions
     from localai.engines.llama_cpp import repacks_weights
+    from localai.models.loading import load_options
     from localai.models.registry import ModelRecord
-    from localai.workers.scheduler import load_options
 
     amx = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 |"
     plain = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | REPACK = 1 |"

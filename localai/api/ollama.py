@@ -23,6 +23,7 @@ from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, trunca
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.gguf_meta import read_metadata
+from localai.models.loading import chosen_engine, context_size
 from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
 from localai.models.registry import ModelRecord
 from localai.runtime.prompt import Template
@@ -44,7 +45,6 @@ from localai.schema import (
     ToolResultBlock,
 )
 from localai.settings import Settings, parse_duration
-from localai.workers.scheduler import chosen_engine, context_size
 
 router = APIRouter()
 

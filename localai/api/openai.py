@@ -27,6 +27,7 @@ from localai.api.common import (
 )
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
+from localai.models.loading import chosen_engine, context_size
 from localai.models.registry import ModelRecord
 from localai.schema import (
     Block,
@@ -50,7 +51,6 @@ from localai.schema import (
     Usage,
 )
 from localai.settings import Settings
-from localai.workers.scheduler import chosen_engine, context_size
 
 router = APIRouter()
 

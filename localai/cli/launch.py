@@ -128,7 +128,7 @@ def _choose_model(client: Any, yes: bool) -> str:
 def model_limits(show: dict[str, Any], default_context: int) -> tuple[int, int]:
     """The context window the daemon loads the model with, and the reply size worth asking for.
 
-    The daemon's own ``num_ctx`` from ``/api/show`` (``scheduler.context_size``); from a daemon that does not
+    The daemon's own ``num_ctx`` from ``/api/show`` (``models.loading.context_size``); from a daemon that does not
     report it, the same rule applied to the displayed parameters. Output: a quarter of the context, which is
     what the runtime reserves for the reply when it fits a long prompt, so the daemon never cuts a reply before
     the limit the agent was given. A Modelfile's ``num_predict`` is not used: it is the default for chats that

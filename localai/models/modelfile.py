@@ -25,7 +25,7 @@ BOOL_PARAMETERS = frozenset({"use_mmap", "fit_context"})
 LIST_PARAMETERS = frozenset({"stop", "replica"})
 # Free text: a remote model's id upstream, and the environment variable holding its API key (never the key).
 STRING_PARAMETERS = frozenset({"upstream_model", "api_key_env"})
-# The engine a model runs on (see scheduler.engine_for); `scripted` is the test stand-in (no model is loaded).
+# The engine a model runs on (see models/loading.engine_for); `scripted` is the test stand-in (no model is loaded).
 ENGINES = ("llama.cpp", "mlx", "scripted")
 # What serves a remote model (auto: detected from its /v1/models); see localai.upstreams.remote.
 UPSTREAM_KINDS = ("auto", "openai", "vllm", "sglang", "dynamo", "llama-server", "llama-cpp-python", "localai")

@@ -27,10 +27,10 @@ from typing import Any
 from localai import paths
 from localai.errors import HubUnreachable, InvalidRequest, LocalAIError, ModelNotFound, PullFailed
 from localai.models import hub, library
+from localai.models.loading import preferred_engine
 from localai.models.modelfile import Modelfile, parse_file
 from localai.models.registry import PACKAGE_SOURCE, ModelRecord, Registry, normalize, resolve_weights
 from localai.settings import Settings
-from localai.workers.scheduler import preferred_engine
 
 log = logging.getLogger("localai.pull")
 Event = dict[str, Any]
