@@ -63,21 +63,6 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
-class AuthenticationFailed(LocalAIError):
-    """A TCP request lacks the configured API key."""
-
-    status_code = 401
-    error_type = "authentication_error"
-    code = "invalid_api_key"
-
-
-class Forbidden(LocalAIError):
-    """The request came through a Host or Origin we do not serve (DNS rebinding protection)."""
-
-    status_code = 403
-    error_type = "permission_error"
-
-
 class ServerBusy(LocalAIError):
     """The request queue is full; retry later."""
 

@@ -11,6 +11,7 @@ import json
 import socket
 import struct
 import threading
+from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
 HEADER = struct.Struct(">I")
@@ -128,7 +129,7 @@ class FrameTooLarge(ValueError):
         self.size = size
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: Mapping[str, Any]) -> bytes:
     """One frame: header plus compact JSON; raises FrameTooLarge instead of writing one the peer would refuse."""
     body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
     if len(body) > MAX_FRAME:

@@ -7,6 +7,7 @@ knows which dialect asked.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -149,6 +150,11 @@ class TextDelta:
 class ReasoningDelta:
     text: str
     type: Literal["reasoning"] = "reasoning"
+
+
+def new_call_id() -> str:
+    """A tool call's id, for calls the model wrote without one (every engine's and upstream's alike)."""
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass

@@ -36,8 +36,6 @@ VERSIONS = f"mlx {importlib.metadata.version('mlx')} mlx-lm {importlib.metadata.
 
 DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
                             "repeat_last_n": 64, "presence_penalty": 0.0, "frequency_penalty": 0.0}
-_DTYPES = {"float16": mx.float16, "float32": mx.float32, "bfloat16": mx.bfloat16, "int32": mx.int32,
-           "uint32": mx.uint32, "int8": mx.int8, "uint8": mx.uint8}
 _UNTRIMMABLE = (mlx_cache.RotatingKVCache, mlx_cache.ArraysCache)
 
 

@@ -283,13 +283,6 @@ class Folder:
         heads = 256 * len(self.heads)
         return sum(b.size for b in self.blocks.values() if b.on_disk) + sum(self.snapshots.values()) + heads
 
-    def live_owners(self) -> set[int]:
-        owners = set()
-        for path in (self.path / "owners").glob("*"):
-            if path.name.isdigit() and pid_alive(int(path.name)):
-                owners.add(int(path.name))
-        return owners
-
     # -- removal ---------------------------------------------------------------------------------
 
     def drop_block(self, key: str) -> list[Head]:

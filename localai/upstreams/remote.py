@@ -40,7 +40,6 @@ from localai.errors import (
 from localai.metrics import Metrics
 from localai.models.registry import ModelRecord
 from localai.models.remote_spec import RemoteSpec
-from localai.runtime.formats.json_calls import new_call_id
 from localai.schema import (
     Event,
     GenerationRequest,
@@ -54,6 +53,7 @@ from localai.schema import (
     ToolCallEnd,
     ToolCallStart,
     ToolResultBlock,
+    new_call_id,
 )
 
 log = logging.getLogger("localai.remote")

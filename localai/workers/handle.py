@@ -10,12 +10,12 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from localai import paths, protocol
 from localai.errors import InvalidRequest, RequestTooLarge, WorkerCrashed, WorkerLoadFailed
-from localai.protocol import FrameTooLarge, GenerateOp, ModelInfo
+from localai.protocol import CancelOp, EmbedOp, FrameTooLarge, GenerateOp, ModelInfo, TokenizeOp
 
 log = logging.getLogger("localai.runner")
 _ids = itertools.count(1)
@@ -117,7 +117,7 @@ class Worker:
             if self.on_exit is not None:
                 self.on_exit(self)
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: Mapping[str, Any]) -> None:
         if not self.alive or self._writer is None:
             raise WorkerCrashed(f"the worker for '{self.name}' is not running")
         try:
@@ -137,7 +137,7 @@ class Worker:
         self._queues[op["id"]] = queue
         finished = False
         try:
-            await self._send(dict(op))
+            await self._send(op)
             while True:
                 if idle > 0:
                     try:
@@ -159,8 +159,9 @@ class Worker:
         finally:
             self._queues.pop(op["id"], None)
             if not finished and self.alive:
+                cancel: CancelOp = {"op": "cancel", "id": op["id"]}
                 with contextlib.suppress(Exception):
-                    await self._send({"op": "cancel", "id": op["id"]})
+                    await self._send(cancel)
 
     def crashed(self, when: str) -> WorkerCrashed:
         """The error a request sees when the worker died under it."""
@@ -168,7 +169,7 @@ class Worker:
         return WorkerCrashed(f"the worker serving '{self.name}' crashed {when}{cause}; it will be reloaded on the "
                              "next request")
 
-    async def _call(self, op: dict[str, Any], param: str) -> dict[str, Any]:
+    async def _call(self, op: TokenizeOp | EmbedOp, param: str) -> dict[str, Any]:
         """Send a one-answer op and wait for its answer; an engine error is a 400 naming ``param``."""
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._queues[op["id"]] = queue
@@ -185,17 +186,18 @@ class Worker:
             self._queues.pop(op["id"], None)
 
     async def tokenize(self, text: str) -> list[int]:
-        message = await self._call({"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text}, "input")
+        op: TokenizeOp = {"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text}
+        message = await self._call(op, "input")
         return list(message["tokens"])
 
     async def count_tokens(self, text: str) -> int:
-        message = await self._call({"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text, "count_only": True},
-                                   "messages")
+        op: TokenizeOp = {"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text, "count_only": True}
+        message = await self._call(op, "messages")
         return int(message["count"])
 
     async def embed(self, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
         """Vectors for ``texts`` from the worker's embedding context, and the tokens evaluated."""
-        op = {"op": "embed", "id": f"emb-{next(_ids)}", "texts": texts, "truncate": truncate}
+        op: EmbedOp = {"op": "embed", "id": f"emb-{next(_ids)}", "texts": texts, "truncate": truncate}
         message = await self._call(op, "input")
         return [list(v) for v in message["vectors"]], int(message["prompt_tokens"])
 

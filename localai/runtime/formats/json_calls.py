@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from localai.schema import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+from localai.schema import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart, new_call_id
 from localai.text import partial_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -26,10 +25,6 @@ MISTRAL_MARK = "[TOOL_CALLS]"
 PYTHON_TAG = "<|python_tag|>"
 MARKERS = (HERMES_OPEN, MISTRAL_MARK, PYTHON_TAG)
 HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def json_end(text: str, start: int = 0) -> int | None:
@@ -366,10 +361,3 @@ def _as_call(raw: str) -> tuple[str, dict[str, Any]] | None:
     if not isinstance(name, str) or not name or not isinstance(arguments, dict):
         return None
     return name, arguments
-
-
-def _same_json(text: str, value: Any) -> bool:
-    try:
-        return bool(json.loads(text) == value)
-    except ValueError:
-        return False
