@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from localai.promptcache import divergences
 from localai.runtime import divergence
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool
 
@@ -73,11 +74,11 @@ def test_side_requests_under_the_same_session_are_compared_with_their_own_thread
 
 def test_records_are_kept_bounded_and_a_damaged_line_is_skipped(tmp_path: Path) -> None:
     tracker = divergence.Tracker(tmp_path)
-    for index in range(3 * divergence.KEEP_RECORDS):
-        tracker.record(divergence.Divergence("m", f"s{index}", 1.0 + index, 10, 100, 40, "tools reordered"))
-    with open(tmp_path / divergence.RECORD_FILE, "a") as handle:
+    for index in range(3 * divergences.KEEP_RECORDS):
+        tracker.record(divergences.Divergence("m", f"s{index}", 1.0 + index, 10, 100, 40, "tools reordered"))
+    with open(tmp_path / divergences.RECORD_FILE, "a") as handle:
         handle.write("{not json\n" + json.dumps({"model": "m"}) + "\n")
-    found = divergence.read(tmp_path)
-    assert divergence.KEEP_RECORDS <= len(found) <= 2 * divergence.KEEP_RECORDS + 1
-    assert found[-1].session == f"s{3 * divergence.KEEP_RECORDS - 1}"
-    assert divergence.read(tmp_path / "missing") == []
+    found = divergences.read(tmp_path)
+    assert divergences.KEEP_RECORDS <= len(found) <= 2 * divergences.KEEP_RECORDS + 1
+    assert found[-1].session == f"s{3 * divergences.KEEP_RECORDS - 1}"
+    assert divergences.read(tmp_path / "missing") == []

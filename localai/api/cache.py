@@ -13,8 +13,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from localai.errors import InvalidRequest
-from localai.promptcache import admin, pins
-from localai.runtime import divergence
+from localai.promptcache import admin, divergences, pins
 from localai.settings import Settings, parse_duration
 
 router = APIRouter()
@@ -41,7 +40,7 @@ def seconds(value: str | float, field: str) -> float:
 @router.get("/api/cache")
 def list_cache() -> dict[str, Any]:
     return {"stats": admin.stats(), "entries": [asdict(e) for e in admin.list_entries()],
-            "divergences": [asdict(d) for d in divergence.read()[-50:]]}
+            "divergences": [asdict(d) for d in divergences.read()[-50:]]}
 
 
 @router.post("/api/cache/pin")

@@ -34,9 +34,9 @@ def ls(as_json: bool) -> None:
         [e.id[:12], e.kind, str(e.tokens), str(e.blocks), human_size(e.bytes), e.session or "", ago(_iso(e.last_used)),
          _iso(e.pinned_until) if e.pinned_until else ""] for e in entries
     ])
-    from localai.runtime import divergence
+    from localai.promptcache import divergences
 
-    recent = {(d.model, d.session) for d in divergence.read(since=time.time() - 86400) if d.early}
+    recent = {(d.model, d.session) for d in divergences.read(since=time.time() - 86400) if d.early}
     if recent:
         click.echo(f"\n{len(recent)} session(s) had prompts that stopped matching their cache in the last day: "
                    "see `localai cache diverged`")
@@ -51,9 +51,9 @@ def diverged(as_json: bool, show_all: bool) -> None:
     from dataclasses import asdict
 
     from localai.cli.models import _table, ago
-    from localai.runtime import divergence
+    from localai.promptcache import divergences
 
-    found = [d for d in divergence.read() if d.early or show_all]
+    found = [d for d in divergences.read() if d.early or show_all]
     if as_json:
         click.echo(json.dumps([asdict(d) for d in found], indent=2))
         return

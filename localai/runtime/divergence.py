@@ -5,29 +5,27 @@ previous reply, as the next turn renders it). When it does not, most of the prom
 are volatile text in the system prompt, tools sent in a new order, history rewritten by the client (compaction,
 dropped reasoning) or a template that renders earlier turns differently as the conversation grows. The daemon
 keeps each session's last turn here, compares the next one with it, logs what it finds and records it in
-``<cache>/divergences.jsonl``, which ``localai cache diverged`` and ``/api/cache`` show.
+``<cache>/divergences.jsonl`` (``promptcache/divergences.py``), which ``localai cache diverged`` and ``/api/cache``
+show.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localai import paths
+from localai.promptcache import divergences
+from localai.promptcache.divergences import Divergence
 from localai.runtime.prompt import tool_json
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.cache")
-RECORD_FILE = "divergences.jsonl"
-KEEP_RECORDS = 200  # the file is cut back to this many lines when it doubles
 MAX_SESSIONS = 64  # sessions whose last turns are remembered (least recently seen forgotten first)
 TURNS_PER_SESSION = 3
 HEADER_SLACK = 32  # a rendered reply ends with the next message's header, which depends on what comes next
@@ -48,21 +46,6 @@ class Turn:
     reply_reasoning: str = ""  # the reply's reasoning, once known
     tokens: int = 0  # the prompt's length in tokens
     fitted: tuple[int, int, int] = (0, 0, 0)  # messages dropped, characters cut, tool slimming level by fitting
-
-
-@dataclass
-class Divergence:
-    """One prompt that did not extend its session's last one."""
-
-    model: str
-    session: str
-    at: float
-    offset_tokens: int  # where the prompts part, in tokens of the new prompt
-    previous_tokens: int  # how long the last prompt of the session was
-    offset_chars: int
-    cause: str
-    detail: str = ""
-    early: bool = True  # the last prompt itself stopped matching, not only the reply resent after it
 
 
 def turn_of(messages: list[Message], tools: list[Tool], prompt: str, *,
@@ -192,29 +175,4 @@ class Tracker:
         log.log(level, "session %s on %s: the prompt parts from its last one at token %d of %d (%s: %s); "
                 "the rest is recomputed", divergence.session, divergence.model, divergence.offset_tokens,
                 divergence.previous_tokens, divergence.cause, divergence.detail)
-        path = (self.root or paths.cache_dir()) / RECORD_FILE
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            line = json.dumps(asdict(divergence)) + "\n"
-            with open(path, "a", encoding="utf-8") as handle:
-                handle.write(line)
-            if path.stat().st_size > 2 * KEEP_RECORDS * len(line):
-                kept = path.read_text(encoding="utf-8").splitlines()[-KEEP_RECORDS:]
-                temp = path.with_name(f".tmp-{os.getpid()}-{RECORD_FILE}")
-                temp.write_text("\n".join(kept) + "\n", encoding="utf-8")
-                os.replace(temp, path)
-
-
-def read(root: Path | None = None, *, since: float = 0.0) -> list[Divergence]:
-    """Recorded divergences, oldest first (a damaged line is skipped)."""
-    path = (root or paths.cache_dir()) / RECORD_FILE
-    found = []
-    with contextlib.suppress(OSError):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                item = Divergence(**json.loads(line))
-            except (ValueError, TypeError):
-                continue
-            if item.at >= since:
-                found.append(item)
-    return found
+        divergences.append(divergence, self.root)

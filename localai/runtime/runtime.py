@@ -15,6 +15,7 @@ from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, 
 from localai.metrics import Metrics
 from localai.models.modelfile import LOAD_PARAMETERS
 from localai.models.registry import ModelRecord, Registry
+from localai.promptcache.divergences import Divergence
 from localai.protocol import Constraint, GenerateOp, Sampling
 from localai.runtime import divergence
 from localai.runtime import prompt as prompting
@@ -260,7 +261,7 @@ class Runtime:
             tokens = 0
             with contextlib.suppress(Exception):  # the worker may be gone: the character offset still tells
                 tokens = await worker.count_tokens(prompt[:offset]) if offset else 0
-            await asyncio.to_thread(self.divergences.record, divergence.Divergence(
+            await asyncio.to_thread(self.divergences.record, Divergence(
                 model=target.record.name, session=session, at=time.time(), offset_tokens=tokens,
                 previous_tokens=previous.tokens, offset_chars=offset, cause=cause, detail=detail,
                 early=offset < len(previous.prompt)))
