@@ -23,6 +23,16 @@ from localai.errors import DaemonUnavailable, LocalAIError, ModelNotFound
 START_TIMEOUT = 60.0
 
 
+def human_size(size: int) -> str:
+    """Bytes as a person reads them (decimal units, as Ollama shows sizes): the CLI's and the TUI's tables."""
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{size} B"
+
+
 class APIError(LocalAIError):
     """An error response from the daemon, carrying its status."""
 

@@ -23,7 +23,8 @@ def ls(as_json: bool) -> None:
     """List cache entries."""
     from dataclasses import asdict
 
-    from localai.cli.models import _table, ago, human_size
+    from localai.cli.models import _table, ago
+    from localai.client import human_size
     from localai.promptcache import admin
 
     entries = admin.list_entries()
@@ -70,7 +71,7 @@ def diverged(as_json: bool, show_all: bool) -> None:
 @fail_cleanly
 def stats() -> None:
     """Totals: entries, blocks (each stored once, however many entries share it), bytes on disk, tokens, pins."""
-    from localai.cli.models import human_size
+    from localai.client import human_size
     from localai.promptcache import admin
 
     totals = admin.stats()

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from localai.cli import cli, fail_cleanly
+from localai.client import human_size
 
 
 def _client(start: bool = True) -> Any:
@@ -18,15 +19,6 @@ def _client(start: bool = True) -> Any:
     if start:
         client.ensure_running()
     return client
-
-
-def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{size} B"
 
 
 def ago(stamp: str | None) -> str:

@@ -12,7 +12,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Label, Static
 
-from localai.cli.models import human_size
+from localai.client import human_size
 
 from ..api import CacheEntry, DaemonMetrics, InstalledModel, duration
 from .base import LocalAIScreen, selected_key

@@ -11,7 +11,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.widgets import DataTable, Footer, Label
 
-from localai.cli.models import human_size
+from localai.client import human_size
 
 from ..api import InstalledModel, PullProgress
 from ..widgets.pull import PullBar

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import Label, ProgressBar
 
-from localai.cli.models import human_size
+from localai.client import human_size
 
 from ..api import PullProgress
 
