@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localai.errors import InvalidRequest
-from localai.runtime import chat_template
+from localai.models import chat_template
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

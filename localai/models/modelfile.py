@@ -174,7 +174,7 @@ def check_template(template: str, where: str, first_line: int = 1) -> None:
     """Refuse a TEMPLATE that does not parse or reads other files, naming the Modelfile line."""
     import jinja2
 
-    from localai.runtime.chat_template import check_source
+    from localai.models.chat_template import check_source
 
     try:
         check_source(template, where)

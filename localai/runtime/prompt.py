@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from localai.errors import InvalidRequest
-from localai.runtime import chat_template
+from localai.models import chat_template
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
 ToolFormat = Literal["hermes", "llama3", "mistral"]
