@@ -1,0 +1,185 @@
+"""The rules of the house (../shared/design/layout.md), read from the code: each module's imports go down the
+rooms, never up; the worker process loads only what it needs; no new import cycle.
+
+A room imports downward only: api -> runtime -> workers/upstreams -> engines/promptcache/models -> foundations,
+with the front ends (client, agents, daemon, bench, cli, tui) above them all. A new module must be given a room
+here (and in the README's tree) before it can land.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOUNDATIONS = {"localai", "localai.schema", "localai.errors", "localai.settings", "localai.paths",
+               "localai.protocol", "localai.metrics", "localai.text"}
+LEVELS = {
+    "foundations": 0,
+    "engines": 1, "promptcache": 1, "models": 1,
+    "workers": 2, "upstreams": 2,
+    "runtime": 3,
+    "api": 4,
+    "client": 5, "conversations": 5, "agents": 5,
+    "daemon": 6, "service": 6, "bench": 6,
+    "tui": 7,
+    "cli": 8,
+}
+SIDEWAYS = {("engines", "promptcache")}  # an engine hands the store bytes and a layout; never the other way
+# The worker process: an engine crash must cost one worker, so it loads no daemon code.
+WORKER_ROOMS = {"foundations", "engines", "promptcache"}
+WORKER_MAIN = "localai.workers.worker"
+FRONT_ENDS_NEVER = {"runtime", "api", "workers", "upstreams", "engines"}  # cli/ and tui/ go through client.py
+CYCLES_ALLOWED_IN = {"cli", "tui"}  # click's command registration; the Textual app and its screens
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for base, prefix in ((ROOT / "localai", "localai"), (ROOT / "tui", "localai.tui")):
+        for path in sorted(base.rglob("*.py")):
+            parts = path.relative_to(base).with_suffix("").parts
+            name = ".".join((prefix, *parts))
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+MODULES = modules()
+
+
+def room(module: str) -> str:
+    if module == "localai.__main__":
+        return "cli"  # `python -m localai` is the CLI
+    return "foundations" if module in FOUNDATIONS else module.split(".")[1]
+
+
+def imports(module: str) -> Iterator[tuple[str, int]]:
+    """Every localai module ``module`` imports (at the top, in a function, under TYPE_CHECKING alike)."""
+    path = MODULES[module]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                package = package[:len(package) - (node.level - 1)]
+                base = ".".join([*package, *([node.module] if node.module else [])])
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target == "localai" or target.startswith("localai."):
+                while target not in MODULES:
+                    target = target.rsplit(".", 1)[0]
+                if target != module:
+                    yield target, node.lineno
+
+
+def test_every_module_has_a_room() -> None:
+    unplaced = sorted(m for m in MODULES if room(m) not in LEVELS)
+    assert not unplaced, f"give these a room in tests/test_layout.py and the README's tree: {unplaced}"
+
+
+def edges() -> list[tuple[str, str, int]]:
+    return [(module, target, line) for module in MODULES for target, line in imports(module)]
+
+
+def upward(found: list[tuple[str, str, int]]) -> list[str]:
+    """The imports that run up the rooms (or sideways where that is not allowed)."""
+    bad = []
+    for module, target, line in found:
+        here, there = room(module), room(target)
+        if here != there and (here, there) not in SIDEWAYS and LEVELS[there] >= LEVELS[here]:
+            bad.append(f"{module}:{line} ({here}) imports {target} ({there})")
+    return bad
+
+
+def crossing(found: list[tuple[str, str, int]]) -> list[str]:
+    """Front ends importing what they must reach through the daemon."""
+    return [f"{module}:{line} imports {target}" for module, target, line in found
+            if room(module) in ("cli", "tui") and room(target) in FRONT_ENDS_NEVER]
+
+
+def test_imports_only_go_down() -> None:
+    assert not upward(edges()), "imports running up the rooms:\n" + "\n".join(upward(edges()))
+
+
+def test_the_cli_and_the_tui_reach_the_daemon_only_through_the_client() -> None:
+    assert not crossing(edges()), "\n".join(crossing(edges()))
+
+
+def test_the_worker_process_loads_only_engines_the_cache_and_foundations() -> None:
+    seen, todo = {WORKER_MAIN}, [WORKER_MAIN]
+    while todo:
+        for target, _ in imports(todo.pop()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    extra = sorted(m for m in seen - {WORKER_MAIN} if room(m) not in WORKER_ROOMS and m != "localai.workers")
+    assert not extra, f"the worker process would load {extra}"
+
+
+def test_no_import_cycle_outside_the_cli_and_tui() -> None:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module in MODULES:
+        graph[module] = {target for target, _ in imports(module)}
+    cycles = [sorted(c) for c in strongly_connected(graph) if len(c) > 1]
+    bad = [c for c in cycles if len({room(m) for m in c}) > 1 or room(c[0]) not in CYCLES_ALLOWED_IN]
+    assert not bad, f"import cycles: {bad}"
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                found.append(component)
+    return found
+
+
+def test_the_rules_catch_what_they_forbid() -> None:
+    """The checks above can fail: the imports this layout cut, put back, are each caught."""
+    put_back = [("localai.models.pull", "localai.workers.scheduler", 1),  # an import running up
+                ("localai.promptcache.store", "localai.engines.engine", 2),  # sideways the wrong way
+                ("localai.tui.screens.cache", "localai.cli.models", 3),  # the TUI through the CLI
+                ("localai.engines.serving", "localai.promptcache.store", 4)]  # allowed
+    assert [line.split(":")[0] for line in upward(put_back)] == [
+        "localai.models.pull", "localai.promptcache.store", "localai.tui.screens.cache"]
+    assert crossing([("localai.cli.cache", "localai.runtime.divergence", 5)]) != []
+    cycles = strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+    assert sorted(sorted(c) for c in cycles if len(c) > 1) == [["a", "b", "c"]]
+    assert room("localai.text") == "foundations" and room("localai.tui.app") == "tui"
