@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -28,6 +28,7 @@ from localai.api.common import (
     generation_headers,
     runtime_of,
     sse,
+    stream_response,
 )
 from localai.api.errors import anthropic_error_type
 from localai.api.sessions import session_id
@@ -280,7 +281,7 @@ async def messages(body: MessagesRequest, request: Request) -> JSONResponse | St
             "usage": usage_json(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens),
         })
 
-    async def stream() -> AsyncIterator[bytes]:
+    async def stream() -> AsyncGenerator[bytes, None]:
         index = -1
         open_kind: str | None = None
 
@@ -296,49 +297,47 @@ async def messages(body: MessagesRequest, request: Request) -> JSONResponse | St
             open_kind = None
             return sse({"type": "content_block_stop", "index": index}, "content_block_stop")
 
-        try:
-            yield sse({"type": "message_start", "message": {
-                "id": message_id, "type": "message", "role": "assistant", "model": body.model, "content": [],
-                "stop_reason": None, "stop_sequence": None,
-                "usage": usage_json(generation.prompt_tokens, generation.cached_tokens, 0)}}, "message_start")
-            yield sse({"type": "ping"}, "ping")
-            async for event in generation.stream_events():
-                if isinstance(event, KeepAlive):
-                    yield sse({"type": "ping"}, "ping")
-                elif isinstance(event, TextDelta | ReasoningDelta):
-                    kind = "text" if isinstance(event, TextDelta) else "thinking"
-                    if open_kind != kind:
-                        if open_kind is not None:
-                            yield stop_block()
-                        yield start_block({"type": "text", "text": ""} if kind == "text"
-                                          else {"type": "thinking", "thinking": "", "signature": ""})
-                    delta = ({"type": "text_delta", "text": event.text} if kind == "text"
-                             else {"type": "thinking_delta", "thinking": event.text})
-                    yield sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta")
-                elif isinstance(event, ToolCallStart):
+        yield sse({"type": "message_start", "message": {
+            "id": message_id, "type": "message", "role": "assistant", "model": body.model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": usage_json(generation.prompt_tokens, generation.cached_tokens, 0)}}, "message_start")
+        yield sse({"type": "ping"}, "ping")
+        async for event in generation.stream_events():
+            if isinstance(event, KeepAlive):
+                yield sse({"type": "ping"}, "ping")
+            elif isinstance(event, TextDelta | ReasoningDelta):
+                kind = "text" if isinstance(event, TextDelta) else "thinking"
+                if open_kind != kind:
                     if open_kind is not None:
                         yield stop_block()
-                    yield start_block({"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
-                elif isinstance(event, ToolCallDelta):
-                    yield sse({"type": "content_block_delta", "index": index,
-                               "delta": {"type": "input_json_delta", "partial_json": event.arguments}},
-                              "content_block_delta")
-                elif isinstance(event, Finished):
-                    if open_kind is not None:
-                        yield stop_block()
-                    reason, sequence = stop_reason(event, body.stop_sequences)
-                    usage = event.usage
-                    yield sse({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                               "usage": usage_json(usage.prompt_tokens, usage.cached_tokens,
-                                                   usage.completion_tokens)}, "message_delta")
-                    yield sse({"type": "message_stop"}, "message_stop")
-        except LocalAIError as exc:
-            error = {"type": anthropic_error_type(exc.status_code), "message": exc.message}
-            yield sse({"type": "error", "error": error}, "error")
-        finally:
-            await generation.aclose()
+                    yield start_block({"type": "text", "text": ""} if kind == "text"
+                                      else {"type": "thinking", "thinking": "", "signature": ""})
+                delta = ({"type": "text_delta", "text": event.text} if kind == "text"
+                         else {"type": "thinking_delta", "thinking": event.text})
+                yield sse({"type": "content_block_delta", "index": index, "delta": delta}, "content_block_delta")
+            elif isinstance(event, ToolCallStart):
+                if open_kind is not None:
+                    yield stop_block()
+                yield start_block({"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
+            elif isinstance(event, ToolCallDelta):
+                yield sse({"type": "content_block_delta", "index": index,
+                           "delta": {"type": "input_json_delta", "partial_json": event.arguments}},
+                          "content_block_delta")
+            elif isinstance(event, Finished):
+                if open_kind is not None:
+                    yield stop_block()
+                reason, sequence = stop_reason(event, body.stop_sequences)
+                usage = event.usage
+                yield sse({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                           "usage": usage_json(usage.prompt_tokens, usage.cached_tokens,
+                                               usage.completion_tokens)}, "message_delta")
+                yield sse({"type": "message_stop"}, "message_stop")
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+    def error(exc: LocalAIError) -> bytes:
+        return sse({"type": "error", "error": {"type": anthropic_error_type(exc.status_code), "message": exc.message}},
+                   "error")
+
+    return stream_response(generation, stream(), error, headers={**SSE_HEADERS, **headers})
 
 
 class CountTokensRequest(MessagesRequest):

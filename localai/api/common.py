@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.models.registry import ModelRecord
@@ -102,6 +103,25 @@ def sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
 
 KEEPALIVE_COMMENT = b": keep-alive\n\n"  # an SSE comment: clients skip it, idle timers restart
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def stream_response(generation: Generation, frames: AsyncGenerator[bytes, None],
+                    error: Callable[[LocalAIError], bytes], *, headers: Mapping[str, str],
+                    media_type: str = "text/event-stream") -> StreamingResponse:
+    """The tail every dialect's stream shares: send the dialect's frames; an error once the stream has begun (the
+    status line is out) becomes the dialect's error frame; the generation is closed however the stream ends, a
+    client that went away included."""
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async with contextlib.aclosing(frames):
+                async for frame in frames:
+                    yield frame
+        except LocalAIError as exc:
+            yield error(exc)
+        finally:
+            await generation.aclose()
+
+    return StreamingResponse(body(), media_type=media_type, headers=dict(headers))
 
 
 def generation_headers(generation: Generation) -> dict[str, str]:

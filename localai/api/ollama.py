@@ -8,7 +8,7 @@ import datetime as dt
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localai import __version__
-from localai.api.common import collect, generation_headers, parse_arguments, remote_descriptions, runtime_of
+from localai.api.common import (
+    collect,
+    generation_headers,
+    parse_arguments,
+    remote_descriptions,
+    runtime_of,
+    stream_response,
+)
 from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
@@ -237,26 +244,22 @@ async def _respond(request: Request, generation: Generation, body_stream: bool, 
     def line(payload: dict[str, Any]) -> bytes:
         return (json.dumps(payload, ensure_ascii=False) + "\n").encode()
 
-    async def stream() -> AsyncIterator[bytes]:
-        try:
-            async for event in generation.stream_events():
-                if isinstance(event, TextDelta | KeepAlive):  # a keep-alive is an empty chunk: NDJSON has no comments
-                    text = event.text if isinstance(event, TextDelta) else ""
-                    yield line({"model": model, "created_at": now_iso(), **piece(text), "done": False})
-                elif isinstance(event, ReasoningDelta):
-                    yield line({"model": model, "created_at": now_iso(), **piece("", thinking=event.text),
-                                "done": False})
-                elif isinstance(event, ToolCallEnd):  # Ollama sends each call whole
-                    yield line({"model": model, "created_at": now_iso(),
-                                **piece("", tool_calls=_tool_calls_json([event])), "done": False})
-                elif isinstance(event, Finished):
-                    yield line({**piece(""), **_final(model, event, started)})
-        except LocalAIError as exc:
-            yield (json.dumps({"error": exc.message}) + "\n").encode()
-        finally:
-            await generation.aclose()
+    async def stream() -> AsyncGenerator[bytes, None]:
+        async for event in generation.stream_events():
+            if isinstance(event, TextDelta | KeepAlive):  # a keep-alive is an empty chunk: NDJSON has no comments
+                text = event.text if isinstance(event, TextDelta) else ""
+                yield line({"model": model, "created_at": now_iso(), **piece(text), "done": False})
+            elif isinstance(event, ReasoningDelta):
+                yield line({"model": model, "created_at": now_iso(), **piece("", thinking=event.text),
+                            "done": False})
+            elif isinstance(event, ToolCallEnd):  # Ollama sends each call whole
+                yield line({"model": model, "created_at": now_iso(),
+                            **piece("", tool_calls=_tool_calls_json([event])), "done": False})
+            elif isinstance(event, Finished):
+                yield line({**piece(""), **_final(model, event, started)})
 
-    return StreamingResponse(stream(), media_type="application/x-ndjson", headers=generation_headers(generation))
+    return stream_response(generation, stream(), lambda exc: line({"error": exc.message}),
+                           headers=generation_headers(generation), media_type="application/x-ndjson")
 
 
 async def _load_or_unload(request: Request, model: str, keep_alive: float | None, done_reason: str,

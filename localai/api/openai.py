@@ -6,7 +6,7 @@ import base64
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -24,6 +24,7 @@ from localai.api.common import (
     remote_descriptions,
     runtime_of,
     sse,
+    stream_response,
 )
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
@@ -318,34 +319,29 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": body.model,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
 
-    async def stream() -> AsyncIterator[bytes]:
-        try:
-            yield sse(chunk({"role": "assistant", "content": ""}))
-            async for event in generation.stream_events():
-                if isinstance(event, KeepAlive):
-                    yield KEEPALIVE_COMMENT
-                elif isinstance(event, TextDelta):
-                    yield sse(chunk({"content": event.text}))
-                elif isinstance(event, ReasoningDelta):
-                    yield sse(chunk({"reasoning_content": event.text}))
-                elif isinstance(event, ToolCallStart):
-                    yield sse(chunk({"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
-                                                     "function": {"name": event.name, "arguments": ""}}]}))
-                elif isinstance(event, ToolCallDelta):
-                    yield sse(chunk({"tool_calls": [{"index": event.index,
-                                                     "function": {"arguments": event.arguments}}]}))
-                elif isinstance(event, Finished):
-                    yield sse(chunk({}, finish_reason(event.reason)))
-                    if include_usage:
-                        yield sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                                   "model": body.model, "choices": [], "usage": usage_json(event.usage)})
-            yield sse("[DONE]")
-        except LocalAIError as exc:
-            yield sse_error(exc)
-        finally:
-            await generation.aclose()
+    async def stream() -> AsyncGenerator[bytes, None]:
+        yield sse(chunk({"role": "assistant", "content": ""}))
+        async for event in generation.stream_events():
+            if isinstance(event, KeepAlive):
+                yield KEEPALIVE_COMMENT
+            elif isinstance(event, TextDelta):
+                yield sse(chunk({"content": event.text}))
+            elif isinstance(event, ReasoningDelta):
+                yield sse(chunk({"reasoning_content": event.text}))
+            elif isinstance(event, ToolCallStart):
+                yield sse(chunk({"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
+                                                 "function": {"name": event.name, "arguments": ""}}]}))
+            elif isinstance(event, ToolCallDelta):
+                yield sse(chunk({"tool_calls": [{"index": event.index,
+                                                 "function": {"arguments": event.arguments}}]}))
+            elif isinstance(event, Finished):
+                yield sse(chunk({}, finish_reason(event.reason)))
+                if include_usage:
+                    yield sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                               "model": body.model, "choices": [], "usage": usage_json(event.usage)})
+        yield sse("[DONE]")
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+    return stream_response(generation, stream(), sse_error, headers={**SSE_HEADERS, **headers})
 
 
 @router.post("/v1/completions", response_model=None)
@@ -369,27 +365,22 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         return {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
 
-    async def stream() -> AsyncIterator[bytes]:
-        try:
-            if prefix:
-                yield sse(chunk(prefix))
-            async for event in generation.stream_events():
-                if isinstance(event, KeepAlive):
-                    yield KEEPALIVE_COMMENT
-                elif isinstance(event, TextDelta):
-                    yield sse(chunk(event.text))
-                elif isinstance(event, Finished):
-                    yield sse(chunk("", finish_reason(event.reason)))
-                    if include_usage:
-                        yield sse({"id": completion_id, "object": "text_completion", "created": created,
-                                   "model": body.model, "choices": [], "usage": usage_json(event.usage)})
-            yield sse("[DONE]")
-        except LocalAIError as exc:
-            yield sse_error(exc)
-        finally:
-            await generation.aclose()
+    async def stream() -> AsyncGenerator[bytes, None]:
+        if prefix:
+            yield sse(chunk(prefix))
+        async for event in generation.stream_events():
+            if isinstance(event, KeepAlive):
+                yield KEEPALIVE_COMMENT
+            elif isinstance(event, TextDelta):
+                yield sse(chunk(event.text))
+            elif isinstance(event, Finished):
+                yield sse(chunk("", finish_reason(event.reason)))
+                if include_usage:
+                    yield sse({"id": completion_id, "object": "text_completion", "created": created,
+                               "model": body.model, "choices": [], "usage": usage_json(event.usage)})
+        yield sse("[DONE]")
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return stream_response(generation, stream(), sse_error, headers=SSE_HEADERS)
 
 
 def model_json(name: str, record: ModelRecord, settings: Settings, remote: dict[str, Any] | None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -30,6 +30,7 @@ from localai.api.common import (
     parse_arguments,
     runtime_of,
     sse,
+    stream_response,
     unless_disconnected,
 )
 from localai.api.sessions import session_id
@@ -439,35 +440,32 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
             raise LocalAIError("the generation ended without finishing")
         return JSONResponse(await finish(finished), headers=headers)
 
-    async def stream() -> AsyncIterator[bytes]:
-        try:
-            start = response_json(body, response_id, created, "in_progress", [], tools, None)
-            builder.event("response.created", response=start)
-            builder.event("response.in_progress", response=start)
+    async def stream() -> AsyncGenerator[bytes, None]:
+        start = response_json(body, response_id, created, "in_progress", [], tools, None)
+        builder.event("response.created", response=start)
+        builder.event("response.in_progress", response=start)
+        for kind, data in builder.take():
+            yield sse(data, kind)
+        async for event in generation.stream_events():
+            if isinstance(event, KeepAlive):
+                yield KEEPALIVE_COMMENT
+                continue
+            if isinstance(event, Finished):
+                response = await finish(event)
+                builder.event("response.incomplete" if response["status"] == "incomplete"
+                              else "response.completed", response=response)
+            else:
+                builder.feed(event)
             for kind, data in builder.take():
                 yield sse(data, kind)
-            async for event in generation.stream_events():
-                if isinstance(event, KeepAlive):
-                    yield KEEPALIVE_COMMENT
-                    continue
-                if isinstance(event, Finished):
-                    response = await finish(event)
-                    builder.event("response.incomplete" if response["status"] == "incomplete"
-                                  else "response.completed", response=response)
-                else:
-                    builder.feed(event)
-                for kind, data in builder.take():
-                    yield sse(data, kind)
-        except LocalAIError as exc:
-            failed = response_json(body, response_id, created, "failed", builder.items, tools, None)
-            failed["error"] = {"code": exc.code or exc.error_type, "message": exc.message}
-            builder.event("response.failed", response=failed)
-            for kind, data in builder.take():
-                yield sse(data, kind)
-        finally:
-            await generation.aclose()
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+    def error(exc: LocalAIError) -> bytes:
+        failed = response_json(body, response_id, created, "failed", builder.items, tools, None)
+        failed["error"] = {"code": exc.code or exc.error_type, "message": exc.message}
+        builder.event("response.failed", response=failed)
+        return b"".join(sse(data, kind) for kind, data in builder.take())
+
+    return stream_response(generation, stream(), error, headers={**SSE_HEADERS, **headers})
 
 
 @router.get("/v1/responses/{response_id}")
