@@ -2,7 +2,7 @@
 
 Overhead: the same streamed requests straight to an upstream and through the daemon (a remote model on that
 upstream), alternated so both see the same machine: time to first token and decode tokens/s.
-Affinity: the interleaved agent trace (``bench_agents``) against two replicas, routed by session and then
+Affinity: the interleaved agent trace (``bench/agents.py``) against two replicas, routed by session and then
 round-robin; the replicas' own counters say how many prompt tokens each had to compute.
 """
 
