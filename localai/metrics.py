@@ -19,6 +19,8 @@ CACHE_STATS = {
     "blocks_written": "Token blocks written to disk (each block once, however many sessions share it)",
     "evictions": "Blocks (and old-format entries) evicted by the disk quota",
     "corrupt": "Blocks or snapshots dropped because they were truncated, corrupt or foreign",
+    "dropped_writes": "Cache writes given up (the write queue behind its budget, a full or vanished disk)",
+    "save_races": "Saves whose state was cut again because eviction removed a block meanwhile",
 }
 
 

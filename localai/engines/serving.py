@@ -316,6 +316,9 @@ class Serving:
         except OSError as exc:
             self.cache.count("dropped_writes")
             log.warning("could not save %d tokens to the prompt cache (%s); the reply is unaffected", len(tokens), exc)
+        except Exception:  # a cache bug costs the cache an entry, never every request on the model
+            self.cache.count("dropped_writes")
+            log.exception("saving %d tokens to the prompt cache failed; the reply is unaffected", len(tokens))
 
     # -- decoding --------------------------------------------------------------------------------
 

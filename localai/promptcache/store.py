@@ -113,7 +113,8 @@ class PromptStore:
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
-                      "evictions": 0, "corrupt": 0, "dropped_writes": 0, "blocks_written": 0}
+                      "evictions": 0, "corrupt": 0, "dropped_writes": 0, "blocks_written": 0,
+                      "save_races": 0}
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "owners").mkdir(exist_ok=True)
         self._owner_file = self.dir / "owners" / str(os.getpid())
@@ -347,52 +348,71 @@ class PromptStore:
             return None
         tokens = list(tokens)
         chunks = self._keys(tokens)
-        with self._lock:
-            missing = [(index, key) for index, (key, _, _) in enumerate(chunks) if key not in self.folder.blocks]
-        ranges = [(chunks[index][1], chunks[index][2]) for index, _ in missing]
+        for _ in range(3):
+            with self._lock:
+                missing = [(index, key) for index, (key, _, _) in enumerate(chunks) if key not in self.folder.blocks]
+            split = self._split(state, len(tokens), [(chunks[index][1], chunks[index][2]) for index, _ in missing])
+            with self._lock:
+                # The state is cut outside the lock, so the writer's eviction may have dropped a block counted as
+                # stored meanwhile (its payload was not cut): cut again for the new set; after three tries, give up.
+                new = {index for index, _ in missing}
+                if all(key in self.folder.blocks for index, (key, _, _) in enumerate(chunks) if index not in new):
+                    return self._index(tokens, chunks, missing, split, state, session, kind)
+                self.stats["save_races"] += 1
+        log.info("not saving %d tokens: their blocks kept being evicted while the state was cut", len(tokens))
+        return None
+
+    def _split(self, state: StateBytes, n_tokens: int,
+               ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
+        if self.whole:
+            return None
         try:
-            split = self.codec.state_split(state, len(tokens), ranges) if not self.whole else None
+            return self.codec.state_split(state, n_tokens, ranges)
         except ValueError as exc:
             log.warning("cannot cut this state into blocks (%s); keeping it whole", exc)
-            split = None
+            return None
+
+    def _index(self, tokens: list[int], chunks: list[tuple[str, int, int]], missing: list[tuple[int, str]],
+               split: tuple[Any, list[bytes], bytes] | None, state: StateBytes, session: str | None,
+               kind: str) -> Head | None:
+        """``save``'s second half, under the lock: the new blocks, snapshot and head into the index and the queue."""
         if split is None:
-            layout, pieces, rest = None, [b""] * len(ranges), state
+            layout, pieces, rest = None, [b""] * len(missing), state
         else:
             layout, pieces, rest = split
-        with self._lock:
-            if split is None and not self.whole:
-                if self.layout is not None or self.folder.blocks:
-                    return None  # blocks with payloads exist: do not mix layouts
-                self.whole = True
-                self._save_layout({"whole": True})
-            elif split is not None and json.loads(json.dumps(layout)) != (self.layout or {}).get("layout"):
-                self._save_layout({"layout": json.loads(json.dumps(layout)), "rest": bool(rest)})
-            system = kind == "system"
-            parent = self.fingerprint
-            new_pieces = {index: piece for (index, _), piece in zip(missing, pieces, strict=True)}
-            for index, (key, start, end) in enumerate(chunks):
-                payload = new_pieces.get(index)
-                if payload is not None:
-                    block = Block(key, parent, tokens[start:end], len(payload), system=system, mine=True)
-                    self.folder.add_block(block)
-                    self._enqueue("block", block, payload)
-                else:
-                    block = self.folder.blocks[key]
-                    block.last_used = time.time()
-                    block.system = block.system or system
-                parent = key
-            last = chunks[-1][0]
-            head = self._head_for(tokens, session, kind, last)
-            if rest:
-                if head.snapshot and head.key != last:
-                    self._enqueue("drop_snapshot", head.key, b"")
-                head.snapshot = True
-                self.folder.snapshots[last] = len(rest)
-                self._enqueue("snapshot", last, rest)
-            head.key, head.n_tokens, head.last_used, head.owner = last, len(tokens), time.time(), os.getpid()
-            self.folder.heads[head.id] = head
-            self._enqueue("head", head, b"")
-            self._wake.notify()
+        if split is None and not self.whole:
+            if self.layout is not None or self.folder.blocks:
+                return None  # blocks with payloads exist: do not mix layouts
+            self.whole = True
+            self._save_layout({"whole": True})
+        elif split is not None and json.loads(json.dumps(layout)) != (self.layout or {}).get("layout"):
+            self._save_layout({"layout": json.loads(json.dumps(layout)), "rest": bool(rest)})
+        system = kind == "system"
+        parent = self.fingerprint
+        new_pieces = {index: piece for (index, _), piece in zip(missing, pieces, strict=True)}
+        for index, (key, start, end) in enumerate(chunks):
+            payload = new_pieces.get(index)
+            if payload is not None:
+                block = Block(key, parent, tokens[start:end], len(payload), system=system, mine=True)
+                self.folder.add_block(block)
+                self._enqueue("block", block, payload)
+            else:
+                block = self.folder.blocks[key]
+                block.last_used = time.time()
+                block.system = block.system or system
+            parent = key
+        last = chunks[-1][0]
+        head = self._head_for(tokens, session, kind, last)
+        if rest:
+            if head.snapshot and head.key != last:
+                self._enqueue("drop_snapshot", head.key, b"")
+            head.snapshot = True
+            self.folder.snapshots[last] = len(rest)
+            self._enqueue("snapshot", last, rest)
+        head.key, head.n_tokens, head.last_used, head.owner = last, len(tokens), time.time(), os.getpid()
+        self.folder.heads[head.id] = head
+        self._enqueue("head", head, b"")
+        self._wake.notify()
         return head
 
     def _head_for(self, tokens: list[int], session: str | None, kind: str, last: str) -> Head:
@@ -427,12 +447,11 @@ class PromptStore:
     def _enqueue(self, kind: str, item: Any, payload: bytes | bytearray) -> None:
         """Queue a write (caller holds the lock); a queue larger than ``queue_bytes`` drops its oldest blocks."""
         payload = bytes(payload)  # a snapshot cut from the engine's (mutable) state buffer: kept as its own copy
-        if kind == "block":
-            self._pending["b:" + item.key] = payload
-            self._remember("b:" + item.key, payload)
-        elif kind == "snapshot":
-            self._pending["s:" + item] = payload
-            self._remember("s:" + item, payload)
+        key = {"block": lambda: "b:" + item.key, "snapshot": lambda: "s:" + item}.get(kind, lambda: "")()
+        if key:
+            self._queued_bytes -= len(self._pending.get(key, b""))  # queued again before written: counted once
+            self._pending[key] = payload
+            self._remember(key, payload)
         self._queue.append((kind, item))
         self._queued_bytes += len(payload)
         while self._queued_bytes > self.queue_bytes:
@@ -478,8 +497,11 @@ class PromptStore:
         if kind == "block":
             with self._lock:
                 payload = self._pending.get("b:" + item.key)
-                wanted = item.key in self.folder.blocks
-            if payload is None or not wanted:
+                if payload is not None and item.key not in self.folder.blocks:  # dropped while it waited
+                    del self._pending["b:" + item.key]
+                    self._queued_bytes -= len(payload)
+                    return
+            if payload is None:
                 return
             written = write_atomic(self.folder.block_path(item.key), block_file(item.parent, item.tokens, payload))
             with self._lock:
