@@ -3,10 +3,16 @@ interleaving is forced with the store's own lock or a codec hook), so each test 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from localai.promptcache.blocks import BLOCK_TOKENS
+import pytest
+
+from localai.promptcache import admin
+from localai.promptcache.blocks import BLOCK_TOKENS, Folder
 from localai.promptcache.store import PromptStore, StateBytes
 from tests.cachecodec import BytesCodec, state_of
 
@@ -97,3 +103,74 @@ def test_the_queue_budget_keeps_persisting_after_many_dropped_blocks(tmp_path: P
     cache.flush()
     assert cache.stats_snapshot()["dropped_writes"] == 0
     assert store(tmp_path).lookup(last) is not None
+
+
+def test_listing_the_cache_while_a_worker_saves_never_deletes_its_entry(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's save (blocks, then the head) lands between the listing's read of the blocks and of the heads:
+    the listing saw a head whose blocks it had not seen. Before: it deleted that head (the session's entry)."""
+    cache = store(tmp_path)
+    tokens = list(range(2000, 2000 + 3 * BLOCK_TOKENS))
+    real = Folder._scan_blocks
+
+    def blocks_then_a_save(folder: Folder, complaints: list[str], *, repair: bool) -> None:
+        real(folder, complaints, repair=repair)
+        if folder is not cache.folder:  # the listing's folder, not the worker's own
+            cache.save(tokens, state_of(tokens), "live")
+            cache.flush()
+
+    monkeypatch.setattr(Folder, "_scan_blocks", blocks_then_a_save)
+    listed = admin.list_entries(tmp_path)
+    monkeypatch.setattr(Folder, "_scan_blocks", real)
+    assert [e.session for e in listed] == []  # not complete when the listing looked: left out, not deleted
+    assert [e.session for e in admin.list_entries(tmp_path)] == ["live"]
+    assert admin.stats(tmp_path)["entries"] == 1
+    again = store(tmp_path)
+    match = again.lookup(tokens)
+    assert match is not None and match.common == len(tokens)
+
+
+def test_a_second_workers_startup_repair_spares_a_live_workers_head(tmp_path: Path) -> None:
+    """A head whose blocks are not all there yet, owned by a live process other than this one, is another worker's
+    save in progress: a starting worker's repair leaves it."""
+    tokens = list(range(3000, 3000 + 2 * BLOCK_TOKENS))
+    cache = store(tmp_path)
+    cache.save(tokens, state_of(tokens), "s")
+    cache.flush()
+    head = next((tmp_path / FP / "heads").glob("*.json"))
+    data = json.loads(head.read_text())
+    first_block = cache.folder.block_path(cache._keys(tokens)[0][0])
+    first_block.rename(first_block.with_name(".tmp-1-" + first_block.name))  # "not written yet"
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        head.write_text(json.dumps({**data, "owner": live.pid}))
+        store(tmp_path)
+        assert head.exists()
+        head.write_text(json.dumps({**data, "owner": 999_999}))  # a dead owner: its chain can never complete
+        store(tmp_path)
+        assert not head.exists()
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_cache_rm_under_a_running_worker_is_noticed_and_the_session_saved_whole_again(tmp_path: Path) -> None:
+    """4 sessions x 6 turns; ``localai cache rm --session`` of one after turn 3 while its worker lives on. Before:
+    the worker trusted its index, rewrote the head but not the deleted blocks, and after a restart that session
+    restored only its newest blocks' worth; ``bytes_on_disk`` over-counted, so eviction removed too much."""
+    cache = store(tmp_path)
+    prompts: dict[str, list[int]] = {f"s{n}": list(range(n * 10_000, n * 10_000 + 300)) for n in range(4)}
+    for turn in range(6):
+        for session, tokens in prompts.items():
+            tokens += [turn] * 50
+            cache.save(tokens, state_of(tokens), session)
+        cache.flush()
+        if turn == 2:
+            assert admin.remove_entries(session="s1", root=tmp_path) == 1
+    on_disk = sum(p.stat().st_size for p in (tmp_path / FP).glob("blocks/*.blk")) + \
+        sum(p.stat().st_size for p in (tmp_path / FP).glob("snaps/*.snp"))
+    assert cache.folder.bytes_on_disk() - 256 * len(cache.folder.heads) == on_disk
+    restarted = store(tmp_path)
+    for session, tokens in prompts.items():
+        match = restarted.lookup(tokens)
+        assert match is not None and match.common == len(tokens), session

@@ -39,7 +39,7 @@ def folders(root: Path | None = None) -> list[Folder]:
     for path in sorted(base.glob("*/")) if base.exists() else []:
         if path.is_dir() and not path.name.startswith("."):
             folder = Folder(path)
-            folder.scan()
+            folder.scan()  # read-only: workers may be writing here
             found.append(folder)
     return found
 
@@ -49,7 +49,7 @@ def list_entries(root: Path | None = None) -> list[EntryInfo]:
     pins = load_pins(base)
     entries = []
     for folder in folders(base):
-        for head in folder.heads.values():
+        for head in folder.complete_heads():
             keys = folder.chain(head.key)
             size = sum(folder.blocks[key].size for key in keys) + folder.snapshots.get(head.key, 0)
             entries.append(EntryInfo(
@@ -99,6 +99,8 @@ def _drop_heads(folder: Folder, head_ids: list[str]) -> None:
         folder.drop_head(head_id)
     for key in chains - folder.referenced():
         folder.drop_block(key)
+    if head_ids:
+        folder.mark_changed()
 
 
 def remove_entries(*, entry: str | None = None, session: str | None = None, root: Path | None = None) -> int:
@@ -149,6 +151,7 @@ def prune(*, max_bytes: int, older_than: float | None = None, root: Path | None 
         total -= block.size + folder.snapshots.get(block.key, 0)
         for head in folder.drop_block(block.key):
             folder.write_head(head)
+        folder.mark_changed()
         removed += 1
     drop_expired(base)
     return removed

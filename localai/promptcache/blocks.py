@@ -10,6 +10,8 @@ size, KV type or attention layout never sees another's state:
   whole state from an engine without a block layout), taken where the sequence ending in block ``key`` ended.
 - ``heads/<id>.json``: an entry: where one saved sequence ends (its last block), its session, kind and owner.
 - ``layout.json``: how the engine rebuilds a state from blocks (written by the worker, read back after restarts).
+- ``changed``: touched by whoever deletes files another process may have indexed (``localai cache rm`` and
+  ``prune``, a worker's eviction); a worker that sees it move forgets what is gone before it saves or looks up.
 - ``owners/<pid>``: the workers using the folder now. Nothing a live worker on this folder owns is deleted by
   another (two names for the same weights, or two daemons on one home).
 
@@ -41,6 +43,7 @@ BLOCK_TOKENS = 64
 MAGIC = b"LAIBLK01"
 HEADER_LEN = struct.Struct("<I")
 STALE_TEMP_SECONDS = 3600.0
+CHANGED_FILE = "changed"
 
 
 def fingerprint(parts: dict[str, Any]) -> str:
@@ -225,15 +228,51 @@ class Folder:
         keys.reverse()
         return keys if key == self.fingerprint else []
 
-    def scan(self) -> list[str]:
-        """Read the folder (headers only); returns complaints about unreadable files, which are deleted."""
-        complaints = []
+    def scan(self, *, repair: bool = False) -> list[str]:
+        """Read the folder into the index (headers only); returns complaints about unreadable files.
+
+        Other processes write here while it runs (a worker writes blocks, then the entry's head), so what looks
+        incomplete may only be newer than the listing. Without ``repair`` (listings, ``localai cache``, a worker's
+        rescan) nothing is deleted. With it (a worker starting on the folder), damaged files and temp files of dead
+        writers go, and so do blocks and heads whose chain is still broken after the blocks are listed again, unless
+        a live process other than this one owns them."""
+        complaints: list[str] = []
+        if repair:
+            self._remove_dead_temps()
+        self._scan_blocks(complaints, repair=repair)
+        self._scan_snapshots()
+        self._scan_heads(complaints, repair=repair)
+        if repair and (self._broken_blocks() or self._broken_heads()):
+            self._scan_blocks(complaints, repair=repair)  # blocks written while the folder was read
+            for key in self._broken_blocks():
+                if not self.block_path(self.blocks[key].parent).exists():
+                    complaints.append(f"{key}.blk: an earlier block of its chain is gone")
+                    self.drop_block(key)  # can never be restored
+            for head_id in self._broken_heads():
+                owner = self.heads[head_id].owner
+                if owner == os.getpid() or not pid_alive(owner):
+                    self.drop_head(head_id)
+        for head in self.heads.values():
+            if head.kind == "system":
+                for key in self.chain(head.key):
+                    self.blocks[key].system = True
+        return complaints
+
+    def _broken_blocks(self) -> list[str]:
+        return [key for key in self.blocks if not self.chain(key)]
+
+    def _broken_heads(self) -> list[str]:
+        return [head.id for head in self.heads.values() if not self.chain(head.key)]
+
+    def _remove_dead_temps(self) -> None:
         for folder in ("blocks", "snaps", "heads"):
             for temp in (self.path / folder).glob(".tmp-*"):
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     pid = int(temp.name.split("-")[1])
                     if not pid_alive(pid) or time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
                         temp.unlink()  # a write that never finished
+
+    def _scan_blocks(self, complaints: list[str], *, repair: bool) -> None:
         for path in (self.path / "blocks").glob("*.blk"):
             if path.stem in self.blocks or path.name.startswith("."):
                 continue  # known, or a write in progress (.tmp-*)
@@ -244,14 +283,19 @@ class Folder:
                 continue
             except (OSError, CorruptEntry) as exc:
                 complaints.append(f"{path.name}: {exc}")
-                path.unlink(missing_ok=True)
+                if repair:
+                    path.unlink(missing_ok=True)
                 continue
             self.add_block(Block(path.stem, str(header["parent"]), tokens, stat.st_size, stat.st_mtime, True))
+
+    def _scan_snapshots(self) -> None:
         for path in (self.path / "snaps").glob("*.snp"):
             if path.name.startswith("."):
                 continue
             with contextlib.suppress(OSError):
                 self.snapshots[path.stem] = path.stat().st_size
+
+    def _scan_heads(self, complaints: list[str], *, repair: bool) -> None:
         for path in (self.path / "heads").glob("*.json"):
             if path.name.startswith("."):
                 continue
@@ -265,19 +309,42 @@ class Folder:
                 continue
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 complaints.append(f"{path.name}: {exc}")
-                path.unlink(missing_ok=True)
+                if repair:
+                    path.unlink(missing_ok=True)
                 continue
             self.heads.setdefault(head.id, head)
-        for key in [k for k in self.blocks if not self.chain(k)]:
-            complaints.append(f"{key}.blk: an earlier block of its chain is gone")
-            self.drop_block(key)  # can never be restored
-        for head_id in [h.id for h in self.heads.values() if not self.chain(h.key)]:
-            self.drop_head(head_id)
-        for head in self.heads.values():
-            if head.kind == "system":
-                for key in self.chain(head.key):
-                    self.blocks[key].system = True
-        return complaints
+
+    def complete_heads(self) -> list[Head]:
+        """The entries whose whole chain of blocks is known (a listing's entries: a head seen before the blocks
+        its worker wrote just before it is left out, not deleted)."""
+        return [head for head in self.heads.values() if self.chain(head.key)]
+
+    def mark_changed(self) -> None:
+        """Tell the other processes on this folder that files they may have indexed were deleted."""
+        with contextlib.suppress(OSError):
+            (self.path / CHANGED_FILE).write_bytes(str(time.time_ns()).encode())
+
+    def changed_stamp(self) -> int:
+        try:
+            return (self.path / CHANGED_FILE).stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    def forget_missing(self, *, keep_heads: set[str]) -> int:
+        """Drop from the index the blocks, snapshots and heads whose files another process deleted (nothing is
+        deleted here); a head in ``keep_heads`` (queued for writing) stays. Returns how many were forgotten."""
+        gone = [key for key, block in self.blocks.items() if block.on_disk and not self.block_path(key).exists()]
+        for key in gone:
+            block = self.blocks.pop(key)
+            self.children.get(block.parent, set()).discard(key)
+        snaps = [key for key in self.snapshots if not self.snapshot_path(key).exists()]
+        for key in snaps:
+            del self.snapshots[key]
+        heads = [head_id for head_id in self.heads
+                 if head_id not in keep_heads and not self.head_path(head_id).exists()]
+        for head_id in heads:
+            del self.heads[head_id]
+        return len(gone) + len(snaps) + len(heads)
 
     def bytes_on_disk(self) -> int:
         heads = 256 * len(self.heads)
@@ -367,4 +434,6 @@ class Folder:
             evicted += 1
             for head in self.drop_block(victim.key):
                 self.write_head(head)
+        if evicted:
+            self.mark_changed()
         return freed, evicted

@@ -119,7 +119,8 @@ class PromptStore:
         (self.dir / "owners").mkdir(exist_ok=True)
         self._owner_file = self.dir / "owners" / str(os.getpid())
         self._owner_file.touch()
-        for complaint in self.folder.scan():
+        self._seen_change = self.folder.changed_stamp()
+        for complaint in self.folder.scan(repair=True):
             log.warning("dropping damaged cache file %s", complaint)
             self.stats["corrupt"] += 1
         self._load_layout()
@@ -141,6 +142,7 @@ class PromptStore:
 
     def lookup(self, prompt: list[int]) -> Match | None:
         """The longest stored prefix of ``prompt`` that can be restored."""
+        self._notice_deletions()
         with self._lock:
             if self.whole:
                 return self._lookup_whole(prompt)
@@ -346,6 +348,7 @@ class PromptStore:
         """Store a sequence: its new blocks, its snapshot and its head, queued for the disk (never waited on)."""
         if len(tokens) < MIN_TOKENS or not state:
             return None
+        self._notice_deletions()
         tokens = list(tokens)
         chunks = self._keys(tokens)
         for _ in range(3):
@@ -361,6 +364,19 @@ class PromptStore:
                 self.stats["save_races"] += 1
         log.info("not saving %d tokens: their blocks kept being evicted while the state was cut", len(tokens))
         return None
+
+    def _notice_deletions(self) -> None:
+        """Another process (``localai cache rm``/``prune``, a second worker's eviction) deleted files here: forget
+        them, so a save writes those blocks again instead of trusting an index that no longer matches the disk."""
+        stamp = self.folder.changed_stamp()
+        if stamp == self._seen_change:
+            return
+        with self._lock:
+            self._seen_change = stamp
+            queued = {item.id for kind, item in self._queue if kind == "head"}
+            forgotten = self.folder.forget_missing(keep_heads=queued)
+        if forgotten:
+            log.info("forgot %d cache files another process deleted", forgotten)
 
     def _split(self, state: StateBytes, n_tokens: int,
                ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
@@ -596,7 +612,7 @@ class PromptStore:
                 path.unlink(missing_ok=True)
                 total -= size
                 self.stats["evictions"] += 1
-            self.folder.scan()  # blocks another worker on this fingerprint added since
+            self.folder.scan()  # blocks another worker on this fingerprint added since (read-only)
             pins = load_pins(self.root)
             protected: set[str] = self._queued_keys()
             for head in self.folder.heads.values():
@@ -605,6 +621,7 @@ class PromptStore:
             others_live = {h.owner for h in self.folder.heads.values()
                            if h.owner != os.getpid() and pid_alive(h.owner)}
             _, evicted = self.folder.evict(total - self.max_bytes, protected=protected, skip_owner=others_live)
+            self._seen_change = self.folder.changed_stamp()  # its own mark: nothing of this index went missing
             self.stats["evictions"] += evicted
             for key in [k for k in self._ram if k[2:] not in self.folder.blocks and k[2:] not in
                         self.folder.snapshots]:
