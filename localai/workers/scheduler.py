@@ -55,6 +55,9 @@ class Scheduler:
         self.waiting = 0
         self.queued: dict[str, int] = {}  # requests waiting for a slot (or a load), per model
         self._load_lock = asyncio.Lock()
+        # Models whose worker is stopping (up to the stop's timeout): their memory is not free yet, so a load of
+        # the same model waits for the stop, and they count against max_loaded_models.
+        self.stopping: dict[str, list[asyncio.Event]] = {}
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -108,6 +111,8 @@ class Scheduler:
             if current is not None:
                 log.info("reloading %s (its settings changed or its worker died)", record.name)
                 await self._unload(current, wait_idle=True)
+            for stopped in list(self.stopping.get(record.name, ())):
+                await stopped.wait()  # its previous worker is still stopping: never two in memory at once
             await self._make_room()
             worker = Worker(record.name, engine, options, debug=self.settings.debug)
             worker.on_exit = self._worker_exited
@@ -122,12 +127,12 @@ class Scheduler:
             return model
 
     async def _make_room(self) -> None:
-        while len(self.loaded) >= self.settings.max_loaded_models:
+        while len(self.loaded) + sum(map(len, self.stopping.values())) >= self.settings.max_loaded_models:
             idle = [m for m in self.loaded.values() if m.active == 0]
             if idle:
                 await self._unload(min(idle, key=lambda m: m.last_used))
                 continue
-            await asyncio.sleep(0.05)  # every loaded model is busy: wait for one to go idle
+            await asyncio.sleep(0.05)  # every loaded model is busy, or one is still stopping: wait
 
     def _worker_exited(self, worker: Worker) -> None:
         for name, model in list(self.loaded.items()):
@@ -151,14 +156,23 @@ class Scheduler:
             await self._unload(model)
 
     async def _unload(self, model: LoadedModel, *, wait_idle: bool = False) -> None:
-        if self.loaded.get(model.name) is model:
-            del self.loaded[model.name]
-        if model._expiry is not None:
-            model._expiry.cancel()
-        if wait_idle:
-            while model.active and model.worker.alive:
-                await asyncio.sleep(0.05)
-        await model.worker.stop()
+        if self.loaded.get(model.name) is not model:
+            return  # already unloading (keep_alive, `localai stop` and a reload can each ask)
+        del self.loaded[model.name]
+        stopped = asyncio.Event()
+        self.stopping.setdefault(model.name, []).append(stopped)
+        try:
+            if model._expiry is not None:
+                model._expiry.cancel()
+            if wait_idle:
+                while model.active and model.worker.alive:
+                    await asyncio.sleep(0.05)
+            await model.worker.stop()
+        finally:
+            stopped.set()
+            self.stopping[model.name].remove(stopped)
+            if not self.stopping[model.name]:
+                del self.stopping[model.name]
 
     async def unload(self, name: str) -> bool:
         """Unload a model now (``localai stop``); True when it was loaded."""

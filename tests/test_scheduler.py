@@ -1,0 +1,144 @@
+"""The scheduler's load/unload/expire races, with a stand-in worker whose stop is held open by the test (a real
+worker's stop can take up to its timeout): the interleavings are forced, not hoped for."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from localai.models.registry import ModelRecord
+from localai.settings import Settings
+from localai.workers import scheduler as scheduling
+from localai.workers.scheduler import Scheduler
+
+
+class HeldWorker:
+    """Starts at once; ``stop`` waits for the test's gate. Fails the test if two run for one model at once."""
+
+    instances: list[HeldWorker] = []
+    gate: asyncio.Event
+    fail_start = False
+
+    def __init__(self, name: str, backend: str, options: dict[str, Any], *, debug: bool = False) -> None:
+        self.name = name
+        self.alive = False
+        self.info: dict[str, Any] | None = None
+        self.on_exit: Any = None
+        self.on_stats: Any = None
+        self.stops = 0
+
+    async def start(self, timeout: float) -> dict[str, Any]:
+        if HeldWorker.fail_start:
+            from localai.errors import WorkerCrashed
+
+            raise WorkerCrashed("the engine could not load the model")
+        running = [w for w in HeldWorker.instances if w.alive and w.name == self.name]
+        assert not running, f"a second worker for {self.name} while one is still running or stopping"
+        HeldWorker.instances.append(self)
+        self.alive = True
+        self.info = {"n_parallel": 2}
+        return self.info
+
+    async def stop(self) -> None:
+        self.stops += 1
+        await HeldWorker.gate.wait()
+        self.alive = False
+
+
+@pytest.fixture(autouse=True)
+def held_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    HeldWorker.instances = []
+    monkeypatch.setattr(scheduling, "Worker", HeldWorker)
+
+
+def record(name: str) -> ModelRecord:
+    return ModelRecord(name=name, source="test", path=f"/models/{name}.gguf", format="gguf", sha256="0" * 64,
+                       size=1, family="", quantization="", parameter_size="", context_length=4096,
+                       parameters={"engine": "scripted"})
+
+
+def settings(**values: Any) -> Settings:
+    return Settings(**{"keep_alive": 300, "max_loaded_models": 3, **values})
+
+
+async def use(schedule: Scheduler, model: ModelRecord, *, keep_alive: float | None = None) -> None:
+    async with schedule.lease(model, keep_alive=keep_alive):
+        pass
+
+
+def test_a_request_during_keep_alive_expiry_waits_for_the_stop_instead_of_loading_twice() -> None:
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        schedule = Scheduler(settings())
+        model = record("m")
+        await use(schedule, model, keep_alive=0)  # expires at once: its stop starts and is held
+        await asyncio.sleep(0.05)
+        assert "m" in schedule.stopping and "m" not in schedule.loaded
+        second = asyncio.create_task(use(schedule, model))
+        await asyncio.sleep(0.1)
+        assert len(HeldWorker.instances) == 1 and not second.done()  # waiting, not loading beside it
+        HeldWorker.gate.set()
+        await second
+        assert len(HeldWorker.instances) == 2 and not HeldWorker.instances[0].alive
+        assert schedule.loaded["m"].worker is HeldWorker.instances[1] and not schedule.stopping
+
+    asyncio.run(run())
+
+
+def test_stop_and_expiry_at_once_stop_the_worker_once() -> None:
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        schedule = Scheduler(settings())
+        model = record("m")
+        await use(schedule, model)
+        loaded = schedule.loaded["m"]
+        first = asyncio.create_task(schedule.unload("m"))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(schedule._expire(loaded))
+        third = asyncio.create_task(schedule._unload(loaded))
+        await asyncio.sleep(0.01)
+        HeldWorker.gate.set()
+        assert await first is True
+        await second
+        await third
+        assert loaded.worker.stops == 1 and not schedule.stopping and not schedule.loaded
+
+    asyncio.run(run())
+
+
+def test_a_model_still_stopping_counts_against_max_loaded_models() -> None:
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        schedule = Scheduler(settings(max_loaded_models=1))
+        await use(schedule, record("a"), keep_alive=0)
+        await asyncio.sleep(0.05)
+        other = asyncio.create_task(use(schedule, record("b")))
+        await asyncio.sleep(0.1)
+        assert not other.done() and [w.name for w in HeldWorker.instances] == ["a"]  # a's memory is not free yet
+        HeldWorker.gate.set()
+        await other
+        assert [w.name for w in HeldWorker.instances] == ["a", "b"] and list(schedule.loaded) == ["b"]
+
+    asyncio.run(run())
+
+
+def test_a_load_that_fails_leaves_no_count_behind_and_the_next_request_loads() -> None:
+    from localai.errors import WorkerCrashed
+
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        HeldWorker.gate.set()
+        schedule = Scheduler(settings())
+        HeldWorker.fail_start = True
+        try:
+            with pytest.raises(WorkerCrashed):
+                await use(schedule, record("m"))
+        finally:
+            HeldWorker.fail_start = False
+        assert schedule.waiting == 0 and not schedule.queued and not schedule.loaded and not schedule.stopping
+        await use(schedule, record("m"))
+        assert "m" in schedule.loaded
+
+    asyncio.run(run())
