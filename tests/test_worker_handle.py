@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -97,5 +98,38 @@ def test_a_worker_the_daemon_gives_up_on_is_killed(tmp_path: Path) -> None:
             await drain(worker, op("x"))
         assert worker.process is not None
         assert await asyncio.wait_for(worker.process.wait(), 30) is not None  # killed, not left running
+
+    asyncio.run(scenario())
+
+
+STARTS_BADLY = {
+    "exits at once": "import sys; sys.exit(3)",
+    "garbage frame": "import os, struct, sys; fd = int(sys.argv[1]); os.write(fd, struct.pack('<I', 5) + b'{nope')"
+                     "; import time; time.sleep(60)",
+    "oversized frame": "import os, struct, sys; os.write(int(sys.argv[1]), struct.pack('<I', 2**31)); "
+                       "import time; time.sleep(60)",
+    "silent": "import time; time.sleep(60)",
+}
+
+
+@pytest.mark.parametrize("behaviour", list(STARTS_BADLY))
+def test_a_worker_that_fails_to_start_leaves_no_socket_and_no_process(tmp_path: Path, behaviour: str) -> None:
+    """Every way a load can fail closes the daemon's end of the socket and ends the process (before, a bad first
+    frame escaped as a ValueError with both left open, and the other paths left the socket open)."""
+    from localai.errors import WorkerLoadFailed
+
+    script = tmp_path / "starts_badly.py"
+    script.write_text(STARTS_BADLY[behaviour])
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def scenario() -> None:
+        worker = BadWorker(script)
+        before = open_fds()
+        with pytest.raises(WorkerLoadFailed):
+            await worker.start(2)
+        assert worker.process is not None and worker.process.returncode is not None
+        assert open_fds() <= before and worker._writer is None
 
     asyncio.run(scenario())

@@ -48,29 +48,31 @@ class Worker:
     async def start(self, timeout: float) -> ModelInfo:
         """Spawn the worker and wait for its ``ready`` frame (or its load error)."""
         parent, child = socket.socketpair()
-        paths.logs_dir().mkdir(parents=True, exist_ok=True)
-        paths.rotate_log(paths.logs_dir() / "workers.log")
-        log_file = open(paths.logs_dir() / "workers.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.process = await asyncio.create_subprocess_exec(
-                *self.command(child.fileno()), pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
-                stdout=log_file, stderr=log_file, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        finally:
-            child.close()
-            log_file.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=protocol.MAX_FRAME)
-        try:
+            paths.logs_dir().mkdir(parents=True, exist_ok=True)
+            paths.rotate_log(paths.logs_dir() / "workers.log")
+            log_file = open(paths.logs_dir() / "workers.log", "ab")  # noqa: SIM115 - handed to the child
+            try:
+                self.process = await asyncio.create_subprocess_exec(
+                    *self.command(child.fileno()), pass_fds=(child.fileno(),), stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log_file, stderr=log_file, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            finally:
+                child.close()
+                log_file.close()
+            reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=protocol.MAX_FRAME)
             first = await asyncio.wait_for(_read_frame(reader), timeout)
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
-            await self.kill()
-            reason = "timed out" if isinstance(exc, TimeoutError) else "exited"
-            raise WorkerLoadFailed(
-                f"the worker for '{self.name}' {reason} while loading; see {paths.logs_dir() / 'workers.log'}"
-            ) from exc
-        if first.get("ev") != "ready":
-            await self.kill()
-            raise WorkerLoadFailed(f"could not load '{self.name}': {first.get('message', first)}")
+            if first.get("ev") != "ready":
+                raise WorkerLoadFailed(f"could not load '{self.name}': {first.get('message', first)}")
+        except BaseException as exc:  # every way out closes the socket and ends the process (a cancelled load too)
+            await self._abandon_start()
+            parent.close()
+            if isinstance(exc, TimeoutError | asyncio.IncompleteReadError | ConnectionError | ValueError):
+                reason = "timed out" if isinstance(exc, TimeoutError) else "exited"
+                raise WorkerLoadFailed(
+                    f"the worker for '{self.name}' {reason} while loading; see {paths.logs_dir() / 'workers.log'}"
+                ) from exc
+            raise
         self.info = first["info"]
         self.alive = True
         self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"worker-{self.name}")
@@ -214,6 +216,13 @@ class Worker:
         if self._reader_task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._reader_task, 5)
+
+    async def _abandon_start(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.kill()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     async def kill(self) -> None:
         if self.process is not None and self.process.returncode is None:
