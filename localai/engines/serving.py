@@ -69,6 +69,7 @@ class Request:
     restored: int = 0
     restore_ms: float = 0.0
     pin_ttl: float = 0.0  # pin what is saved for this long (Anthropic cache_control), seconds
+    text: str = ""  # the prompt as sent (a warm prefill without a session is recognised by it)
 
 
 class Serving:
@@ -157,8 +158,7 @@ class Serving:
             if not free:
                 break
             op = self.waiting.pop(0)
-            if not op.get("warm") and any(r.warm and r.session in (op.get("session"), None)
-                                          for r in self.requests.values()):
+            if not op.get("warm") and any(r.warm and _continues(op, r) for r in self.requests.values()):
                 held.append(op)  # its conversation's reply is being prefilled: start from that, moments later
                 continue
             try:
@@ -200,7 +200,6 @@ class Serving:
             engine.seq_clear(slot.seq)
             common = 0
         slot.tokens = slot.tokens[:common]
-        slot.busy = True
         slot.last_used = time.monotonic()
         room = engine.n_ctx - len(prompt)
         requested = op.get("max_tokens")
@@ -211,7 +210,7 @@ class Serving:
             ignore_eos=bool(op.get("ignore_eos")), started=started, warm=warm,
             follow_up=bool(op.get("follow_up")) and self.cache is not None, source=source if common else "miss",
             restored=restored.n_tokens if restored else 0, restore_ms=restored.seconds * 1000 if restored else 0.0,
-            pin_ttl=float(op.get("pin_ttl") or 0.0),
+            pin_ttl=float(op.get("pin_ttl") or 0.0), text=op["prompt"] if warm else "",
         )
         prefix_text = op.get("system_prefix")
         system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []
@@ -219,6 +218,9 @@ class Serving:
         if request.pin_ttl and request.snapshot_at is None and self.cache is not None and system:
             with contextlib.suppress(OSError):  # a pin that cannot be written leaves the entry to the LRU
                 self.cache.pin_prefix(system, request.pin_ttl)  # already stored: keep it
+        # Busy only once nothing more can fail: a slot marked busy with no request behind it is never freed, and
+        # with requests waiting the loop would spin on it.
+        slot.busy = True
         self.requests[request.id] = request
         emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common,
               "cache": {"source": request.source, "restored": request.restored,
@@ -441,3 +443,12 @@ class Serving:
                 emit({"ev": "error", "id": request.id, "kind": "engine", "message": message})
                 self._release(request)
 
+
+def _continues(op: GenerateOp, warm: Request) -> bool:
+    """Whether ``op`` is the next turn of the conversation whose reply ``warm`` is prefilling: the same session,
+    or, without one, a prompt that starts with the prefilled text (before: a warm prefill with no session held
+    back every other request)."""
+    session = op.get("session")
+    if warm.session is not None or session is not None:
+        return warm.session == session
+    return op["prompt"].startswith(warm.text)
