@@ -174,3 +174,39 @@ def test_cache_rm_under_a_running_worker_is_noticed_and_the_session_saved_whole_
     for session, tokens in prompts.items():
         match = restarted.lookup(tokens)
         assert match is not None and match.common == len(tokens), session
+
+
+def test_quota_enforcement_never_holds_the_lock_across_its_disk_work(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """enforce_quota read the pins (and rescanned the folder, and deleted other folders' files) holding the store's
+    lock, so the engine thread's lookups and saves waited on the disk. Held inside load_pins, a lookup must go on."""
+    import threading
+
+    from localai.promptcache import store as store_module
+
+    cache = store(tmp_path)
+    tokens = list(range(7000, 7000 + 4 * BLOCK_TOKENS))
+    cache.save(tokens, state_of(tokens), "s")
+    cache.flush()
+    cache.max_bytes = 1  # over quota: the next enforcement evicts
+    inside, release = threading.Event(), threading.Event()
+    real = store_module.load_pins
+
+    def slow_pins(root: Path | None = None, *, now: float | None = None) -> list[Any]:
+        inside.set()
+        release.wait(10)
+        return real(root, now=now)
+
+    monkeypatch.setattr(store_module, "load_pins", slow_pins)
+    enforcing = threading.Thread(target=cache.enforce_quota)
+    enforcing.start()
+    try:
+        assert inside.wait(10)
+        looked: list[Any] = []
+        lookup = threading.Thread(target=lambda: looked.append(cache.lookup(tokens)))
+        lookup.start()
+        lookup.join(5)
+        assert looked, "a lookup waited for the quota's disk work"
+    finally:
+        release.set()
+        enforcing.join(10)

@@ -604,16 +604,28 @@ class PromptStore:
                         others.append((stat.st_mtime, stat.st_size, path))
         with self._lock:
             total += self.folder.bytes_on_disk()
+        if total <= self.max_bytes:
+            return
+        # The disk work (other folders' files, a rescan of this one, the pins) happens outside the lock: lookups and
+        # saves on the engine thread never wait for it. Only the index changes and this folder's eviction take it.
+        for _, size, path in sorted(others):
             if total <= self.max_bytes:
                 return
-            for _, size, path in sorted(others):
-                if total <= self.max_bytes:
-                    return
-                path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.unlink()
                 total -= size
-                self.stats["evictions"] += 1
-            self.folder.scan()  # blocks another worker on this fingerprint added since (read-only)
-            pins = load_pins(self.root)
+                self.count("evictions")
+        fresh = Folder(self.dir)
+        fresh.scan()  # blocks and entries another worker on this fingerprint added since (read-only)
+        pins = load_pins(self.root)
+        with self._lock:
+            for key, block in fresh.blocks.items():
+                if key not in self.folder.blocks:
+                    self.folder.add_block(block)
+            for head_id, head in fresh.heads.items():
+                self.folder.heads.setdefault(head_id, head)
+            for key, size in fresh.snapshots.items():
+                self.folder.snapshots.setdefault(key, size)
             protected: set[str] = self._queued_keys()
             for head in self.folder.heads.values():
                 if pinned_until(pins, head.id, head.session) is not None:
