@@ -7,6 +7,7 @@ at eviction time.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from localai import paths
 from localai.errors import InvalidRequest
 from localai.promptcache import legacy
 from localai.promptcache.blocks import CorruptEntry, Folder
-from localai.promptcache.pins import drop_expired, load_pins, pinned_until
+from localai.promptcache.pins import Pin, drop_expired, load_pins, pinned_until
 
 
 @dataclass
@@ -32,14 +33,18 @@ class EntryInfo:
     pinned_until: float | None
 
 
-def folders(root: Path | None = None) -> list[Folder]:
-    """Every fingerprint folder, scanned (headers only)."""
+def folders(root: Path | None = None, *, hold: contextlib.ExitStack | None = None) -> list[Folder]:
+    """Every fingerprint folder, scanned (headers only, read-only: workers may be writing). With ``hold``, each
+    folder is locked exclusively before it is read, until ``hold`` closes: for removing what the scan found (a
+    worker's head cannot land over blocks deleted under it)."""
     base = root or paths.cache_dir()
     found = []
     for path in sorted(base.glob("*/")) if base.exists() else []:
         if path.is_dir() and not path.name.startswith("."):
             folder = Folder(path)
-            folder.scan()  # read-only: workers may be writing here
+            if hold is not None:
+                hold.enter_context(folder.locked(exclusive=True))
+            folder.scan()
             found.append(folder)
     return found
 
@@ -107,9 +112,14 @@ def remove_entries(*, entry: str | None = None, session: str | None = None, root
     """Delete one entry, or all of a session's; returns how many."""
     if not entry and not session:
         raise InvalidRequest("name an entry or a session to remove", param="entry")
-    removed = 0
     base = root or paths.cache_dir()
-    for folder in folders(base):
+    with contextlib.ExitStack() as hold:
+        return _remove_entries(folders(base, hold=hold), entry, session)
+
+
+def _remove_entries(scanned: list[Folder], entry: str | None, session: str | None) -> int:
+    removed = 0
+    for folder in scanned:
         doomed = [h.id for h in folder.heads.values() if h.id == entry or (session and h.session == session)]
         _drop_heads(folder, doomed)
         removed += len(doomed)
@@ -126,9 +136,15 @@ def prune(*, max_bytes: int, older_than: float | None = None, root: Path | None 
     removed."""
     base = root or paths.cache_dir()
     pins = load_pins(base)
+    with contextlib.ExitStack() as hold:
+        removed = _prune(folders(base, hold=hold), pins, max_bytes, older_than)
+    drop_expired(base)
+    return removed
+
+
+def _prune(scanned: list[Folder], pins: list[Pin], max_bytes: int, older_than: float | None) -> int:
     now = time.time()
     removed = 0
-    scanned = folders(base)
     for folder in scanned:
         for path in folder.path.glob("*.kv"):
             path.unlink(missing_ok=True)
@@ -153,5 +169,4 @@ def prune(*, max_bytes: int, older_than: float | None = None, root: Path | None 
             folder.write_head(head)
         folder.mark_changed()
         removed += 1
-    drop_expired(base)
     return removed

@@ -12,6 +12,8 @@ size, KV type or attention layout never sees another's state:
 - ``layout.json``: how the engine rebuilds a state from blocks (written by the worker, read back after restarts).
 - ``changed``: touched by whoever deletes files another process may have indexed (``localai cache rm`` and
   ``prune``, a worker's eviction); a worker that sees it move forgets what is gone before it saves or looks up.
+- ``lock``: taken shared while a worker writes a head, exclusively while blocks are deleted, so no head is ever
+  written over blocks deleted under it.
 - ``owners/<pid>``: the workers using the folder now. Nothing a live worker on this folder owns is deleted by
   another (two names for the same weights, or two daemons on one home).
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -30,6 +33,7 @@ import os
 import struct
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +48,7 @@ MAGIC = b"LAIBLK01"
 HEADER_LEN = struct.Struct("<I")
 STALE_TEMP_SECONDS = 3600.0
 CHANGED_FILE = "changed"
+LOCK_FILE = "lock"
 
 
 def fingerprint(parts: dict[str, Any]) -> str:
@@ -92,16 +97,25 @@ class Head:
     last_used: float
     owner: int  # the pid of the worker that saved it
     snapshot: bool = False  # a boundary snapshot exists at ``key``
+    written: bool = True  # its file is on disk (False while a worker's save of it is queued)
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "key": self.key, "n_tokens": self.n_tokens, "session": self.session,
                 "kind": self.kind, "last_used": self.last_used, "owner": self.owner, "snapshot": self.snapshot}
 
 
+def parse_head(text: str) -> Head:
+    """A head file's entry; raises ValueError, KeyError or TypeError when it is damaged."""
+    raw = json.loads(text)
+    return Head(id=str(raw["id"]), key=str(raw["key"]), n_tokens=int(raw["n_tokens"]), session=raw.get("session"),
+                kind=str(raw.get("kind", "history")), last_used=float(raw.get("last_used", 0)),
+                owner=int(raw.get("owner", 0)), snapshot=bool(raw.get("snapshot")))
+
+
 def write_atomic(path: Path, parts: list[bytes]) -> int:
     """Write ``parts`` to ``path`` through a temp file, fsynced and renamed; returns the bytes written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    temp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(4).hex()}-{path.name}")  # unique: threads write too
     try:
         with open(temp, "wb") as handle:
             for part in parts:
@@ -300,11 +314,7 @@ class Folder:
             if path.name.startswith("."):
                 continue
             try:
-                raw = json.loads(path.read_text())
-                head = Head(id=str(raw["id"]), key=str(raw["key"]), n_tokens=int(raw["n_tokens"]),
-                            session=raw.get("session"), kind=str(raw.get("kind", "history")),
-                            last_used=float(raw.get("last_used", 0)), owner=int(raw.get("owner", 0)),
-                            snapshot=bool(raw.get("snapshot")))
+                head = parse_head(path.read_text())
             except FileNotFoundError:
                 continue
             except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -318,6 +328,18 @@ class Folder:
         """The entries whose whole chain of blocks is known (a listing's entries: a head seen before the blocks
         its worker wrote just before it is left out, not deleted)."""
         return [head for head in self.heads.values() if self.chain(head.key)]
+
+    @contextlib.contextmanager
+    def locked(self, *, exclusive: bool) -> Iterator[None]:
+        """The folder's lock, across processes: shared while a worker writes an entry's head (its blocks must still
+        be there), exclusive while blocks are deleted (``cache rm``/``prune``, eviction)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / LOCK_FILE, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def mark_changed(self) -> None:
         """Tell the other processes on this folder that files they may have indexed were deleted."""
@@ -340,11 +362,26 @@ class Folder:
         snaps = [key for key in self.snapshots if not self.snapshot_path(key).exists()]
         for key in snaps:
             del self.snapshots[key]
-        heads = [head_id for head_id in self.heads
-                 if head_id not in keep_heads and not self.head_path(head_id).exists()]
-        for head_id in heads:
-            del self.heads[head_id]
-        return len(gone) + len(snaps) + len(heads)
+        heads = 0
+        for head_id in [h for h in self.heads if h not in keep_heads]:
+            head = self.heads[head_id]
+            complete = bool(self.chain(head.key))
+            if complete and (not head.written or self.head_path(head_id).exists()):
+                continue
+            heads += 1
+            on_disk = self._read_head(self.head_path(head_id)) if not complete else None
+            if on_disk is not None and self.chain(on_disk.key):
+                self.heads[head_id] = on_disk  # moved back to a shorter prefix by whoever evicted its tail
+            else:
+                del self.heads[head_id]  # removed (cache rm, prune), or its blocks are gone
+        return len(gone) + len(snaps) + heads
+
+    @staticmethod
+    def _read_head(path: Path) -> Head | None:
+        try:
+            return parse_head(path.read_text())
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def bytes_on_disk(self) -> int:
         heads = 256 * len(self.heads)

@@ -39,7 +39,7 @@ from localai.promptcache.blocks import (
     snapshot_file,
     write_atomic,
 )
-from localai.promptcache.pins import extend_pin, load_pins, pinned_until
+from localai.promptcache.pins import Pin, extend_pin, load_pins, pinned_until
 from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.cache")
@@ -444,7 +444,7 @@ class PromptStore:
                         and (head.owner in mine or not pid_alive(head.owner)) \
                         and _chain_is_prefix(self.folder, head, tokens):
                     return head  # the same conversation, grown: its entry moves forward
-        return Head(uuid.uuid4().hex, last, len(tokens), session, kind, time.time(), os.getpid())
+        return Head(uuid.uuid4().hex, last, len(tokens), session, kind, time.time(), os.getpid(), written=False)
 
     def _keys(self, tokens: list[int]) -> list[tuple[str, int, int]]:
         keys = []
@@ -545,11 +545,15 @@ class PromptStore:
                 if not any(h.key == item and h.snapshot for h in self.folder.heads.values()):
                     self.folder.drop_snapshot(item)
         elif kind == "head":
-            with self._lock:
-                if item.id not in self.folder.heads:
-                    return
-                data = json.dumps(item.as_json()).encode()
-            write_atomic(self.folder.head_path(item.id), [data])
+            head: Head = item
+            with self.folder.locked(exclusive=False):  # no block of its chain is deleted until it is written
+                self._notice_deletions()  # blocks deleted while it waited: never write a head over missing blocks
+                with self._lock:
+                    if self.folder.heads.get(head.id) is not head or not self.folder.chain(head.key):
+                        return
+                    data = json.dumps(head.as_json()).encode()
+                write_atomic(self.folder.head_path(head.id), [data])
+                head.written = True
             with self._lock:
                 self.folder.collect_garbage(keep=self._queued_keys() | self._others_recent())
             self.enforce_quota()
@@ -615,9 +619,13 @@ class PromptStore:
                 path.unlink()
                 total -= size
                 self.count("evictions")
+        pins = load_pins(self.root)
+        with self.folder.locked(exclusive=True):
+            self._evict(total, pins)
+
+    def _evict(self, total: int, pins: list[Pin]) -> None:
         fresh = Folder(self.dir)
         fresh.scan()  # blocks and entries another worker on this fingerprint added since (read-only)
-        pins = load_pins(self.root)
         with self._lock:
             for key, block in fresh.blocks.items():
                 if key not in self.folder.blocks:

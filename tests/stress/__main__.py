@@ -8,10 +8,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.stress import chaos, disk, fuzz, load, security
+from tests.stress import cachesoak, chaos, disk, fuzz, load, security
 from tests.stress.common import Report
 
-CHECKS = ("security", "fuzz", "disk", "chaos", "load")
+CHECKS = ("security", "fuzz", "disk", "chaos", "load", "cache")
 
 
 def main() -> int:
@@ -21,6 +21,7 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=20, help="kill -9 of the worker and of the daemon, each")
     parser.add_argument("--load-seconds", type=float, default=180.0, help="how long 64 clients load each daemon")
     parser.add_argument("--examples", type=int, default=25, help="schemathesis examples per operation")
+    parser.add_argument("--soak-seconds", type=float, default=600.0, help="how long the prompt store's soak runs")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="localai-stress-"))
@@ -39,6 +40,8 @@ def main() -> int:
                 disk.run(report, folder)
             elif name == "chaos":
                 chaos.run(report, folder, args.kills)
+            elif name == "cache":
+                cachesoak.run(report, folder, args.soak_seconds)
             else:
                 load.run(report, folder, args.load_seconds)
         except Exception as exc:  # a check that crashes is a finding, and the others still run
