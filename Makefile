@@ -76,7 +76,8 @@ $(VENV)/.installed-stress: pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet -e '.[stress]'
 	touch $@
 
-## stress: the abuse runs with figures (about 20 minutes): security, fuzz, full disk, kill -9 chaos, 64-client load.
+## stress: the abuse runs with figures (about 30 minutes): security, fuzz, full disk, kill -9 chaos, 64-client load,
+## and the prompt store's 10-minute concurrency soak.
 ## Needs root for the full-disk check (it mounts a small tmpfs); `python -m tests.stress --help` for one check.
 stress: $(VENV)/.installed-stress
 	$(BIN)/python -m tests.stress
