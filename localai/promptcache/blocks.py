@@ -372,8 +372,10 @@ class Folder:
             on_disk = self._read_head(self.head_path(head_id)) if not complete else None
             if on_disk is not None and self.chain(on_disk.key):
                 self.heads[head_id] = on_disk  # moved back to a shorter prefix by whoever evicted its tail
-            else:
-                del self.heads[head_id]  # removed (cache rm, prune), or its blocks are gone
+                continue
+            del self.heads[head_id]  # removed (cache rm, prune), or its blocks are gone
+            if on_disk is not None and on_disk.owner == os.getpid():
+                self.head_path(head_id).unlink(missing_ok=True)  # this worker's entry, no longer restorable
         return len(gone) + len(snaps) + heads
 
     @staticmethod
