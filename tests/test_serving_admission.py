@@ -44,10 +44,11 @@ def test_a_warm_prefill_without_a_session_holds_back_only_its_own_next_turn(tmp_
     loop._handle(generate("warm", "conversation A so far", warm=True), events.append)
     loop._admit(events.append)
     assert "warm" in loop.requests  # prefilling (no decode step has run)
-    loop._handle(generate("other", "conversation B, unrelated"), events.append)
+    loop._handle(generate("other", "an unrelated prompt from another client"), events.append)
     loop._handle(generate("next", "conversation A so far, and the next turn"), events.append)
+    loop._handle(generate("again", "conversation A so far"), events.append)  # the same prompt sent again
     loop._handle(generate("mine", "session work", session="s1"), events.append)
     loop._admit(events.append)
     assert "other" in loop.requests  # before: held back by any warm prefill without a session
-    assert [op["id"] for op in loop.waiting] == ["next"]  # waits for the prefill it continues
+    assert [op["id"] for op in loop.waiting] == ["next", "again"]  # wait for the prefill they start from
     assert "mine" in loop.requests  # another session is never held back

@@ -445,10 +445,11 @@ class Serving:
 
 
 def _continues(op: GenerateOp, warm: Request) -> bool:
-    """Whether ``op`` is the next turn of the conversation whose reply ``warm`` is prefilling: the same session,
-    or, without one, a prompt that starts with the prefilled text (before: a warm prefill with no session held
-    back every other request)."""
+    """Whether ``op`` should wait for the reply ``warm`` is prefilling, to start from it: the same session, or,
+    without sessions, a prompt that shares at least half its text with the prefilled one (the next turn, or the same
+    prompt sent again). Before, a warm prefill with no session held back every other request."""
     session = op.get("session")
     if warm.session is not None or session is not None:
         return warm.session == session
-    return op["prompt"].startswith(warm.text)
+    prompt = op["prompt"]
+    return 2 * common_prefix_length(prompt, warm.text) >= len(prompt)
