@@ -128,6 +128,19 @@ def write_atomic(path: Path, parts: list[bytes]) -> int:
     return sum(len(part) for part in parts)
 
 
+@contextlib.contextmanager
+def file_lock(path: Path, *, exclusive: bool = True) -> Iterator[None]:
+    """An flock on ``path`` (created if missing). Each call opens the file anew, so threads of one process exclude
+    each other as separate processes do."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def block_file(parent: str, tokens: list[int], payload: bytes) -> list[bytes]:
     token_bytes = array.array("i", tokens).tobytes()
     header = json.dumps({"parent": parent, "n_tokens": len(tokens), "payload_bytes": len(payload),
@@ -329,17 +342,10 @@ class Folder:
         its worker wrote just before it is left out, not deleted)."""
         return [head for head in self.heads.values() if self.chain(head.key)]
 
-    @contextlib.contextmanager
-    def locked(self, *, exclusive: bool) -> Iterator[None]:
+    def locked(self, *, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         """The folder's lock, across processes: shared while a worker writes an entry's head (its blocks must still
         be there), exclusive while blocks are deleted (``cache rm``/``prune``, eviction)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / LOCK_FILE, "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return file_lock(self.path / LOCK_FILE, exclusive=exclusive)
 
     def mark_changed(self) -> None:
         """Tell the other processes on this folder that files they may have indexed were deleted."""

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from localai import paths
+from localai.promptcache.blocks import write_atomic
 
 RECORD_FILE = "divergences.jsonl"
 KEEP_RECORDS = 200  # the file is cut back to this many lines when it doubles
@@ -43,9 +43,7 @@ def append(divergence: Divergence, root: Path | None = None) -> None:
             handle.write(line)
         if path.stat().st_size > 2 * KEEP_RECORDS * len(line):
             kept = path.read_text(encoding="utf-8").splitlines()[-KEEP_RECORDS:]
-            temp = path.with_name(f".tmp-{os.getpid()}-{RECORD_FILE}")
-            temp.write_text("\n".join(kept) + "\n", encoding="utf-8")
-            os.replace(temp, path)
+            write_atomic(path, [("\n".join(kept) + "\n").encode()])
 
 
 def read(root: Path | None = None, *, since: float = 0.0) -> list[Divergence]:

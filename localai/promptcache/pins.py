@@ -1,29 +1,24 @@
 """Pins: entries kept from eviction until a time, shared through ``<cache>/pins.json`` by every process.
 
 Workers extend pins (Anthropic ``cache_control``), the daemon and ``localai cache pin`` add and remove them, and
-every evictor reads them. Each change is a read-modify-write under an exclusive lock on ``pins.json.lock``, with
-a temp file of its own, so concurrent writers never lose each other's pins.
+every evictor reads them. Each change is a read-modify-write under an exclusive lock on ``pins.json.lock``, written
+atomically, so concurrent writers (processes or threads) never lose each other's pins.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import math
-import os
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from localai import paths
 from localai.errors import InvalidRequest
+from localai.promptcache.blocks import file_lock, write_atomic
 
 PINS_FILE = "pins.json"
-_thread_lock = threading.Lock()  # flock is per open file: threads of one process also take this
 
 
 @dataclass
@@ -58,28 +53,12 @@ def load_pins(root: Path | None = None, *, now: float | None = None) -> list[Pin
     return pins
 
 
-@contextlib.contextmanager
-def _locked(root: Path | None) -> Iterator[Path]:
-    path = pins_path(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _thread_lock, open(path.with_name(PINS_FILE + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield path
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def update_pins(change: Callable[[list[Pin]], list[Pin]], root: Path | None = None) -> list[Pin]:
     """Replace the pins in force with ``change(pins)``, atomically with respect to every other writer."""
-    with _locked(root) as path:
+    path = pins_path(root)
+    with file_lock(path.with_name(PINS_FILE + ".lock")):
         pins = change(load_pins(root))
-        temp = path.with_name(f".tmp-{os.getpid()}-{uuid.uuid4().hex}-{PINS_FILE}")
-        try:
-            temp.write_text(json.dumps([asdict(pin) for pin in pins]))
-            os.replace(temp, path)
-        finally:
-            temp.unlink(missing_ok=True)
+        write_atomic(path, [json.dumps([asdict(pin) for pin in pins]).encode()])
         return pins
 
 
