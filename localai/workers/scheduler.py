@@ -57,7 +57,7 @@ class Scheduler:
         self._load_lock = asyncio.Lock()
         # Models whose worker is stopping (up to the stop's timeout): their memory is not free yet, so a load of
         # the same model waits for the stop, and they count against max_loaded_models.
-        self.stopping: dict[str, list[asyncio.Event]] = {}
+        self.stopping: dict[str, asyncio.Event] = {}
 
     @contextlib.asynccontextmanager
     async def lease(
@@ -111,8 +111,9 @@ class Scheduler:
             if current is not None:
                 log.info("reloading %s (its settings changed or its worker died)", record.name)
                 await self._unload(current, wait_idle=True)
-            for stopped in list(self.stopping.get(record.name, ())):
-                await stopped.wait()  # its previous worker is still stopping: never two in memory at once
+            stopping = self.stopping.get(record.name)
+            if stopping is not None:
+                await stopping.wait()  # its previous worker is still stopping: never two in memory at once
             await self._make_room()
             worker = Worker(record.name, engine, options, debug=self.settings.debug)
             worker.on_exit = self._worker_exited
@@ -127,7 +128,7 @@ class Scheduler:
             return model
 
     async def _make_room(self) -> None:
-        while len(self.loaded) + sum(map(len, self.stopping.values())) >= self.settings.max_loaded_models:
+        while len(self.loaded) + len(self.stopping) >= self.settings.max_loaded_models:
             idle = [m for m in self.loaded.values() if m.active == 0]
             if idle:
                 await self._unload(min(idle, key=lambda m: m.last_used))
@@ -159,8 +160,8 @@ class Scheduler:
         if self.loaded.get(model.name) is not model:
             return  # already unloading (keep_alive, `localai stop` and a reload can each ask)
         del self.loaded[model.name]
-        stopped = asyncio.Event()
-        self.stopping.setdefault(model.name, []).append(stopped)
+        # One stop per model at a time: a load of the model waits for it, so no second worker exists to stop.
+        stopped = self.stopping[model.name] = asyncio.Event()
         try:
             if model._expiry is not None:
                 model._expiry.cancel()
@@ -170,9 +171,7 @@ class Scheduler:
             await model.worker.stop()
         finally:
             stopped.set()
-            self.stopping[model.name].remove(stopped)
-            if not self.stopping[model.name]:
-                del self.stopping[model.name]
+            del self.stopping[model.name]
 
     async def unload(self, name: str) -> bool:
         """Unload a model now (``localai stop``); True when it was loaded."""

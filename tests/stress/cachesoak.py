@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,9 +143,7 @@ def run(report: object, workdir: Path, seconds: float) -> None:
 
 
 def _check(root: Path, stores: list[PromptStore], pinned: dict[str, float], removed: set[str],
-           violation: object, *, settled: bool = False) -> None:
-    report = violation  # typed loosely: a callable taking the text
-    assert callable(report)
+           report: Callable[[str], None], *, settled: bool = False) -> None:
     if settled:
         for cache in stores:
             if cache._queued_bytes != 0 or cache._pending or cache._queue:
