@@ -113,8 +113,8 @@ def test_listing_the_cache_while_a_worker_saves_never_deletes_its_entry(tmp_path
     tokens = list(range(2000, 2000 + 3 * BLOCK_TOKENS))
     real = Folder._scan_blocks
 
-    def blocks_then_a_save(folder: Folder, complaints: list[str], *, repair: bool) -> None:
-        real(folder, complaints, repair=repair)
+    def blocks_then_a_save(folder: Folder, complaints: list[str], **options: Any) -> None:
+        real(folder, complaints, **options)
         if folder is not cache.folder:  # the listing's folder, not the worker's own
             cache.save(tokens, state_of(tokens), "live")
             cache.flush()
@@ -210,3 +210,23 @@ def test_quota_enforcement_never_holds_the_lock_across_its_disk_work(tmp_path: P
     finally:
         release.set()
         enforcing.join(10)
+
+
+def test_a_workers_own_eviction_never_hides_a_cache_rm_it_has_not_noticed(tmp_path: Path) -> None:
+    """cache rm marks the folder changed; if the worker's quota eviction marks it again before the worker looked,
+    the worker must still notice the rm (else it trusts blocks that are gone and never writes them again)."""
+    cache = store(tmp_path)
+    kept = list(range(8000, 8000 + 3 * BLOCK_TOKENS))
+    gone = list(range(9000, 9000 + 3 * BLOCK_TOKENS))
+    filler = list(range(11_000, 11_000 + 2 * BLOCK_TOKENS))
+    for session, tokens in (("gone", gone), ("kept", kept), ("filler", filler)):
+        cache.save(tokens, state_of(tokens), session)
+        cache.flush()
+    assert admin.remove_entries(session="gone", root=tmp_path) == 1  # the worker has not looked since
+    cache.max_bytes = cache.folder.bytes_on_disk() - 1  # its own eviction runs next, and marks the folder too
+    cache.enforce_quota()
+    cache.max_bytes = 1 << 30
+    cache.save(gone, state_of(gone), "gone")  # the session comes back: its blocks must be written again
+    cache.flush()
+    match = store(tmp_path).lookup(gone)
+    assert match is not None and match.common == len(gone)

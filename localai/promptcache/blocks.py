@@ -33,7 +33,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,18 +255,19 @@ class Folder:
         keys.reverse()
         return keys if key == self.fingerprint else []
 
-    def scan(self, *, repair: bool = False) -> list[str]:
+    def scan(self, *, repair: bool = False, known: Collection[str] = ()) -> list[str]:
         """Read the folder into the index (headers only); returns complaints about unreadable files.
 
         Other processes write here while it runs (a worker writes blocks, then the entry's head), so what looks
         incomplete may only be newer than the listing. Without ``repair`` (listings, ``localai cache``, a worker's
         rescan) nothing is deleted. With it (a worker starting on the folder), damaged files and temp files of dead
         writers go, and so do blocks and heads whose chain is still broken after the blocks are listed again, unless
-        a live process other than this one owns them."""
+        a live process other than this one owns them. ``known``: block keys already indexed elsewhere, whose headers
+        are not read again."""
         complaints: list[str] = []
         if repair:
             self._remove_dead_temps()
-        self._scan_blocks(complaints, repair=repair)
+        self._scan_blocks(complaints, repair=repair, known=known)
         self._scan_snapshots()
         self._scan_heads(complaints, repair=repair)
         if repair and (self._broken_blocks() or self._broken_heads()):
@@ -299,9 +300,9 @@ class Folder:
                     if not pid_alive(pid) or time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
                         temp.unlink()  # a write that never finished
 
-    def _scan_blocks(self, complaints: list[str], *, repair: bool) -> None:
+    def _scan_blocks(self, complaints: list[str], *, repair: bool, known: Collection[str] = ()) -> None:
         for path in (self.path / "blocks").glob("*.blk"):
-            if path.stem in self.blocks or path.name.startswith("."):
+            if path.stem in self.blocks or path.stem in known or path.name.startswith("."):
                 continue  # known, or a write in progress (.tmp-*)
             try:
                 header, tokens, _ = read_block(path, with_payload=False)

@@ -624,8 +624,12 @@ class PromptStore:
             self._evict(total, pins)
 
     def _evict(self, total: int, pins: list[Pin]) -> None:
+        """This folder's eviction, under its exclusive lock (the caller's): nobody else deletes meanwhile."""
+        self._notice_deletions()  # others' deletions first: the mark this eviction leaves would hide them
+        with self._lock:
+            known = set(self.folder.blocks)
         fresh = Folder(self.dir)
-        fresh.scan()  # blocks and entries another worker on this fingerprint added since (read-only)
+        fresh.scan(known=known)  # blocks and entries another worker on this fingerprint added since (read-only)
         with self._lock:
             for key, block in fresh.blocks.items():
                 if key not in self.folder.blocks:
@@ -641,7 +645,7 @@ class PromptStore:
             others_live = {h.owner for h in self.folder.heads.values()
                            if h.owner != os.getpid() and pid_alive(h.owner)}
             _, evicted = self.folder.evict(total - self.max_bytes, protected=protected, skip_owner=others_live)
-            self._seen_change = self.folder.changed_stamp()  # its own mark: nothing of this index went missing
+            self._seen_change = self.folder.changed_stamp()  # its own mark, and nothing else's is unseen (above)
             self.stats["evictions"] += evicted
             for key in [k for k in self._ram if k[2:] not in self.folder.blocks and k[2:] not in
                         self.folder.snapshots]:
