@@ -39,7 +39,8 @@ def seconds(value: str | float, field: str) -> float:
 
 @router.get("/api/cache")
 def list_cache() -> dict[str, Any]:
-    return {"stats": admin.stats(), "entries": [asdict(e) for e in admin.list_entries()],
+    totals, entries = admin.overview()
+    return {"stats": totals, "entries": [asdict(e) for e in entries],
             "divergences": [asdict(d) for d in divergences.read()[-50:]]}
 
 

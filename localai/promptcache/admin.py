@@ -1,8 +1,8 @@
 """Managing the persisted prompt cache from outside a worker: list, stats, pins, remove, prune.
 
 Used by ``localai cache ...`` (directly on ``$LOCALAI_HOME/cache``, no daemon needed) and by the
-``/api/cache`` endpoints (pins are ``pins.py``'s). Workers notice: a removed file is a miss, and pins are re-read
-at eviction time.
+``/api/cache`` endpoints (pins are ``pins.py``'s). Listings only read; removals hold the folder's lock and mark it
+changed, so a worker forgets what was removed before its next save or lookup; pins are re-read at eviction time.
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ def folders(root: Path | None = None, *, hold: contextlib.ExitStack | None = Non
     return found
 
 
-def list_entries(root: Path | None = None) -> list[EntryInfo]:
+def list_entries(root: Path | None = None, *, scanned: list[Folder] | None = None) -> list[EntryInfo]:
     base = root or paths.cache_dir()
     pins = load_pins(base)
     entries = []
-    for folder in folders(base):
+    for folder in folders(base) if scanned is None else scanned:
         for head in folder.complete_heads():
             keys = folder.chain(head.key)
             size = sum(folder.blocks[key].size for key in keys) + folder.snapshots.get(head.key, 0)
@@ -81,9 +81,14 @@ def list_entries(root: Path | None = None) -> list[EntryInfo]:
 
 def stats(root: Path | None = None) -> dict[str, Any]:
     """Totals: entries, the blocks they share, bytes on disk (each block once), tokens, pins."""
+    return overview(root)[0]
+
+
+def overview(root: Path | None = None) -> tuple[dict[str, Any], list[EntryInfo]]:
+    """The totals and the entries, from one scan of the folders (``/api/cache``, which the TUI polls)."""
     base = root or paths.cache_dir()
-    entries = list_entries(base)
     scanned = folders(base)
+    entries = list_entries(base, scanned=scanned)
     legacy_bytes = sum(e.bytes for e in entries if e.kind == "legacy")
     return {
         "entries": len(entries), "blocks": sum(len(f.blocks) for f in scanned),
@@ -93,7 +98,7 @@ def stats(root: Path | None = None) -> dict[str, Any]:
         "pinned": sum(1 for e in entries if e.pinned_until),
         "sessions": len({e.session for e in entries if e.session}),
         "fingerprints": len(scanned), "pins": len(load_pins(base)),
-    }
+    }, entries
 
 
 def _drop_heads(folder: Folder, head_ids: list[str]) -> None:
