@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
-from localai.errors import ModelfileError
+from localai.errors import ModelfileError, UpstreamTimeout, UpstreamUnavailable
+from localai.metrics import Metrics
 from localai.models.modelfile import parse
 from localai.models.registry import Registry
 from localai.models.remote_spec import RemoteSpec
 from localai.schema import Message, TextBlock, ToolCallBlock, ToolCallDelta, ToolCallStart, ToolResultBlock
-from localai.upstreams.remote import HashRing, _Call, _call_events, context_error, openai_messages
+from localai.upstreams.remote import HashRing, RemotePool, _Call, _call_events, context_error, openai_messages
 
 
 def registry(tmp_path: Path) -> Registry:
@@ -115,3 +118,37 @@ def test_messages_translate_to_chat_completions() -> None:
             {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "c2", "content": "noon"}]
+
+
+@pytest.mark.parametrize(("error", "message", "sends"), [
+    (httpx.ReadError, "the connection broke", 1),
+    (httpx.RemoteProtocolError, "peer closed connection without sending complete message body", 1),
+    (httpx.ReadTimeout, "timed out", 1),
+    (httpx.ConnectError, "the connection broke", 2),
+    (httpx.WriteError, "the connection broke", 2),
+    (httpx.RemoteProtocolError, "Server disconnected without sending a response.", 2),
+])
+def test_a_post_is_sent_again_only_when_it_never_reached_the_server(error: type[httpx.TransportError], message: str,
+                                                                     sends: int) -> None:
+    """A read error after the request was sent means the upstream may be generating (and billing): one POST only.
+    A connect or write error, or a kept-alive connection closed before any answer, means it never started: one more
+    try on a new connection is safe."""
+    seen: list[bytes] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append(request.content)
+        raise error(message, request=request)
+
+    async def go() -> None:
+        pool = RemotePool("paid", RemoteSpec(replicas=("http://upstream.test/v1",)), Metrics(), 60.0)
+        pool.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+        op = {"id": "r1", "key": "s", "path": "/chat/completions", "headers": {}, "body": {"stream": True}}
+        try:
+            with pytest.raises((UpstreamUnavailable, UpstreamTimeout)):
+                async for _ in pool.generate(op):
+                    pass
+        finally:
+            await pool.close()
+
+    asyncio.run(go())
+    assert len(seen) == sends

@@ -527,9 +527,13 @@ class RemotePool:
                                             headers={**self.spec.headers(), **op["headers"]})
         try:
             return await self.client.send(request, stream=True)
-        except (httpx.RemoteProtocolError, httpx.ReadError):
-            # A kept-alive connection the server had closed or reset: nothing was answered, so ask once more on a
-            # new connection (llama-cpp-python's server resets the one of a stream whose generation failed).
+        except httpx.TransportError as exc:
+            if not _never_answered(exc):
+                raise
+            # The request never reached the server whole, or the server closed a kept-alive connection before it
+            # read anything (llama-cpp-python's server closes the one of a stream whose generation failed): asking
+            # once more on a new connection cannot generate twice. Any other read error is not retried here: the
+            # server may be generating (and billing) already; the caller moves on to the next replica instead.
             return await self.client.send(request, stream=True)
 
     def _count(self, replica: Replica, outcome: str, started: float) -> None:
@@ -680,6 +684,14 @@ def _call_events(calls: dict[int, _Call], item: dict[str, Any]) -> list[Event]:
             pending = "".join(call.arguments) if len(events) else str(arguments)
             events.append(ToolCallDelta(call.position, pending))
     return events
+
+
+def _never_answered(exc: httpx.TransportError) -> bool:
+    """The request surely did not start a generation: no connection, a failed write, or the server hanging up on an
+    idle connection before a byte of any answer (what Go's HTTP client also retries for a POST)."""
+    if isinstance(exc, httpx.ConnectError | httpx.WriteError):
+        return True
+    return isinstance(exc, httpx.RemoteProtocolError) and "without sending a response" in str(exc)
 
 
 async def _first_event(lines: AsyncIterator[str]) -> str | None:
