@@ -36,17 +36,18 @@ class Figures:
 
 
 def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | None = None,
-         serial: bool = False) -> Figures:
+         serial: bool = False, trace: Callable[[str], None] | None = None) -> Figures:
     """Run the schedule until ``steps`` steps or ``seconds`` have passed; every invariant broken is recorded.
 
-    ``serial``: the writer threads finish each step's writes before the next step (the schedule alone decides the
-    interleaving, so a seed replays exactly); otherwise they race the steps, as in a worker."""
+    ``trace`` hears each step as it is taken (to replay a seed by hand). ``serial``: the writer threads finish
+    each step's writes before the next step (the schedule alone decides the interleaving, so a seed replays
+    exactly); otherwise they race the steps, as in a worker."""
     rng = random.Random(seed)
     figures = Figures()
     stores = [PromptStore(root, FP, BytesCodec(), max_bytes=1 << 30, ram_bytes=64 << 10) for _ in range(STORES)]
     sessions: dict[str, list[int]] = {}
     pinned: dict[str, float] = {}  # sessions pinned, until
-    removed: set[str] = set()
+    held: set[str] = set()  # pinned sessions seen with an entry since their pin: they must keep it
     deadline = time.monotonic() + seconds if seconds is not None else None
 
     def violation(text: str) -> None:
@@ -67,10 +68,11 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
                     name = rng.choice([*sorted(sessions), f"s{rng.randrange(10_000)}"] if sessions else ["s0"])
                     sessions.setdefault(name, list(SYSTEM))
                 sessions[name] += [rng.randrange(50_000) for _ in range(rng.randrange(1, 3 * BLOCK_TOKENS))]
-                removed.discard(name)
                 tokens = sessions[name]
                 cache.save(tokens, state_of(tokens), name)
                 figures.saves += 1
+                if trace:
+                    trace(f"{figures.steps}: save {name} ({len(tokens)} tokens)")
             elif action == "restore":
                 name = rng.choice(sorted(sessions))
                 prompt = sessions[name] + [7] * rng.randrange(0, 40)
@@ -88,19 +90,28 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
                 cache.max_bytes = rng.randrange(1, max(2, cache.folder.bytes_on_disk()))
                 before = cache.stats_snapshot()["evictions"]
                 cache.enforce_quota()
+                if trace:
+                    trace(f"{figures.steps}: quota {cache.max_bytes}")
                 figures.evictions += cache.stats_snapshot()["evictions"] - before
                 cache.max_bytes = 1 << 30
             elif action == "pin":
                 name = rng.choice(sorted(sessions))
                 pins.add_pin(session=name, entry=None, ttl=3600, root=root)
                 pinned[name] = time.time() + 3600
+                held.discard(name)  # a pin keeps what there is: quota may have evicted the entry before it
+                if trace:
+                    trace(f"{figures.steps}: pin {name}")
             elif action == "rm":
                 name = rng.choice(sorted(sessions))
                 admin.remove_entries(session=name, root=root)
-                removed.add(name)
+                held.discard(name)
                 figures.removals += 1
+                if trace:
+                    trace(f"{figures.steps}: rm {name}")
             elif action == "prune":
                 admin.prune(max_bytes=rng.randrange(1 << 20, 8 << 20), root=root)
+                if trace:
+                    trace(f"{figures.steps}: prune")
             elif action == "list":
                 admin.list_entries(root)
                 admin.stats(root)
@@ -112,10 +123,10 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
         if serial:
             for each in stores:
                 each.flush()
-        _check(root, stores, pinned, removed, violation, settled=serial)
+        _check(root, stores, pinned, held, violation, settled=serial)
     for cache in stores:
         cache.close()
-    _check(root, stores, pinned, removed, violation, settled=True)
+    _check(root, stores, pinned, held, violation, settled=True)
     return figures
 
 
@@ -142,7 +153,7 @@ def run(report: object, workdir: Path, seconds: float) -> None:
         report.finding(text)
 
 
-def _check(root: Path, stores: list[PromptStore], pinned: dict[str, float], removed: set[str],
+def _check(root: Path, stores: list[PromptStore], pinned: dict[str, float], held: set[str],
            report: Callable[[str], None], *, settled: bool = False) -> None:
     if settled:
         for cache in stores:
@@ -161,5 +172,8 @@ def _check(root: Path, stores: list[PromptStore], pinned: dict[str, float], remo
             report(f"entry {head.id} ({head.session}) has no complete chain of blocks on disk")
     entries = {e.session: e.tokens for e in admin.list_entries(root)}
     for name in pinned:
-        if name not in removed and name not in entries:
+        if name in entries:
+            held.add(name)
+        elif name in held:
             report(f"pinned session {name} lost its entry")
+            held.discard(name)
