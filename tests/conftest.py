@@ -93,6 +93,14 @@ class Daemon:
         kwargs.setdefault("timeout", 120)
         return httpx.Client(base_url=self.base_url, **kwargs)  # type: ignore[arg-type]
 
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        """One GET on a client of its own, closed after it (a client left open is a leaked socket)."""
+        return self.request("GET", path, **kwargs)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        with self.http() as http:
+            return http.request(method, path, **kwargs)
+
     def unix(self) -> httpx.Client:
         return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.socket_path)),
                             base_url="http://localhost", timeout=120)
@@ -162,8 +170,8 @@ def start_daemon(home: Path, **settings: str) -> Daemon:
     env.update({f"LOCALAI_{k.upper()}": v for k, v in TEST_DEFAULTS.items()})
     env.update({f"LOCALAI_{k.upper()}": v for k, v in settings.items()})
     home.mkdir(parents=True, exist_ok=True)
-    log = open(home / "daemon.log", "wb")  # noqa: SIM115 - owned by the child
-    process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log)
+    with open(home / "daemon.log", "wb") as log:  # the child has its own copy of the descriptor
+        process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log)
     daemon = Daemon(home=home, port=port, process=process, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -232,6 +232,8 @@ def test_two_workers_on_one_fingerprint_never_delete_each_others_blocks(tmp_path
     finally:
         other.kill()
         other.wait()
+        if other.stdout is not None:
+            other.stdout.close()
     mine.enforce_quota()  # its worker is gone: now they are fair game
     assert not blocks_on_disk(tmp_path)
 

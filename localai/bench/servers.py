@@ -69,8 +69,9 @@ class ManagedDaemon:
         env = {**os.environ, "LOCALAI_HOME": self.home, "LOCALAI_HOST": f"127.0.0.1:{self.port}",
                "LOCALAI_KEEP_ALIVE": "-1", **self.env}
         os.makedirs(self.home, exist_ok=True)
-        log = open(os.path.join(self.home, "daemon.log"), "ab")  # noqa: SIM115 - owned by the child
-        self.process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log)
+        with open(os.path.join(self.home, "daemon.log"), "ab") as log:  # the child has its own copy
+            self.process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log,
+                                            stderr=log)
         wait_healthy(f"http://127.0.0.1:{self.port}/health", self.process)
 
     def restart(self) -> None:

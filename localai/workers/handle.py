@@ -106,6 +106,9 @@ class Worker:
             log.error("worker for %s (pid %s) sent a bad frame (%s); killing it", self.name, self.pid, exc)
         finally:
             self.alive = False
+            if self._writer is not None:  # the worker's end is gone (or lies): close ours, nothing more is sent
+                self._writer.close()
+                self._writer = None
             for queue in self._queues.values():
                 queue.put_nowait(_CRASHED)
             if self.process is not None:

@@ -159,7 +159,7 @@ def test_aider_through_a_remote_model(agent_daemon: Daemon, tmp_path: Path,
         created = http.post("/api/create", json={"model": "smol-remote", "modelfile": modelfile})
         assert created.status_code == 200, created.text
     check_aider(*run_agent(agent_daemon, tmp_path, "aider", *AIDER_ARGS, model="smol-remote"))
-    metrics = agent_daemon.http().get("/metrics").text
+    metrics = agent_daemon.get("/metrics").text
     assert re.search(r'localai_upstream_requests_total\{model="smol-remote:latest",outcome="ok",[^}]*\} [1-9]',
                      metrics), metrics[-2000:]
 

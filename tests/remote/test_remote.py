@@ -124,10 +124,10 @@ def test_claude_codes_first_request_replayed(remote_daemon: Daemon) -> None:
 
 
 def test_list_show_ps_and_models_report_a_remote_model(remote_daemon: Daemon) -> None:
-    tags = {m["name"]: m for m in remote_daemon.http().get("/api/tags").json()["models"]}
+    tags = {m["name"]: m for m in remote_daemon.get("/api/tags").json()["models"]}
     assert tags["big:latest"]["engine"] == "remote" and tags["big:latest"]["context_length"] == 2048
     assert tags["big:latest"]["remote"]["upstream_model"] == "smol"
-    models = {m["id"]: m for m in remote_daemon.http().get("/v1/models").json()["data"]}
+    models = {m["id"]: m for m in remote_daemon.get("/v1/models").json()["data"]}
     assert models["big:latest"]["engine"] == "remote" and models["big:latest"]["context_length"] == 2048
     listed = remote_daemon.cli("list")
     assert listed.returncode == 0 and "remote" in listed.stdout.split("big:latest", 1)[1].splitlines()[0]
@@ -175,7 +175,7 @@ def test_sessions_stick_to_one_replica_and_spread(remote_daemon: Daemon) -> None
 
 
 def metric(daemon: Daemon, name: str, **labels: str) -> float:
-    text = daemon.http().get("/metrics").text
+    text = daemon.get("/metrics").text
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
@@ -210,7 +210,7 @@ def test_a_dead_replica_fails_over_and_comes_back(remote_daemon: Daemon, smollm2
         assert replica_of(second) == other.base_url  # the client saw no error at all
         assert metric(remote_daemon, "localai_upstream_failovers_total", model="ha:latest", replica=home) >= 1
         assert metric(remote_daemon, "localai_upstream_healthy", model="ha:latest", replica=home) == 0
-        ps = {m["name"]: m for m in remote_daemon.http().get("/api/ps").json()["models"]}
+        ps = {m["name"]: m for m in remote_daemon.get("/api/ps").json()["models"]}
         down = next(r for r in ps["ha:latest"]["replicas"] if r["url"] == home)
         assert down["healthy"] is False and "connection refused" in down["reason"]
         # the session stays on its new replica while the old one is out
@@ -223,7 +223,7 @@ def test_a_dead_replica_fails_over_and_comes_back(remote_daemon: Daemon, smollm2
         fourth = post(remote_daemon, "/v1/chat/completions", {"model": "ha", "messages": conversation,
                                                               "max_tokens": 2}, **session)
         assert replica_of(fourth) == home  # consistent hashing: the session returns to its own replica
-        assert remote_daemon.http().get("/health").status_code == 200
+        assert remote_daemon.get("/health").status_code == 200
     finally:
         for server in servers:
             server.__exit__()
@@ -247,11 +247,11 @@ def test_all_replicas_down_is_a_clear_error_in_each_dialect(remote_daemon: Daemo
     create(remote_daemon, "gone2", f"FROM {nowhere[0]}\n")
     unknown = post(remote_daemon, "/v1/chat/completions", {"model": "gone2", "messages": HI})
     assert unknown.status_code == 503 and "upstream_model" in unknown.json()["error"]["message"]
-    assert remote_daemon.http().get("/health").status_code == 200
+    assert remote_daemon.get("/health").status_code == 200
     # deleted, a remote model stops being health-checked and leaves `ps`
-    assert "gone:latest" in [m["name"] for m in remote_daemon.http().get("/api/ps").json()["models"]]
-    assert remote_daemon.http().request("DELETE", "/api/delete", json={"model": "gone"}).status_code == 200
-    assert "gone:latest" not in [m["name"] for m in remote_daemon.http().get("/api/ps").json()["models"]]
+    assert "gone:latest" in [m["name"] for m in remote_daemon.get("/api/ps").json()["models"]]
+    assert remote_daemon.request("DELETE", "/api/delete", json={"model": "gone"}).status_code == 200
+    assert "gone:latest" not in [m["name"] for m in remote_daemon.get("/api/ps").json()["models"]]
 
 
 def test_a_slow_upstream_times_out_naming_the_replica(remote_daemon: Daemon,
@@ -271,7 +271,7 @@ def test_a_client_that_goes_away_closes_the_upstream_request(remote_daemon: Daem
     """The upstream is a second localai daemon: its /api/ps shows the request end when our client leaves."""
     with start_daemon(tmp_path / "upstream", keep_alive="-1") as upstream:
         create(remote_daemon, "far", f"FROM {upstream.base_url}/v1\nPARAMETER upstream_model smollm2:135m\n")
-        models = {m["id"]: m for m in remote_daemon.http().get("/v1/models").json()["data"]}
+        models = {m["id"]: m for m in remote_daemon.get("/v1/models").json()["data"]}
         assert models["far:latest"]["context_length"] == 4096  # what the upstream localai reports it serves
         with remote_daemon.http(timeout=300) as http, http.stream("POST", "/v1/chat/completions", json={
                 "model": "far", "messages": HI, "max_tokens": 3000, "ignore_eos": True, "stream": True}) as response:
@@ -281,7 +281,7 @@ def test_a_client_that_goes_away_closes_the_upstream_request(remote_daemon: Daem
                 next(lines)
 
             def active() -> int:
-                ps = upstream.http().get("/api/ps").json()["models"]
+                ps = upstream.get("/api/ps").json()["models"]
                 return sum(m["active_requests"] for m in ps)
 
             assert active() == 1
@@ -297,7 +297,7 @@ def test_a_client_that_goes_away_closes_the_upstream_request(remote_daemon: Daem
             rest = list(lines)
         errors = [json.loads(line[5:]) for line in rest if line.startswith("data:") and '"error"' in line]
         assert errors and upstream.base_url in errors[0]["error"]["message"], rest[-3:]
-        assert remote_daemon.http().get("/health").status_code == 200
+        assert remote_daemon.get("/health").status_code == 200
 
 
 def test_upstream_keys_are_sent_and_a_refused_key_is_reported(remote_daemon: Daemon, smollm2_path: Path) -> None:
@@ -316,7 +316,7 @@ def test_upstream_keys_are_sent_and_a_refused_key_is_reported(remote_daemon: Dae
                                               "PARAMETER api_key_env LOCALAI_TEST_UNSET_KEY\n")
         unset = post(remote_daemon, "/v1/messages", {"model": "locked-unset", "max_tokens": 2, "messages": HI})
         assert unset.status_code == 502 and "LOCALAI_TEST_UNSET_KEY" in unset.json()["error"]["message"]
-        shown = remote_daemon.http().post("/api/show", json={"model": "locked-wrong"}).json()
+        shown = remote_daemon.request("POST", "/api/show", json={"model": "locked-wrong"}).json()
         assert "not-the-key" not in json.dumps(shown)
 
 

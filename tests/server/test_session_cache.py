@@ -248,7 +248,7 @@ def test_a_prompt_that_parts_from_its_session_is_diagnosed_and_shown(daemon: Dae
     assert shown.returncode == 0 and "tools reordered" in shown.stdout and "parting" in shown.stdout
     assert "localai cache diverged" in daemon.cli("cache", "ls").stdout
     assert "parts from its last one at token" in daemon.log()
-    assert any(d["session"] == "parting" for d in daemon.http().get("/api/cache").json()["divergences"])
+    assert any(d["session"] == "parting" for d in daemon.get("/api/cache").json()["divergences"])
     with open(daemon.home / "cache" / "divergences.jsonl", "a") as handle:  # a damaged record is skipped
         handle.write("{damaged\n")
     assert len(poll_divergences(daemon, "parting", 2)) == 2
