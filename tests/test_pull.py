@@ -107,8 +107,8 @@ def test_pull_by_quantization_then_answer(puller: Daemon, hub_server: HubServer,
 
 def test_progress_events_through_the_ollama_client(puller: Daemon, hub_server: HubServer,
                                                    smollm2_path: Path) -> None:
-    client = ollama.Client(host=puller.base_url)
-    events = list(client.pull(f"{SMOL_REPO}:Q4_1", stream=True))
+    with ollama.Client(host=puller.base_url) as client:
+        events = list(client.pull(f"{SMOL_REPO}:Q4_1", stream=True))
     statuses = [event.status for event in events]
     assert statuses[0] == "pulling manifest" and statuses[-3:] == ["verifying sha256 digest", "writing manifest",
                                                                    "success"]
@@ -192,8 +192,8 @@ def test_split_gguf_is_pulled_whole_and_loads(puller: Daemon, hub_server: HubSer
     parts = split_gguf(smollm2_path, tmp_path / "split" / "SmolLM2-135M-Instruct-Q4_1.gguf")
     assert len(parts) == 2
     hub_server.add("test-org/SmolLM2-Split-GGUF", {part.name: part for part in parts})
-    client = ollama.Client(host=puller.base_url)
-    events = list(client.pull("hf.co/test-org/SmolLM2-Split-GGUF:Q4_1", stream=True))
+    with ollama.Client(host=puller.base_url) as client:
+        events = list(client.pull("hf.co/test-org/SmolLM2-Split-GGUF:Q4_1", stream=True))
     assert len({event.digest for event in events if event.total}) == 2
     name = "hf.co/test-org/smollm2-split-gguf:q4_1"
     row = next(line for line in puller.cli("list").stdout.splitlines() if line.startswith(name))

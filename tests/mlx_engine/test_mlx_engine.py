@@ -52,13 +52,13 @@ def test_the_converted_model_answers_like_the_gguf_it_came_from(daemon: Daemon, 
 
 
 def test_openai_chat_plain_and_streamed_give_the_same_greedy_text(mlx_daemon: Daemon) -> None:
-    client = openai.OpenAI(base_url=f"{mlx_daemon.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
-    messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
-    plain = client.chat.completions.create(model=MLX_MODEL, messages=messages, max_tokens=8, temperature=0)
-    assert plain.choices[0].message.content and "Paris" in plain.choices[0].message.content
-    chunks = list(client.chat.completions.create(model=MLX_MODEL, messages=messages, max_tokens=8, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    with openai.OpenAI(base_url=f"{mlx_daemon.base_url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
+        plain = client.chat.completions.create(model=MLX_MODEL, messages=messages, max_tokens=8, temperature=0)
+        assert plain.choices[0].message.content and "Paris" in plain.choices[0].message.content
+        chunks = list(client.chat.completions.create(model=MLX_MODEL, messages=messages, max_tokens=8, temperature=0,
+                                                     stream=True, stream_options={"include_usage": True}))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == plain.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
 
@@ -78,13 +78,13 @@ def test_sampling_fields_and_seed_are_honoured(mlx_daemon: Daemon) -> None:
 
 
 def test_responses_anthropic_and_ollama_dialects(mlx_daemon: Daemon) -> None:
-    sdk = openai.OpenAI(base_url=f"{mlx_daemon.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
-    response = sdk.responses.create(model=MLX_MODEL, input="What is the capital of France?", max_output_tokens=8,
-                                    temperature=0)
+    with openai.OpenAI(base_url=f"{mlx_daemon.base_url}/v1", api_key="unused", max_retries=0, timeout=300) as sdk:
+        response = sdk.responses.create(model=MLX_MODEL, input="What is the capital of France?", max_output_tokens=8,
+                                        temperature=0)
     assert "Paris" in response.output_text
-    claude = anthropic.Anthropic(base_url=mlx_daemon.base_url, api_key="unused", max_retries=0, timeout=300)
-    message = claude.messages.create(model=MLX_MODEL, max_tokens=8, extra_body={"temperature": 0},
-                                     messages=[{"role": "user", "content": "What is the capital of France?"}])
+    with anthropic.Anthropic(base_url=mlx_daemon.base_url, api_key="unused", max_retries=0, timeout=300) as claude:
+        message = claude.messages.create(model=MLX_MODEL, max_tokens=8, extra_body={"temperature": 0},
+                                         messages=[{"role": "user", "content": "What is the capital of France?"}])
     assert message.content[0].type == "text" and "Paris" in message.content[0].text
     with mlx_daemon.http(timeout=300) as http, http.stream("POST", "/api/chat", json={
             "model": MLX_MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -18,8 +19,9 @@ SYSTEM: Any = [{"type": "text", "text": "You are terse.", "cache_control": {"typ
 
 
 @pytest.fixture
-def sdk(daemon: Daemon) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=daemon.base_url, api_key="unused", max_retries=0)
+def sdk(daemon: Daemon) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=daemon.base_url, api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_create_with_system_blocks(sdk: anthropic.Anthropic) -> None:
@@ -94,12 +96,12 @@ def test_count_tokens_is_the_real_prompt_size(sdk: anthropic.Anthropic) -> None:
 def test_api_key_as_x_api_key_and_as_bearer(tmp_path: Any, smollm2_path: Any) -> None:
     with start_daemon(tmp_path / "keyed", api_key="s3cret") as keyed:
         ask: Any = [{"role": "user", "content": "Hi"}]
-        by_header = anthropic.Anthropic(base_url=keyed.base_url, api_key="s3cret", max_retries=0)
-        assert by_header.messages.create(model="smollm2", max_tokens=2, messages=ask).content
-        by_bearer = anthropic.Anthropic(base_url=keyed.base_url, auth_token="s3cret", max_retries=0)
-        assert by_bearer.messages.create(model="smollm2", max_tokens=2, messages=ask).content
-        wrong = anthropic.Anthropic(base_url=keyed.base_url, api_key="nope", max_retries=0)
-        with pytest.raises(anthropic.AuthenticationError) as refused:
+        with anthropic.Anthropic(base_url=keyed.base_url, api_key="s3cret", max_retries=0) as by_header:
+            assert by_header.messages.create(model="smollm2", max_tokens=2, messages=ask).content
+        with anthropic.Anthropic(base_url=keyed.base_url, auth_token="s3cret", max_retries=0) as by_bearer:
+            assert by_bearer.messages.create(model="smollm2", max_tokens=2, messages=ask).content
+        with anthropic.Anthropic(base_url=keyed.base_url, api_key="nope", max_retries=0) as wrong, \
+                pytest.raises(anthropic.AuthenticationError) as refused:
             wrong.messages.create(model="smollm2", max_tokens=2, messages=ask)
         assert refused.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
 

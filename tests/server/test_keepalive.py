@@ -36,10 +36,10 @@ def test_every_dialect_keeps_a_long_prefill_alive_and_clients_read_through(tmp_p
         assert ": keep-alive" in lines[:first_text], lines[:5]
         events = named_events(http, "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": ask(2)}]})
         assert check_chat_stream(events, usage=False)["finish_reason"] in ("stop", "length")
-        sdk = openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="x", max_retries=0)
-        pieces = [c.choices[0].delta.content or "" for c in sdk.chat.completions.create(
-            model="smollm2", max_tokens=3, temperature=0, stream=True,
-            messages=[{"role": "user", "content": ask(3)}]) if c.choices]
+        with openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="x", max_retries=0) as sdk:
+            pieces = [c.choices[0].delta.content or "" for c in sdk.chat.completions.create(
+                model="smollm2", max_tokens=3, temperature=0, stream=True,
+                messages=[{"role": "user", "content": ask(3)}]) if c.choices]
         assert "".join(pieces)
 
         completion = raw_lines(http, "/v1/completions", {"model": "smollm2", "prompt": ask(4), "max_tokens": 2,
@@ -57,9 +57,9 @@ def test_every_dialect_keeps_a_long_prefill_alive_and_clients_read_through(tmp_p
         named = named_events(http, "/v1/messages", messages)
         assert sum(1 for name, _ in named if name == "ping") >= 3  # the first, then keep-alives
         check_anthropic_stream(named)
-        client = anthropic.Anthropic(base_url=daemon.base_url, api_key="x", max_retries=0)
-        with client.messages.stream(model="smollm2", max_tokens=3,
-                                    messages=[{"role": "user", "content": ask(8)}]) as stream:
+        with anthropic.Anthropic(base_url=daemon.base_url, api_key="x", max_retries=0) as client, \
+                client.messages.stream(model="smollm2", max_tokens=3,
+                                       messages=[{"role": "user", "content": ask(8)}]) as stream:
             assert stream.get_final_message().stop_reason in ("end_turn", "max_tokens")
 
         ndjson = raw_lines(http, "/api/chat", {"model": "smollm2", "stream": True, "options": {"num_predict": 3},
@@ -70,9 +70,10 @@ def test_every_dialect_keeps_a_long_prefill_alive_and_clients_read_through(tmp_p
         generated = raw_lines(http, "/api/generate", {"model": "smollm2", "prompt": ask(10), "stream": True,
                                                       "options": {"num_predict": 2}})
         assert sum(1 for p in map(json.loads, generated) if not p["done"] and p["response"] == "") >= 2
-        reply = "".join(part["message"]["content"] for part in ollama.Client(host=daemon.base_url).chat(
-            model="smollm2", stream=True, options={"num_predict": 3},
-            messages=[{"role": "user", "content": ask(11)}]))
+        with ollama.Client(host=daemon.base_url) as native:
+            reply = "".join(part["message"]["content"] for part in native.chat(
+                model="smollm2", stream=True, options={"num_predict": 3},
+                messages=[{"role": "user", "content": ask(11)}]))
         assert reply
 
         # A client that leaves during the keep-alives costs nothing: the request is cancelled, the daemon serves on.

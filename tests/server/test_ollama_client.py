@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -18,8 +19,9 @@ WEATHER = {"type": "function", "function": {
 
 
 @pytest.fixture
-def client(daemon: Daemon) -> ollama.Client:
-    return ollama.Client(host=daemon.base_url)
+def client(daemon: Daemon) -> Iterator[ollama.Client]:
+    with ollama.Client(host=daemon.base_url) as client:
+        yield client
 
 
 def test_chat_and_stream(client: ollama.Client) -> None:

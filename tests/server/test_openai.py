@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import openai
 import pytest
@@ -12,8 +14,9 @@ PROMPT = [{"role": "user", "content": "Name one colour."}]
 
 
 @pytest.fixture
-def sdk(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+def sdk(daemon: Daemon) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_chat_completion_with_usage(sdk: openai.OpenAI) -> None:
@@ -123,9 +126,9 @@ def test_prompt_over_the_context_is_400_with_both_numbers(sdk: openai.OpenAI, da
 
 def test_unix_socket_serves_the_same_api(daemon: Daemon) -> None:
     assert oct(daemon.socket_path.stat().st_mode & 0o777) == "0o600"
-    client = openai.OpenAI(base_url="http://localhost/v1", api_key="unused",
-                           http_client=httpx.Client(transport=httpx.HTTPTransport(uds=str(daemon.socket_path))))
-    response = client.chat.completions.create(model="smollm2", messages=PROMPT, max_tokens=3)  # type: ignore[arg-type]
+    with openai.OpenAI(base_url="http://localhost/v1", api_key="unused", http_client=httpx.Client(
+            transport=httpx.HTTPTransport(uds=str(daemon.socket_path)))) as client:
+        response = client.chat.completions.create(model="smollm2", messages=PROMPT, max_tokens=3)  # type: ignore[arg-type]
     assert response.usage and response.usage.completion_tokens > 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -29,8 +30,9 @@ PERSON = {"type": "object", "additionalProperties": False, "required": ["name", 
 
 
 @pytest.fixture
-def sdk(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+def sdk(daemon: Daemon) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_named_tool_choice_forces_a_well_formed_call(sdk: openai.OpenAI) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -18,8 +19,9 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "Current we
 
 
 @pytest.fixture
-def sdk(daemon: Daemon) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0)
+def sdk(daemon: Daemon) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{daemon.base_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
 def test_create_retrieve_and_continue_with_previous_response_id(sdk: openai.OpenAI) -> None:
