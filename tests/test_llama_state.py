@@ -96,3 +96,30 @@ def test_a_sliding_window_model_restores_from_blocks_and_its_window_snapshot_aft
     assert engine.seq_keep(0, len(tokens) - 1)  # replaying the last token stays inside the window
     prefill(engine, 0, prompt, start=len(tokens) - 1)
     assert greedy(engine, 0, len(prompt)) == expected
+
+
+def test_saves_back_to_back_keep_each_state_though_the_engine_reuses_its_buffer(smollm2_path: Path,
+                                                                                   tmp_path: Path) -> None:
+    """``seq_state`` writes every save into one buffer kept between saves: what the store keeps of a save (its
+    blocks, in RAM and on disk) must be its own copy, not a view the next save overwrites."""
+    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=1024, n_parallel=1))
+    first, second = engine.tokenize(TEXT)[:300], engine.tokenize(TEXT[::-1])[:300]
+    prefill(engine, 0, first)
+    store = PromptStore(tmp_path, fingerprint(engine.fingerprint_parts()), engine, max_bytes=1 << 30, trims=True)
+    state = engine.seq_state(0)
+    expected = bytes(state)
+    store.save(first, state, "first")
+    engine.seq_clear(0)
+    prefill(engine, 0, second)
+    store.save(second, engine.seq_state(0), "second")  # the same buffer, overwritten
+    assert bytes(state) != expected  # (what the reuse means: the first view now shows the second state)
+    store.flush()
+    for ram in (True, False):
+        if not ram:
+            store.close()
+            store = PromptStore(tmp_path, fingerprint(engine.fingerprint_parts()), engine, max_bytes=1 << 30)
+        match = store.lookup(first)
+        restored = store.restore(match) if match else None
+        assert restored is not None and restored.common == len(first)
+        assert bytes(restored.state) == expected
+    store.close()

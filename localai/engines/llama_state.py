@@ -69,7 +69,7 @@ class _Parsed:
     v: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _parse(state: bytes | bytearray) -> tuple[int, list[_Parsed]]:
+def _parse(state: bytes | bytearray | memoryview) -> tuple[int, list[_Parsed]]:
     if len(state) < 8:
         raise StateFormatError("state too short")
     magic, source_seq = struct.unpack_from("<Ii", state, 0)
@@ -84,7 +84,7 @@ def _parse(state: bytes | bytearray) -> tuple[int, list[_Parsed]]:
     return source_seq, parsed
 
 
-def _read_module(state: bytes | bytearray, offset: int) -> _Parsed:
+def _read_module(state: bytes | bytearray | memoryview, offset: int) -> _Parsed:
     """One module starting at ``offset``: where its parts are, and where it ends."""
     start = offset
     try:
@@ -137,7 +137,7 @@ def _read_module(state: bytes | bytearray, offset: int) -> _Parsed:
     return found
 
 
-def split(state: bytes | bytearray, n_tokens: int, ranges: list[tuple[int, int]],
+def split(state: bytes | bytearray | memoryview, n_tokens: int, ranges: list[tuple[int, int]],
           keep_whole: set[int] | None = None) -> tuple[Layout, list[bytes], bytes]:
     """The layout, one payload per token range (sliceable modules only) and the unsliceable modules whole.
 

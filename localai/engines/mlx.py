@@ -63,7 +63,7 @@ def _array_bytes(array: Any) -> bytes:
     return bytes(np.asarray(array).tobytes())
 
 
-def _array_from(data: bytes | bytearray, dtype: str, shape: list[int]) -> Any:
+def _array_from(data: bytes | bytearray | memoryview, dtype: str, shape: list[int]) -> Any:
     if dtype == "bfloat16":
         return mx.array(np.frombuffer(data, np.uint16).reshape(shape)).view(mx.bfloat16)
     return mx.array(np.frombuffer(data, np.dtype(dtype)).reshape(shape))
@@ -74,11 +74,11 @@ def _storage_dtype(name: str) -> Any:
     return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
 
 
-def _parse_state(state: bytes | bytearray) -> tuple[dict[str, Any], int]:
+def _parse_state(state: bytes | bytearray | memoryview) -> tuple[dict[str, Any], int]:
     """``seq_state``'s header, and where the arrays' bytes begin."""
     try:
         (length,) = struct.unpack_from("<I", state)
-        header = json.loads(state[4:4 + length])
+        header = json.loads(bytes(state[4:4 + length]))
     except (struct.error, ValueError) as exc:
         raise ValueError(f"not an MLX cache state: {exc}") from exc
     if not isinstance(header, dict) or not isinstance(header.get("layers"), list):
@@ -308,7 +308,7 @@ class MlxEngine:
     def seq_restore(self, seq: int, state: StateBytes) -> bool:
         try:
             (length,) = struct.unpack_from("<I", state)
-            header = json.loads(state[4:4 + length])
+            header = json.loads(bytes(state[4:4 + length]))
             position = 4 + length
             cache = []
             for layer in header["layers"]:

@@ -44,7 +44,9 @@ from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.cache")
 
-StateBytes = bytes | bytearray  # a sequence's serialized KV state (llama.cpp's is a bytearray, loaded in place)
+# A sequence's serialized KV state: llama.cpp's is a bytearray when assembled (loaded in place) and a view of the
+# engine's reused buffer when saved (valid until the engine's next save: the store copies what it keeps).
+StateBytes = bytes | bytearray | memoryview
 MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
 
 
@@ -460,7 +462,7 @@ class PromptStore:
 
     # -- the writer ------------------------------------------------------------------------------
 
-    def _enqueue(self, kind: str, item: Any, payload: bytes | bytearray) -> None:
+    def _enqueue(self, kind: str, item: Any, payload: bytes | bytearray | memoryview) -> None:
         """Queue a write (caller holds the lock); a queue larger than ``queue_bytes`` drops its oldest blocks."""
         payload = bytes(payload)  # a snapshot cut from the engine's (mutable) state buffer: kept as its own copy
         key = {"block": lambda: "b:" + item.key, "snapshot": lambda: "s:" + item}.get(kind, lambda: "")()
