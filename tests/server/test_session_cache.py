@@ -305,3 +305,42 @@ def test_anthropic_cache_control_pins_the_prefix_for_its_ttl(daemon: Daemon) -> 
             refused = http.post("/v1/messages", json=bad)
             assert refused.status_code == 400, refused.text
             assert param in refused.text, refused.text
+
+
+def test_a_stop_right_after_the_replies_keeps_every_sessions_kept_reply(tmp_path: Path, smollm2_path: Path) -> None:
+    """SIGTERM as soon as two sessions' replies are out: the replies' follow-up prefills and saves still finish,
+    so after a restart each session's next turn reuses as many tokens as it does without a restart."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def turn1(session: int) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Session {session}: what is a linked list? " + "Be brief. " * 20}]
+
+    def both(daemon: Daemon, conversations: list[list[dict[str, str]]]) -> list[dict[str, Any]]:
+        with ThreadPoolExecutor(2) as pool:
+            return list(pool.map(lambda pair: chat(daemon, pair[1], max_tokens=60, prompt_cache_key=f"s{pair[0]}"),
+                                 enumerate(conversations)))
+
+    def turn2(first: list[dict[str, Any]]) -> list[list[dict[str, str]]]:
+        return [[*turn1(s), {"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "And a queue?"}] for s, reply in enumerate(first)]
+
+    with start_daemon(tmp_path / "steady") as daemon:
+        steady_first = both(daemon, [turn1(0), turn1(1)])
+        steady = both(daemon, turn2(steady_first))
+    with start_daemon(tmp_path / "home") as daemon:
+        first = both(daemon, [turn1(0), turn1(1)])
+    # the context manager's stop is the SIGTERM, sent the moment both replies are in
+    with start_daemon(tmp_path / "home") as daemon:
+        resumed = both(daemon, turn2(first))
+    for session in range(2):
+        # greedy: the same replies, so the two runs' second turns are the same prompts
+        assert first[session]["choices"][0]["message"] == steady_first[session]["choices"][0]["message"]
+        assert resumed[session]["usage"]["prompt_tokens"] == steady[session]["usage"]["prompt_tokens"]
+        assert cached(steady[session]) > turn_tokens(first[session])  # the kept reply is part of what is reused
+        assert cached(resumed[session]) >= cached(steady[session]) - 1, (session, resumed, steady)
+
+
+def turn_tokens(reply: dict[str, Any]) -> int:
+    """A first turn's prompt and reply tokens."""
+    return int(reply["usage"]["prompt_tokens"]) + int(reply["usage"]["completion_tokens"]) - 8
