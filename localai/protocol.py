@@ -46,7 +46,7 @@ class Constraint(TypedDict, total=False):
     type: Literal["json_object", "json_schema", "tool_call"]
     schema: dict[str, Any]
     tools: list[ToolSpec]
-    format: Literal["hermes", "llama3", "mistral"]
+    format: Literal["hermes", "llama3", "mistral", "json"]  # json: a bare {"name": ..., "arguments": ...} object
     lazy: bool  # tool_call only: constrain from the moment a call starts, text before it is free
 
 

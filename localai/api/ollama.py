@@ -457,16 +457,33 @@ def _gguf_template(path: str, mtime_ns: int) -> str | None:
         return None
 
 
-async def capabilities(record: ModelRecord) -> list[str]:
-    """What the model can do, as Ollama clients read it: completion, tools, thinking."""
+async def _template_of(record: ModelRecord) -> Template:
     template = record.template
     if template is None and record.path and not record.remote:
         with contextlib.suppress(OSError):
             template = await asyncio.to_thread(_gguf_template, record.path, Path(record.path).stat().st_mtime_ns)
+    return Template(template)
+
+
+async def capabilities(record: ModelRecord) -> list[str]:
+    """What the model can do, as Ollama clients read it: completion, tools, thinking."""
+    template = await _template_of(record)
     found = ["completion", "tools"]  # tools work with every template (described in the prompt when not native)
-    if Template(template).thinks:
+    if template.thinks or template.tool_format == "harmony":
         found.append("thinking")
     return found
+
+
+async def parser_of(record: ModelRecord) -> dict[str, str]:
+    """How the model's tool calls are read: its Modelfile's PARSER, else what its chat template shows."""
+    chosen = record.parameters.get("parser")
+    if isinstance(chosen, str):
+        return {"name": chosen, "from": "PARSER in the Modelfile"}
+    if record.remote:
+        return {"name": "upstream", "from": "the upstream parses its own output"}
+    template = await _template_of(record)
+    return {"name": template.tool_format, "from": "the chat template" if template.native_tools
+            else "localai's tool prompt (the template has no tools)"}
 
 
 @router.post("/api/show")
@@ -490,6 +507,7 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         # localai extension: the context the daemon loads the model with (launch gives it to agents)
         "num_ctx": num_ctx,
         "engine": chosen_engine(record, request.app.state.settings.engine),  # localai extension
+        "parser": await parser_of(record),  # localai extension: the tool-call format and where it came from
         **({"remote": remote} if remote else {}),  # localai extension: upstream model, kind, replicas' health
     }
 

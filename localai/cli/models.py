@@ -159,6 +159,9 @@ def show(model: str, part: str | None) -> None:
                          ("context length", info["model_info"].get(f"{details['family']}.context_length")),
                          ("quantization", details["quantization_level"]), ("engine", info.get("engine", ""))):
         click.echo(f"    {label:<16}{value}")
+    parser = info.get("parser")
+    if parser:
+        click.echo(f"    {'tool calls':<16}{parser['name']} ({parser['from']})")
     remote = info.get("remote")
     if remote:
         click.echo("\n  Remote")

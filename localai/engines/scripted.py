@@ -7,8 +7,9 @@ Selected with ``LOCALAI_ENGINE=scripted`` (or ``PARAMETER engine scripted``). To
 - ``[[slow]]``: a long reply at 20 tokens per second (for disconnects and Esc);
 - ``[[crash]]``: the decode step raises, so the engine thread fails and the worker exits.
 
-A constraint is honoured with a minimal valid instance: JSON for a schema, a Hermes ``<tool_call>`` for a forced
-tool. KV state is the token list itself, so the prompt cache (save, restore, trim, disk) runs for real.
+A constraint is honoured with a minimal valid instance: JSON for a schema, a forced tool call in the form the
+constraint names (as the grammar would force it). KV state is the token list itself, so the prompt cache (save,
+restore, trim, disk) runs for real.
 """
 
 from __future__ import annotations
@@ -137,8 +138,12 @@ class ScriptedEngine:
         constraint = sampler.constraint or {}
         if constraint.get("type") == "tool_call" and not constraint.get("lazy") and constraint.get("tools"):
             tool = constraint["tools"][0]
-            call = {"name": tool["name"], "arguments": minimal_instance(tool["parameters"])}
-            return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
+            style = constraint.get("format", "hermes")
+            key = "parameters" if style == "llama3" else "arguments"
+            call = {"name": tool["name"], key: minimal_instance(tool["parameters"])}
+            if style == "hermes":
+                return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
+            return json.dumps([call] if style == "mistral" else call)  # the forms grammars.py constrains to
         if constraint.get("type") == "json_schema":
             return json.dumps(minimal_instance(constraint.get("schema") or {}))
         if constraint.get("type") == "json_object":

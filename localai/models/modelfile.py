@@ -29,8 +29,11 @@ STRING_PARAMETERS = frozenset({"upstream_model", "api_key_env"})
 ENGINES = ("llama.cpp", "mlx", "scripted")
 # What serves a remote model (auto: detected from its /v1/models); see localai.upstreams.remote.
 UPSTREAM_KINDS = ("auto", "openai", "vllm", "sglang", "dynamo", "llama-server", "llama-cpp-python", "localai")
+# How a model writes tool calls and reasoning (localai/runtime/formats): `PARSER NAME` overrides what the model's
+# template says, as in Ollama's Modelfiles.
+PARSERS = ("hermes", "llama3", "mistral", "qwen3-coder", "harmony", "glm-4.5", "deepseek-v3.1")
 CHOICE_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "engine": ENGINES, "routing": ("session", "round_robin"), "upstream_kind": UPSTREAM_KINDS,
+    "engine": ENGINES, "routing": ("session", "round_robin"), "upstream_kind": UPSTREAM_KINDS, "parser": PARSERS,
 }
 # Parameters that only mean something for a remote model (FROM http://HOST:PORT/v1).
 REMOTE_PARAMETERS = frozenset({"upstream_model", "replica", "api_key_env", "timeout", "connect_timeout", "routing",
@@ -53,7 +56,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
-INSTRUCTIONS = frozenset({"from", "parameter", "template", "system", "adapter", "license", "message", "requires"})
+INSTRUCTIONS = frozenset({"from", "parameter", "template", "system", "adapter", "license", "message", "requires",
+                          "parser"})
 
 ParameterValue = int | float | bool | str | list[str]
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -76,6 +80,9 @@ class Modelfile:
         """The Modelfile text that reproduces this model (what ``localai show --modelfile`` prints)."""
         lines = [f"FROM {self.from_}"]
         for name, value in self.parameters.items():
+            if name == "parser":
+                lines.append(f"PARSER {value}")
+                continue
             for item in value if isinstance(value, list) else [value]:
                 lines.append(f"PARAMETER {name} {_render_value(item)}")
         if self.template is not None:
@@ -149,6 +156,8 @@ def parse(text: str, *, source: str = "Modelfile") -> Modelfile:
             result.license = argument
         elif instruction == "requires":
             result.requires = argument
+        elif instruction == "parser":
+            result.parameters["parser"] = _parser_name(argument, where)
         elif instruction == "message":
             role, _, content = argument.partition(" ")
             role = role.lower()
@@ -185,6 +194,14 @@ def check_template(template: str, where: str, first_line: int = 1) -> None:
             message = message[len(where):].lstrip(": ")
         prefix = where.rsplit(", line", 1)[0]
         raise ModelfileError(f"{prefix}, line {line}: TEMPLATE {message}") from None
+
+
+def _parser_name(argument: str, where: str) -> str:
+    name = _unquote(argument.strip()).lower()
+    if name not in PARSERS:
+        raise ModelfileError(f"{where}: PARSER {argument.strip()[:40]!r} is not a tool-call format localai knows; "
+                             f"one of: {', '.join(PARSERS)}")
+    return name
 
 
 def _parameter(argument: str, where: str) -> tuple[str, ParameterValue]:
@@ -284,7 +301,7 @@ def _instructions(text: str, source: str) -> list[tuple[int, str, str]]:
         if instruction not in INSTRUCTIONS:
             raise ModelfileError(
                 f"{source}, line {lineno}: unknown instruction {word!r}; "
-                "expected FROM, PARAMETER, TEMPLATE, SYSTEM, MESSAGE, ADAPTER, LICENSE or REQUIRES"
+                "expected FROM, PARAMETER, TEMPLATE, SYSTEM, MESSAGE, ADAPTER, LICENSE, REQUIRES or PARSER"
             )
         rest = rest.strip()
         if '"""' in rest:

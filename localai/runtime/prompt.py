@@ -18,7 +18,18 @@ from localai.errors import InvalidRequest
 from localai.models import chat_template
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
-ToolFormat = Literal["hermes", "llama3", "mistral"]
+ToolFormat = Literal["hermes", "llama3", "mistral", "qwen3-coder", "harmony", "glm-4.5", "deepseek-v3.1"]
+# What in a chat template says how its model writes calls, most specific first (Qwen3-Coder's template also
+# has <tool_call>; Harmony's has no call tags at all, only its channels).
+FORMAT_MARKERS: tuple[tuple[tuple[str, ...], ToolFormat], ...] = (
+    (("<|channel|>",), "harmony"),
+    (("<function=", "<parameter="), "qwen3-coder"),
+    (("<arg_key>",), "glm-4.5"),
+    (("tool\u2581sep", "tool\u2581call\u2581begin"), "deepseek-v3.1"),
+    (("[TOOL_CALLS]",), "mistral"),
+    (("<|python_tag|>",), "llama3"),
+    (("ipython",), "llama3"),
+)
 
 TOOLS_PREAMBLE = (
     "# Tools\n\n"
@@ -51,12 +62,13 @@ class Template:
     def tool_format(self) -> ToolFormat:
         """How this model writes a tool call (what the output parser and grammar expect)."""
         source = self.source or ""
-        if not self.native_tools or "<tool_call>" in source:
-            return "hermes"
-        if "[TOOL_CALLS]" in source:
-            return "mistral"
-        if "<|python_tag|>" in source or "ipython" in source:
-            return "llama3"
+        if "<|channel|>" in source:
+            return "harmony"  # its template renders tools in its own developer message, never as Hermes text
+        if not self.native_tools:
+            return "hermes"  # localai describes the tools and asks for Hermes calls
+        for markers, name in FORMAT_MARKERS:
+            if all(marker in source for marker in markers):
+                return name
         return "hermes"
 
 

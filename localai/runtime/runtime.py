@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
 from localai.metrics import Metrics
@@ -21,7 +21,7 @@ from localai.runtime import divergence
 from localai.runtime import prompt as prompting
 from localai.runtime.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.runtime.fitting import apply as fitting_apply
-from localai.runtime.formats.json_calls import OutputParser
+from localai.runtime.formats import Parser, parser_for
 from localai.schema import (
     Event,
     Finished,
@@ -61,7 +61,7 @@ class Generation:
     _frames: AsyncIterator[dict[str, Any]]
     _stack: contextlib.AsyncExitStack
     fit: Fit | None = None
-    parser: OutputParser | None = None  # tool calls and reasoning, when the request can have them
+    parser: Parser | None = None  # tool calls and reasoning, when the request can have them
     _closed: bool = field(default=False)
     _metrics: Metrics | None = None
     replica: str | None = None  # the remote replica serving it (remote models)
@@ -415,17 +415,33 @@ class Runtime:
             return None
         return text if text and prompt.startswith(text) else None
 
-    def _parser(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> OutputParser | None:
-        thinks = self.template(record, loaded).thinks and request.reasoning is not False and not request.raw
+    def _parser(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> Parser | None:
+        template = self.template(record, loaded)
+        chosen = self.tool_format(record, loaded)
+        style: str = chosen
+        if request.tools and request.tool_choice.mode in ("required", "function"):
+            style = forced_format(chosen)  # what the grammar makes the model write (see _constraint)
+        thinks = (template.thinks or chosen in THINKING_FORMATS) and request.reasoning is not False \
+            and not request.raw
         tools = request.parses_tool_calls() and request.messages is not None
+        if style == "harmony" and not request.raw:
+            thinks = True  # its analysis channel is reasoning, asked for or not
         if not tools and not thinks:
             return None
-        return OutputParser(tools=tools, reasoning=thinks, names=[tool.name for tool in request.tools])
+        return parser_for(style, tools=tools, reasoning=thinks,
+                          functions={tool.name: tool.parameters for tool in request.tools})
+
+    def tool_format(self, record: ModelRecord, loaded: LoadedModel) -> prompting.ToolFormat:
+        """How the model writes tool calls: its Modelfile's PARSER, else what its chat template shows."""
+        chosen = record.parameters.get("parser")
+        if isinstance(chosen, str):
+            return chosen  # type: ignore[return-value]  # checked against the format names at create time
+        return self.template(record, loaded).tool_format
 
     def _constraint(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> Constraint | None:
         """The grammar the output must follow: a forced or lazy tool call, or the response format."""
         choice: ToolChoice = request.tool_choice
-        tool_format = self.template(record, loaded).tool_format
+        tool_format = self.tool_format(record, loaded)
         if request.tools and choice.mode in ("required", "function"):
             tools = request.tools
             if choice.mode == "function":
@@ -433,7 +449,7 @@ class Runtime:
                 if not tools:
                     raise InvalidRequest(f"tool_choice names '{choice.name}', which is not among the tools",
                                          param="tool_choice")
-            return Constraint(type="tool_call", format=tool_format,
+            return Constraint(type="tool_call", format=forced_format(tool_format),
                               tools=[{"name": t.name, "parameters": t.parameters} for t in tools])
         if request.response_format is not None:
             if request.response_format.type == "json_schema":
@@ -480,8 +496,22 @@ class Target(Protocol):
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Frames: ``prompt`` (accepted) or ``error`` first, then ``text``/``event`` frames and ``done``."""
 
-    def parser(self, request: GenerationRequest) -> OutputParser | None:
+    def parser(self, request: GenerationRequest) -> Parser | None:
         """What turns generated text into tool calls and reasoning, when the target yields raw text."""
+
+
+# Families whose models open with <think> (GLM-4.5+, DeepSeek-V3.1 in thinking mode) even when a Modelfile's PARSER
+# names them over a template that does not show it; Harmony's analysis channel is its reasoning.
+THINKING_FORMATS = frozenset({"glm-4.5", "deepseek-v3.1", "harmony"})
+
+
+def forced_format(style: prompting.ToolFormat) -> Literal["hermes", "llama3", "mistral", "json"]:
+    """The form a forced call is constrained to. A grammar can only make a model write text, never a special token:
+    the formats whose calls open with special tokens (Harmony's channels, DeepSeek's and Mistral's markers,
+    Qwen3-Coder's and GLM's tags) are forced as one bare JSON call, which the JSON parser reads back."""
+    if style == "hermes" or style == "llama3" or style == "mistral":
+        return style
+    return "json"
 
 
 @dataclass
@@ -501,7 +531,7 @@ class LocalTarget:
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self.loaded.worker.generate(op, idle=self.runtime.settings.stream_keepalive)  # type: ignore[arg-type]
 
-    def parser(self, request: GenerationRequest) -> OutputParser | None:
+    def parser(self, request: GenerationRequest) -> Parser | None:
         return self.runtime._parser(self.record, self.loaded, request)
 
 
@@ -536,7 +566,7 @@ class RemoteTarget:
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self.pool.generate(op)
 
-    def parser(self, request: GenerationRequest) -> OutputParser | None:
+    def parser(self, request: GenerationRequest) -> Parser | None:
         return None  # the upstream parsed its own tool calls and reasoning
 
 

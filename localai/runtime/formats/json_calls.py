@@ -16,14 +16,21 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from localai.schema import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart, new_call_id
+from localai.runtime.formats.common import Thinking
+from localai.schema import Event, ReasoningDelta, ToolCallDelta, ToolCallEnd, ToolCallStart, new_call_id
 from localai.text import partial_suffix
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 MISTRAL_MARK = "[TOOL_CALLS]"
 PYTHON_TAG = "<|python_tag|>"
-MARKERS = (HERMES_OPEN, MISTRAL_MARK, PYTHON_TAG)
+MISTRAL_ARGS = "[ARGS]"  # Mistral's current form (Devstral, Magistral): [TOOL_CALLS]NAME[ARGS]{...}
+BAR, SPACE = "\uff5c", "\u2581"  # DeepSeek's markers: fullwidth bars, and the tokenizer's word-start mark for spaces
+DEEPSEEK_OPEN, DEEPSEEK_SEP, DEEPSEEK_CLOSE = (f"<{BAR}tool{SPACE}{word}{BAR}>" for word in
+                                               (f"call{SPACE}begin", "sep", f"call{SPACE}end"))
+DEEPSEEK_OUTER = (f"<{BAR}tool{SPACE}calls{SPACE}begin{BAR}>",  # around DeepSeek-V3.1's calls: dropped
+                  f"<{BAR}tool{SPACE}calls{SPACE}end{BAR}>")
+MARKERS = (HERMES_OPEN, MISTRAL_MARK, PYTHON_TAG, DEEPSEEK_OPEN, *DEEPSEEK_OUTER)
+NAME = re.compile(r"[\w.\-]{1,200}")
 HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
 
@@ -68,82 +75,48 @@ class _Call:
     unknown: bool = False  # names a function the request did not offer: text, not a call
 
 
-class OutputParser:
+class OutputParser(Thinking):
     """Feed text deltas in, get events out; ``finish()`` flushes what is held back."""
 
     def __init__(self, *, tools: bool, reasoning: bool, names: Collection[str] | None = None) -> None:
+        super().__init__(reasoning=reasoning)
         self.tools = tools
         self.names = frozenset(names) if names is not None else None  # the offered functions (None: any)
         self.calls: list[ToolCallEnd] = []
-        self._state = "think?" if reasoning else "start"
-        self._buffer = ""
         self._call: _Call | None = None
         self._close: str | None = None  # what ends the current call block (None: the JSON value itself)
-        self._after_think = False
         self._array = False  # inside a JSON array of calls (Mistral's [TOOL_CALLS][...])
+        self._named: tuple[str, str, str | None] = ("", "", None)  # a named call's opener, separator and closer
 
     # -- public --------------------------------------------------------------------------------
-
-    def feed(self, text: str) -> list[Event]:
-        self._buffer += text
-        events: list[Event] = []
-        while True:
-            progressed = self._advance(events, final=False)
-            if not progressed:
-                return events
 
     def finish(self) -> list[Event]:
         """The end of the output: flush held-back text and close an unterminated call."""
         events: list[Event] = []
         for _ in range(10_000):  # every step consumes or changes state; the bound only guards bugs
             if self._state == "call" and self._call is not None:
-                if not self._advance(events, final=True):
+                if not self._advance(events, True):
                     self._end_call(events, self._buffer)
                     self._buffer, self._state = "", "text"
                 continue
-            if not self._advance(events, final=True):
+            if not self._advance(events, True):
                 break
         if self._buffer:
-            self._emit_text(events, self._buffer) if self._state != "think" else events.append(
+            self.emit_text(events, self._buffer) if self._state != "think" else events.append(
                 ReasoningDelta(self._buffer))
         self._buffer = ""
         return events
 
     # -- states --------------------------------------------------------------------------------
 
-    def _advance(self, events: list[Event], *, final: bool) -> bool:
+    def _advance(self, events: list[Event], final: bool) -> bool:
         """One step of the state machine; False when it must wait for more text."""
         handler = {
             "think?": self._think_open, "think": self._think, "start": self._start, "json?": self._bare_json,
             "text": self._text, "call": self._in_call, "mistral": self._mistral, "array": self._array_tail,
+            "named": self._named_call,
         }[self._state]
         return handler(events, final)
-
-    def _think_open(self, events: list[Event], final: bool) -> bool:
-        stripped = self._buffer.lstrip()
-        if stripped.startswith(THINK_OPEN):
-            self._buffer = stripped[len(THINK_OPEN):]
-            self._state = "think"
-            return True
-        if THINK_OPEN.startswith(stripped) and not final:
-            return False
-        self._state = "start"
-        return True
-
-    def _think(self, events: list[Event], final: bool) -> bool:
-        end = self._buffer.find(THINK_CLOSE)
-        if end == -1:
-            cut = len(self._buffer) - (0 if final else partial_suffix(self._buffer, (THINK_CLOSE,)))
-            if cut > 0:
-                events.append(ReasoningDelta(self._buffer[:cut]))
-                self._buffer = self._buffer[cut:]
-            return False
-        if end:
-            events.append(ReasoningDelta(self._buffer[:end]))
-        self._buffer = self._buffer[end + len(THINK_CLOSE):]
-        self._after_think = True  # the blank lines after </think> are not part of the answer
-        self._state = "start"
-        return True
 
     def _start(self, events: list[Event], final: bool) -> bool:
         if not self.tools:
@@ -158,24 +131,26 @@ class OutputParser:
         return True
 
     def _text(self, events: list[Event], final: bool) -> bool:
-        if self._after_think:
-            self._buffer = self._buffer.lstrip()
-            if not self._buffer and not final:
-                return False
-            self._after_think = False
+        if self._leading_blank(final):
+            return False
         if not self.tools:
-            self._emit_text(events, self._buffer)
+            self.emit_text(events, self._buffer)
             self._buffer = ""
             return False
         found = [(self._buffer.find(m), m) for m in MARKERS if m in self._buffer]
         if found:
             position, marker = min(found)
-            self._emit_text(events, self._buffer[:position].rstrip())
+            self.emit_text(events, self._buffer[:position].rstrip())
             self._buffer = self._buffer[position + len(marker):]
             if marker == HERMES_OPEN:
                 self._begin_call(close=HERMES_CLOSE, opener=marker)
             elif marker == MISTRAL_MARK:
                 self._state = "mistral"
+            elif marker == DEEPSEEK_OPEN:
+                self._named = (marker, DEEPSEEK_SEP, DEEPSEEK_CLOSE)
+                self._state = "named"
+            elif marker in DEEPSEEK_OUTER:
+                self._state = "start"
             else:  # <|python_tag|>: a bare JSON call follows
                 self._begin_call(close=None, opener=marker)
             return True
@@ -185,7 +160,7 @@ class OutputParser:
             hold += len(self._buffer[:len(self._buffer) - hold]) - len(self._buffer[:len(self._buffer) - hold].rstrip())
         cut = len(self._buffer) - hold
         if cut > 0:
-            self._emit_text(events, self._buffer[:cut])
+            self.emit_text(events, self._buffer[:cut])
             self._buffer = self._buffer[cut:]
         return False
 
@@ -197,12 +172,42 @@ class OutputParser:
                 return True
             return False
         opener = MISTRAL_MARK
+        if stripped[0] not in "[{":
+            self._named = (MISTRAL_MARK + self._buffer[:len(self._buffer) - len(stripped)], MISTRAL_ARGS, None)
+            self._buffer = stripped
+            self._state = "named"
+            return True
         if stripped[0] == "[":
             self._array = True
             stripped = stripped[1:]
             opener += "["
         self._buffer = stripped
         self._begin_call(close=None, opener=opener)
+        return True
+
+    def _named_call(self, events: list[Event], final: bool) -> bool:
+        """A call written as its name, a separator, then its JSON arguments (Mistral's current form, DeepSeek's)."""
+        opener, separator, close = self._named
+        at = self._buffer.find(separator)
+        if at == -1:
+            name_so_far = self._buffer[:len(self._buffer) - partial_suffix(self._buffer, (separator,))].strip()
+            if final or (name_so_far and not NAME.fullmatch(name_so_far)) or len(name_so_far) > 200:
+                self.emit_text(events, opener)  # not a call after all
+                self._state = "text"
+                return True
+            return False
+        name = self._buffer[:at].strip()
+        if not NAME.fullmatch(name):
+            self.emit_text(events, opener)
+            self._state = "text"
+            return True
+        self._begin_call(close=close, opener=opener + self._buffer[:at + len(separator)])
+        self._buffer = self._buffer[at + len(separator):]
+        call = self._call
+        assert call is not None
+        call.name, call.args_start, call.unknown = name, 0, not self._offered(name)
+        if not call.unknown:
+            events.append(ToolCallStart(call.index, call.id, name))
         return True
 
     def _bare_json(self, events: list[Event], final: bool) -> bool:
@@ -296,7 +301,7 @@ class OutputParser:
         self._call = None
         parsed = _as_call(raw.strip())
         if call.unknown or (call.name is None and (parsed is None or not self._offered(parsed[0]))):
-            self._emit_text(events, call.opener + raw + closer)  # never became a call: it was text after all
+            self.emit_text(events, call.opener + raw + closer)  # never became a call: it was text after all
             return
         if call.name is None:
             assert parsed is not None
@@ -318,15 +323,6 @@ class OutputParser:
         end = ToolCallEnd(call.index, call.id, name, text)
         self.calls.append(end)
         events.append(end)
-
-    def _emit_text(self, events: list[Event], text: str) -> None:
-        if not text:
-            return
-        if events and isinstance(events[-1], TextDelta):
-            events[-1] = TextDelta(events[-1].text + text)
-        else:
-            events.append(TextDelta(text))
-
 
 def _could_be_head(text: str) -> bool:
     """Whether ``text`` may still grow into ``{"name": "...", "arguments": ...``."""

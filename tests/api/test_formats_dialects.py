@@ -1,0 +1,193 @@
+"""Each model family's tool-call format through every dialect, streamed and not: the scripted engine says what a
+Qwen3-Coder, gpt-oss (Harmony), GLM-4.5, Devstral or DeepSeek-V3.1 model writes (chosen with the Modelfile's
+PARSER line), and each dialect's client gets the calls with their exact arguments, the reasoning apart, and no
+markup in the text. A long file write (2,000 lines of code full of markup) goes through each format."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from tests.metagguf import metadata_gguf
+from tests.test_formats_roundtrip import SCHEMAS, write
+
+LINES = 2000
+FILE = "\n".join(f"<a x='{n}'>&" + ('"ü' if n % 7 else "</p>") for n in range(LINES)) + "\n"  # markup, 2,000 lines
+STYLES = {"qwen3-coder": "qwen3-coder", "harmony": "harmony", "glm-4.5": "glm-4.5", "mistral-args": "mistral",
+          "deepseek-v3.1": "deepseek-v3.1"}
+TOOLS = [{"name": name, "parameters": schema} for name, schema in SCHEMAS.items()]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model trained on 262k tokens (metadata only: the scripted engine plays it)."""
+    return metadata_gguf(tmp_path_factory.mktemp("gguf") / "long.gguf", arch="qwen3moe", context_length=262144)
+
+
+def model(api: TestClient, weights: Path, style: str) -> str:
+    name = f"fmt-{style}"
+    created = api.post("/api/create", json={"model": name, "modelfile": (
+        f"FROM {weights}\nPARSER {STYLES[style]}\nPARAMETER num_ctx 120000\n")})
+    assert created.status_code == 200, created.text
+    return name
+
+
+def reply(style: str, *, long: bool) -> tuple[str, str, list[tuple[str, dict[str, Any]]]]:
+    calls: list[tuple[str, dict[str, Any]]] = [("edit", {"file": "a.py", "line": 3, "options": {"x": [1, None]}})]
+    if long:
+        calls = [("write_file", {"path": "src/big.py", "content": FILE}), *calls]
+    thinking = style in ("harmony", "glm-4.5", "deepseek-v3.1")  # the families whose models reason first
+    return "I will write it.", "The user wants a file." if thinking else "", calls
+
+
+def said(style: str, long: bool) -> str:
+    text, reasoning, calls = reply(style, long=long)
+    return "[[say:" + write(style, text, reasoning, calls) + "]]"
+
+
+def sse(lines: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+
+
+def openai_chat(api: TestClient, name: str, ask: str, stream: bool) -> tuple[str, list[tuple[str, Any]]]:
+    body = {"model": name, "stream": stream, "messages": [{"role": "user", "content": ask}],
+            "tools": [{"type": "function", "function": tool} for tool in TOOLS]}
+    if not stream:
+        message = api.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        return message["content"] or "", [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                                          for c in message["tool_calls"] or []]
+    with api.stream("POST", "/v1/chat/completions", json=body) as response:
+        chunks = sse(list(response.iter_lines()))
+    text, calls = "", {}
+    for chunk in chunks:
+        for choice in chunk.get("choices", []):
+            delta = choice["delta"]
+            text += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                entry = calls.setdefault(call["index"], ["", ""])
+                entry[0] += call.get("function", {}).get("name") or ""
+                entry[1] += call.get("function", {}).get("arguments") or ""
+    return text, [(n, json.loads(a)) for n, a in (calls[i] for i in sorted(calls))]
+
+
+def anthropic(api: TestClient, name: str, ask: str, stream: bool) -> tuple[str, list[tuple[str, Any]]]:
+    body = {"model": name, "stream": stream, "max_tokens": 100000, "messages": [{"role": "user", "content": ask}],
+            "tools": [{"name": t["name"], "input_schema": t["parameters"]} for t in TOOLS]}
+    if not stream:
+        blocks = api.post("/v1/messages", json=body).json()["content"]
+        return ("".join(b["text"] for b in blocks if b["type"] == "text"),
+                [(b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"])
+    with api.stream("POST", "/v1/messages", json=body) as response:
+        events = sse(list(response.iter_lines()))
+    text, calls = "", {}
+    for event in events:
+        if event["type"] == "content_block_start" and event["content_block"]["type"] == "tool_use":
+            calls[event["index"]] = [event["content_block"]["name"], ""]
+        elif event["type"] == "content_block_delta":
+            delta = event["delta"]
+            if delta["type"] == "text_delta":
+                text += delta["text"]
+            elif delta["type"] == "input_json_delta":
+                calls[event["index"]][1] += delta["partial_json"]
+    return text, [(n, json.loads(a)) for n, a in (calls[i] for i in sorted(calls))]
+
+
+def responses(api: TestClient, name: str, ask: str, stream: bool) -> tuple[str, list[tuple[str, Any]]]:
+    body = {"model": name, "stream": stream, "input": ask, "tools": [{"type": "function", **tool} for tool in TOOLS]}
+    if not stream:
+        output = api.post("/v1/responses", json=body).json()["output"]
+    else:
+        with api.stream("POST", "/v1/responses", json=body) as response:
+            events = sse(list(response.iter_lines()))
+        output = next(e["response"]["output"] for e in events if e["type"] == "response.completed")
+        deltas = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+        assert deltas == "".join(item["arguments"] for item in output if item["type"] == "function_call")
+    text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
+    return text, [(i["name"], json.loads(i["arguments"])) for i in output if i["type"] == "function_call"]
+
+
+def ollama(api: TestClient, name: str, ask: str, stream: bool) -> tuple[str, list[tuple[str, Any]]]:
+    body = {"model": name, "stream": stream, "messages": [{"role": "user", "content": ask}],
+            "tools": [{"type": "function", "function": tool} for tool in TOOLS]}
+    if not stream:
+        message = api.post("/api/chat", json=body).json()["message"]
+        lines = [message]
+    else:
+        with api.stream("POST", "/api/chat", json=body) as response:
+            lines = [json.loads(line)["message"] for line in response.iter_lines() if line]
+    text = "".join(line.get("content") or "" for line in lines)
+    calls = [(c["function"]["name"], c["function"]["arguments"])
+             for line in lines for c in line.get("tool_calls") or []]
+    return text, calls
+
+
+DIALECTS = {"openai": openai_chat, "anthropic": anthropic, "responses": responses, "ollama": ollama}
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+@pytest.mark.parametrize("dialect", list(DIALECTS))
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_each_format_through_each_dialect(api: TestClient, weights: Path, style: str, dialect: str,
+                                          stream: bool) -> None:
+    long = dialect == "openai"  # the 2,000-line file once per format and way of sending (it is 100k tokens here)
+    text, _, calls = reply(style, long=long)
+    got_text, got_calls = DIALECTS[dialect](api, model(api, weights, style), said(style, long), stream)
+    assert got_text.strip() == text
+    assert got_calls == calls
+
+
+# What each family's own template holds (abridged: the parts that tell the formats apart), and the architecture its
+# GGUF names. Detection reads the template; the architecture alone does not decide (a fine-tune may change it).
+TEMPLATES = {
+    "qwen3-coder": ("qwen3moe", "{% for tool in tools %}{{ tool | tojson }}{% endfor %}<tool_call>\n<function=NAME>\n"
+                                "<parameter=P>\nvalue\n</parameter>\n</function>\n</tool_call>{{ messages }}"),
+    "harmony": ("gpt-oss", "<|start|>system<|message|>{{ messages }}<|end|><|start|>assistant<|channel|>final"
+                           "<|message|>{% for t in tools %}{{ t }}{% endfor %}tool_call"),
+    "glm-4.5": ("glm4moe", "{% for t in tools %}{{ t }}{% endfor %}<tool_call>{{ name }}<arg_key>k</arg_key>"
+                           "<arg_value>v</arg_value></tool_call><think></think>{{ messages }}"),
+    "deepseek-v3.1": ("deepseek2", "{% for t in tools %}{{ t }}{% endfor %}tool_calls<\uff5ctool\u2581calls"
+                                   "\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>x<\uff5ctool"
+                                   "\u2581sep\uff5c>{{ messages }}"),
+    "mistral": ("llama", "{% for t in tools %}{{ t }}{% endfor %}tool_call[TOOL_CALLS]{{ name }}[ARGS]{{ messages }}"),
+    "hermes": ("qwen2", "{% for t in tools %}{{ t }}{% endfor %}<tool_call>{{ messages }}</tool_call>"),
+}
+
+
+@pytest.mark.parametrize("style", list(TEMPLATES))
+def test_the_format_comes_from_the_models_template_and_show_says_so(api: TestClient, tmp_path: Path,
+                                                                      style: str) -> None:
+    arch, template = TEMPLATES[style]
+    path = metadata_gguf(tmp_path / f"{style}.gguf", arch=arch, context_length=262144, template=template)
+    name = f"detect-{style}"
+    assert api.post("/api/create", json={"model": name, "modelfile": f"FROM {path}\n"}).status_code == 200
+    shown = api.post("/api/show", json={"model": name}).json()
+    assert shown["parser"] == {"name": style, "from": "the chat template"}
+    assert shown["details"]["family"] == arch
+    # PARSER overrides it, and the Modelfile says so
+    assert api.post("/api/create", json={"model": name + "-x", "modelfile": f"FROM {path}\nPARSER hermes\n"}
+                    ).status_code == 200
+    shown = api.post("/api/show", json={"model": name + "-x"}).json()
+    assert shown["parser"] == {"name": "hermes", "from": "PARSER in the Modelfile"}
+    assert "PARSER hermes" in shown["modelfile"]
+
+
+def test_a_parser_name_localai_does_not_know_is_refused_at_create(api: TestClient, weights: Path) -> None:
+    refused = api.post("/api/create", json={"model": "bad-parser", "modelfile": f"FROM {weights}\nPARSER qwen4\n"})
+    assert refused.status_code == 400
+    assert "PARSER 'qwen4' is not a tool-call format localai knows" in refused.text
+    assert "qwen3-coder" in refused.text
+    assert api.post("/api/show", json={"model": "bad-parser"}).status_code == 404
+
+
+def test_a_forced_call_in_a_format_of_special_tokens_comes_back_as_a_call(api: TestClient, weights: Path) -> None:
+    """tool_choice required on a Harmony model: the grammar forces one bare JSON call (a grammar cannot write
+    special tokens), which is read back as the call."""
+    body = {"model": model(api, weights, "harmony"), "messages": [{"role": "user", "content": "go"}],
+            "tools": [{"type": "function", "function": TOOLS[0]}], "tool_choice": "required"}
+    message = api.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"]["name"] == "write_file"
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"path": "x", "content": "x"}
