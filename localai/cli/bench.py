@@ -301,3 +301,29 @@ def bench_remote(model: str, requests: int, gen_tokens: int, sessions: int, turn
     if evaluated.get("round_robin"):
         click.echo(f"  session affinity computes {evaluated['session'] / evaluated['round_robin']:.2f}x the tokens "
                    "of round-robin")
+
+
+@bench.command("saves")
+@click.option("--model", "-m", "models", multiple=True, default=["smollm2"], show_default=True,
+              help="Installed models (or GGUF paths) to measure; repeat for several.")
+@click.option("--contexts", default="1024,4096,16384", show_default=True, help="Context sizes, in tokens.")
+@click.option("--new", "new_tokens", default=100, show_default=True, help="New tokens before each save.")
+@click.option("--samples", default=3, show_default=True, help="Saves per size (the median is shown).")
+@click.option("--threads", "-t", default=2, show_default=True)
+@fail_cleanly
+def bench_saves(models: tuple[str, ...], contexts: str, new_tokens: int, samples: int, threads: int) -> None:
+    """What a turn-end save holds the engine for as the context grows (loads each model in this process)."""
+    import os
+
+    from localai.bench.saves import measure, table
+    from localai.client import Client
+
+    sizes = [int(part) for part in contexts.split(",") if part.strip()]
+    for model in models:
+        path = model
+        if not os.path.isfile(model):
+            client = Client()
+            client.ensure_running()
+            path = client.request("POST", "/api/show", {"model": model})["path"]
+        click.echo(table(model, measure(path, sizes, new=new_tokens, samples=samples, threads=threads)))
+        click.echo("")
