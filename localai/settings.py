@@ -83,7 +83,8 @@ class Settings(BaseSettings):
     context_length: int = Field(
         default=32768,
         ge=256,
-        description="Default `num_ctx` cap: a model gets min(its trained context, this) unless its Modelfile says.",
+        description="When set, the default `num_ctx`: a model gets min(its trained context, this) unless its Modelfile "
+        "says; unset, the largest window that fits the free memory (models/loading.py fit_window).",
     )
     num_thread: int | None = Field(default=None, ge=1, description="CPU threads per worker (default: all cores).")
     flash_attention: bool = Field(default=False, description="Run llama.cpp with flash attention.")

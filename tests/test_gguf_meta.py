@@ -17,6 +17,7 @@ import pytest
 from localai.models.gguf_meta import (
     FILE_TYPES,
     GGUFMetadata,
+    AttentionShape,
     GGUFValueType,
     _Header,
     _human_count,
@@ -39,11 +40,19 @@ def reference(path: Path) -> GGUFMetadata:
         total = sum(int(tensor.n_elements) for tensor in reader.tensors)
         label = _human_count(total)
     file_type = field("general.file_type")
+    layers = int(field(f"{arch}.block_count") or 0)
+    heads = int(field(f"{arch}.attention.head_count") or 0)
+    kv = field(f"{arch}.attention.head_count_kv")
+    head_size = field(f"{arch}.attention.key_length") or (
+        int(field(f"{arch}.embedding_length") or 0) // heads if heads else 0)
+    attention = AttentionShape(layers, list(kv) if isinstance(kv, list) else [int(kv or heads)] * layers,
+                               int(head_size), int(field(f"{arch}.attention.value_length") or head_size),
+                               int(field(f"{arch}.attention.sliding_window") or 0)) if layers and head_size else None
     return GGUFMetadata(
         architecture=arch, context_length=int(field(f"{arch}.context_length") or 0),
         quantization=FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "unknown",
         parameter_size=str(label), chat_template=field("tokenizer.chat_template") or None,
-        name=field("general.name"),
+        name=field("general.name"), attention=attention,
     )
 
 
@@ -87,8 +96,12 @@ def test_real_models_read_as_the_full_reader_reads_them(smollm2_path: Path, gemm
         "llama", 8192, "Q4_1", "135M")
     assert smol.chat_template and "<|im_start|>" in smol.chat_template
     gemma = read_metadata(gemma3_path)  # 262k-token vocabulary: the full reader takes seconds, so facts, not parity
-    assert asdict(gemma) == {"architecture": "gemma3", "context_length": 32768, "quantization": "Q4_K_M",
-                             "parameter_size": "270M", "chat_template": None, "name": "Gemma 3 270m"}
+    shape = asdict(gemma).pop("attention")
+    assert {k: v for k, v in asdict(gemma).items() if k != "attention"} == {
+        "architecture": "gemma3", "context_length": 32768, "quantization": "Q4_K_M", "parameter_size": "270M",
+        "chat_template": None, "name": "Gemma 3 270m"}
+    assert (shape["layers"], shape["kv_heads"][0], shape["key_length"], shape["sliding_window"]) == (18, 1, 256, 512)
+    assert smol.attention is not None and smol.attention.bytes_per_token() == 30 * 3 * 128 * 2  # 23,040 B a token
 
 
 @pytest.mark.parametrize("size_label", [None, "7B"])

@@ -30,7 +30,7 @@ from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, trunca
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.gguf_meta import read_metadata
-from localai.models.loading import chosen_engine, context_size
+from localai.models.loading import attention_of, chosen_engine, kv_bytes, window
 from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
 from localai.models.registry import ModelRecord
 from localai.runtime.prompt import Template
@@ -430,8 +430,12 @@ async def ps(request: Request) -> dict[str, Any]:
         record, info = loaded.record, loaded.worker.info
         expires = (dt.datetime.fromtimestamp(loaded.expires_at, dt.UTC).isoformat()
                    if loaded.expires_at is not None else None)
+        options = loaded.worker.options
+        kv = kv_bytes(attention_of(record), int(options.get("num_ctx") or 0), int(options.get("n_parallel") or 1),
+                      str(options.get("kv_type") or "f16"))
         models.append({
-            "name": loaded.name, "model": loaded.name, "size": record.size, "digest": record.sha256,
+            "name": loaded.name, "model": loaded.name, "size": record.size + kv, "digest": record.sha256,
+            "kv_bytes": kv, "kv_type": options.get("kv_type", "f16"),  # localai extensions: the KV cache's part
             "details": details(record), "expires_at": expires, "size_vram": 0,
             "context_length": info["n_ctx"] if info else None, "active_requests": loaded.active,
             "processor": "cpu" if loaded.worker.options.get("num_gpu", -1) == 0 else "auto",
@@ -496,7 +500,9 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         for item in (value if isinstance(value, list) else [value])
     )
     remote = (await remote_descriptions(request, [record])).get(record.name)
-    num_ctx = remote["context_length"] if remote else context_size(record, request.app.state.settings)
+    settings = request.app.state.settings
+    fitted = None if remote else await asyncio.to_thread(window, record, settings)
+    num_ctx = remote["context_length"] if remote else fitted.num_ctx  # type: ignore[union-attr]
     return {
         "modelfile": modelfile.render(), "parameters": parameters, "template": record.template or "",
         "system": record.system or "", "license": record.license or "", "details": details(record),
@@ -508,6 +514,11 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         "num_ctx": num_ctx,
         "engine": chosen_engine(record, request.app.state.settings.engine),  # localai extension
         "parser": await parser_of(record),  # localai extension: the tool-call format and where it came from
+        # localai extension: the memory the model takes at that window, and how the window was chosen
+        **({"memory": {"num_ctx": fitted.num_ctx, "kv_type": fitted.kv_type, "weights_bytes": fitted.weights_bytes,
+                       "kv_bytes": fitted.kv_bytes, "total_bytes": fitted.total_bytes(),
+                       "sequences": settings.num_parallel, "available_bytes": fitted.available_bytes,
+                       "chosen_by": fitted.chosen_by, "advice": fitted.advice}} if fitted else {}),
         **({"remote": remote} if remote else {}),  # localai extension: upstream model, kind, replicas' health
     }
 

@@ -106,9 +106,31 @@ def _target(model: str | None, yes: bool) -> Target:
     if not model:
         model = _choose_model(client, yes)
     info = client.request("POST", "/api/show", {"model": model})
+    advice = (info.get("memory") or {}).get("advice")
+    if advice:
+        click.echo(f"localai: {advice}", err=True)
+    loaded = _loaded_context(client, model)
+    if loaded:
+        info = {**info, "num_ctx": loaded}  # the window the worker really has: the agent is told exactly that
     context_length, max_output = model_limits(info, settings.context_length)
     return Target(base_url=daemon_url(settings), model=model, context_length=context_length,
                   max_output_tokens=max_output, api_key=settings.api_key)
+
+
+def _loaded_context(client: Any, model: str) -> int:
+    """Load the model (as its first request would) and read the window its worker was given; 0 when unknown (a
+    remote model, or a load that failed: the agent's first request reports that)."""
+    from localai.errors import LocalAIError
+    from localai.models.registry import normalize
+
+    try:
+        client.request("POST", "/api/generate", {"model": model})
+        for entry in client.request("GET", "/api/ps")["models"]:
+            if entry["name"] == normalize(model) and entry.get("context_length"):
+                return int(entry["context_length"])
+    except LocalAIError:
+        pass
+    return 0
 
 
 def _choose_model(client: Any, yes: bool) -> str:

@@ -162,6 +162,16 @@ def show(model: str, part: str | None) -> None:
     parser = info.get("parser")
     if parser:
         click.echo(f"    {'tool calls':<16}{parser['name']} ({parser['from']})")
+    memory = info.get("memory")
+    if memory:
+        how = {"memory": "the largest that fits the free memory", "num_ctx": "num_ctx",
+               "LOCALAI_CONTEXT_LENGTH": "LOCALAI_CONTEXT_LENGTH"}.get(memory["chosen_by"], memory["chosen_by"])
+        click.echo(f"    {'window':<16}{memory['num_ctx']} tokens x {memory['sequences']} sequences ({how})")
+        click.echo(f"    {'memory':<16}{memory['total_bytes'] / 2**30:.2f} GiB: weights "
+                   f"{memory['weights_bytes'] / 2**30:.2f} GiB + KV cache {memory['kv_bytes'] / 2**30:.2f} GiB "
+                   f"({memory['kv_type']})")
+        if memory.get("advice"):
+            click.echo(f"    {'note':<16}{memory['advice']}")
     remote = info.get("remote")
     if remote:
         click.echo("\n  Remote")

@@ -54,8 +54,27 @@ _SCALARS: dict[int, struct.Struct] = {kind: struct.Struct(fmt) for kind, fmt in 
 _U32, _U64 = _SCALARS[GGUFValueType.UINT32], _SCALARS[GGUFValueType.UINT64]
 _WANTED = ("general.architecture", "general.file_type", "general.size_label", "general.name",
            "tokenizer.chat_template")
+# The attention shape, read per architecture (``{arch}.<key>``): what the KV cache holds per token.
+_SHAPE_KEYS = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+               "attention.key_length", "attention.value_length", "attention.sliding_window")
 MAX_DIMS = 8  # GGML_MAX_DIMS is 4; a larger count is a damaged file
 MAX_NESTING = 4  # arrays of arrays (llama.cpp writes none); deeper is a damaged or hostile file
+
+
+@dataclass
+class AttentionShape:
+    """What one token costs the KV cache: per layer, ``kv_heads`` heads of keys and of values."""
+
+    layers: int
+    kv_heads: list[int]  # per layer (a single count repeated when the file gives one)
+    key_length: int
+    value_length: int
+    sliding_window: int = 0  # layers with a window keep at most this many tokens (0: none)
+
+    def bytes_per_token(self, kv_type: str = "f16") -> float:
+        """K and V of every layer for one token, at the KV cache's element type."""
+        per_element = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "f32": 4.0}[kv_type]
+        return sum(self.kv_heads) * (self.key_length + self.value_length) * per_element
 
 
 @dataclass
@@ -68,6 +87,7 @@ class GGUFMetadata:
     parameter_size: str
     chat_template: str | None
     name: str | None
+    attention: AttentionShape | None = None  # None when the file does not say (the memory rule then guesses)
 
 
 class _Header:
@@ -188,7 +208,7 @@ def _parse(header: _Header) -> GGUFMetadata:
     fields: dict[str, Any] = {}
     for _ in range(n_fields):
         key = header.string()
-        wanted = key in _WANTED or key.endswith(".context_length")
+        wanted = key in _WANTED or key.endswith(".context_length") or key.endswith(_SHAPE_KEYS)
         value = header.value(header.take(_U32), keep=wanted)
         if wanted:
             fields[key] = value
@@ -208,6 +228,7 @@ def _parse(header: _Header) -> GGUFMetadata:
     template = fields.get("tokenizer.chat_template")
     context = fields.get(f"{arch}.context_length")
     name = fields.get("general.name")
+    attention = _attention(fields, arch)
     return GGUFMetadata(
         architecture=arch,
         context_length=int(context) if isinstance(context, int) else 0,
@@ -215,7 +236,27 @@ def _parse(header: _Header) -> GGUFMetadata:
         parameter_size=str(size_label),
         chat_template=str(template) if template else None,
         name=str(name) if name is not None else None,
+        attention=attention,
     )
+
+
+def _attention(fields: dict[str, Any], arch: str) -> AttentionShape | None:
+    def number(key: str) -> int:
+        value = fields.get(f"{arch}.{key}")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    layers = number("block_count")
+    heads = number("attention.head_count")
+    kv = fields.get(f"{arch}.attention.head_count_kv")
+    if isinstance(kv, list):  # per layer (some architectures vary it)
+        kv_heads = [int(item) for item in kv if isinstance(item, int)][:layers]
+    else:
+        kv_heads = [int(kv) if isinstance(kv, int) and kv > 0 else heads] * layers
+    key_length = number("attention.key_length") or (number("embedding_length") // heads if heads else 0)
+    value_length = number("attention.value_length") or key_length
+    if not layers or not any(kv_heads) or not key_length:
+        return None
+    return AttentionShape(layers, kv_heads, key_length, value_length, number("attention.sliding_window"))
 
 
 def _human_count(count: int) -> str:

@@ -6,32 +6,148 @@ source by the preferred engine.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import os
 import platform
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from localai import paths
 from localai.errors import EngineUnavailable
+from localai.models.gguf_meta import AttentionShape, read_metadata
 from localai.models.registry import ModelRecord
 from localai.settings import Settings, default_cache_ram_bytes
 
+AGENT_WINDOW = 65536  # what coding agents need at least (Ollama's launch guide says 64,000 tokens)
+SMALL_WINDOW = 32768  # below this an agent's prompt (15-30k tokens) does not fit: say how to make room
+WINDOW_STEP = 1024
 
-def context_size(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | None = None) -> int:
-    """The context a model is loaded with: ``num_ctx`` (request, then Modelfile), else ``LOCALAI_CONTEXT_LENGTH``;
-    never more than the trained context (the engine would cap it there)."""
+
+@dataclass(frozen=True)
+class Window:
+    """The context a model is loaded with, and the memory that takes (what show, ps and launch report)."""
+
+    num_ctx: int
+    kv_type: str
+    weights_bytes: int
+    kv_bytes: int  # every sequence's KV cache at this window
+    available_bytes: int | None  # free memory it was fitted against (None: the window was given, not fitted)
+    chosen_by: str  # "num_ctx", "LOCALAI_CONTEXT_LENGTH", or "memory"
+    advice: str = ""  # how to make room, when even a 32k window does not fit
+
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes
+
+
+def available_memory() -> int:
+    """Memory the system can give a new model now (Linux: MemAvailable; elsewhere half the physical memory)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) // 2
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+@functools.lru_cache(maxsize=64)
+def _attention(path: str, mtime: int) -> AttentionShape | None:
+    try:
+        return read_metadata(Path(path)).attention
+    except (OSError, ValueError):
+        return None
+
+
+def attention_of(record: ModelRecord) -> AttentionShape | None:
+    """The model's attention shape from its GGUF header (None for MLX folders, remote models, unreadable files)."""
+    if record.format != "gguf" or not record.path:
+        return None
+    try:
+        return _attention(record.path, os.stat(record.path).st_mtime_ns)
+    except OSError:
+        return None
+
+
+def kv_bytes(shape: AttentionShape | None, num_ctx: int, sequences: int, kv_type: str) -> int:
+    """The KV cache of ``sequences`` sequences of ``num_ctx`` tokens (sliding-window layers hold their window)."""
+    if shape is None:
+        return 0
+    per_token = shape.bytes_per_token(kv_type)
+    if shape.sliding_window and shape.sliding_window < num_ctx:
+        per_token = per_token / 2 + per_token / 2 * shape.sliding_window / num_ctx  # about half the layers slide
+    return int(per_token * num_ctx * sequences)
+
+
+def fit_window(record: ModelRecord, settings: Settings, *, available: int | None = None) -> Window:
+    """The largest window, up to the trained context, whose KV cache (every sequence's) fits the memory left after
+    the weights: f16 KV, or q8_0 when that is what makes an agent's 64k fit; a model whose shape is not known
+    gets ``LOCALAI_CONTEXT_LENGTH``'s default."""
+    trained = record.context_length or settings.context_length
+    shape = attention_of(record)
+    sequences = settings.num_parallel
+    if shape is None:
+        num_ctx = min(trained, settings.context_length)
+        return Window(num_ctx, "f16", record.size, 0, None, "LOCALAI_CONTEXT_LENGTH")
+    free = available_memory() if available is None else available
+    budget = free - record.size - max(1 << 30, free // 10)  # room for compute buffers and everything else
+    fits: dict[str, int] = {}
+    for kv_type in ("f16", "q8_0"):
+        per_token = shape.bytes_per_token(kv_type) * sequences
+        fits[kv_type] = min(trained, max(0, int(budget // per_token)) // WINDOW_STEP * WINDOW_STEP) if budget > 0 \
+            else 0
+    goal = min(trained, AGENT_WINDOW)
+    kv_type = "f16" if fits["f16"] >= goal or fits["q8_0"] < goal else "q8_0"
+    num_ctx = fits[kv_type]
+    advice = ""
+    if num_ctx < min(trained, SMALL_WINDOW):
+        advice = (f"only {num_ctx} tokens of context fit in the {free / 2**30:.1f} GiB free beside the "
+                  f"{record.size / 2**30:.1f} GiB of weights ({sequences} sequences); for an agent's 32k+ window use "
+                  "a smaller quantization, fewer sequences (LOCALAI_NUM_PARALLEL), or set num_ctx and accept "
+                  "the swap")
+        num_ctx = max(num_ctx, min(trained, 2048))  # something to load with; the advice says why it is small
+    return Window(num_ctx, kv_type, record.size, kv_bytes(shape, num_ctx, sequences, kv_type), free, "memory",
+                  advice)
+
+
+def window(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | None = None,
+           *, available: int | None = None) -> Window:
+    """The window a model is loaded with: ``num_ctx`` (request, then Modelfile), else ``LOCALAI_CONTEXT_LENGTH`` when
+    it is set, else the largest the machine holds (``fit_window``); never more than the trained context."""
     params: dict[str, Any] = {**record.parameters, **(overrides or {})}
     trained = record.context_length or settings.context_length
-    num_ctx = int(params.get("num_ctx") or min(trained, settings.context_length))
-    return min(num_ctx, record.context_length) if record.context_length else num_ctx
+    shape = attention_of(record)
+    if params.get("num_ctx"):
+        num_ctx = int(params["num_ctx"])
+        num_ctx = min(num_ctx, record.context_length) if record.context_length else num_ctx
+        return Window(num_ctx, "f16", record.size, kv_bytes(shape, num_ctx, settings.num_parallel, "f16"), None,
+                      "num_ctx")
+    if "context_length" in settings.model_fields_set or shape is None:
+        num_ctx = min(trained, settings.context_length)
+        return Window(num_ctx, "f16", record.size, kv_bytes(shape, num_ctx, settings.num_parallel, "f16"), None,
+                      "LOCALAI_CONTEXT_LENGTH")
+    return fit_window(record, settings, available=available)
+
+
+def context_size(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | None = None) -> int:
+    """The context a model is loaded with (see ``window``)."""
+    return window(record, settings, overrides).num_ctx
 
 
 def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """The worker's load options for a model: Modelfile parameters, then request options, then defaults."""
     params: dict[str, Any] = {**record.parameters, **(overrides or {})}
+    chosen = window(record, settings, overrides)
     return {
         "model_path": record.path,
-        "num_ctx": context_size(record, settings, overrides),
+        "num_ctx": chosen.num_ctx,
+        "kv_type": chosen.kv_type,
         "n_parallel": settings.num_parallel,
         "n_threads": int(params.get("num_thread") or settings.threads()),
         "n_batch": int(params.get("num_batch") or 512),

@@ -191,3 +191,16 @@ def test_a_forced_call_in_a_format_of_special_tokens_comes_back_as_a_call(api: T
     message = api.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
     assert message["tool_calls"][0]["function"]["name"] == "write_file"
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"path": "x", "content": "x"}
+
+
+def test_show_and_ps_give_the_memory_a_model_takes_at_its_window(api: TestClient, weights: Path) -> None:
+    name = model(api, weights, "qwen3-coder")  # num_ctx 120000 in its Modelfile
+    memory = api.post("/api/show", json={"model": name}).json()["memory"]
+    assert (memory["num_ctx"], memory["kv_type"], memory["chosen_by"]) == (120000, "f16", "num_ctx")
+    per_token = 48 * 4 * (128 + 128) * 2  # the metadata's layers x KV heads x (K + V) x f16
+    assert memory["kv_bytes"] == per_token * 120000 * memory["sequences"]
+    assert memory["total_bytes"] == memory["weights_bytes"] + memory["kv_bytes"]
+    api.post("/api/generate", json={"model": name})  # load it
+    entry = next(m for m in api.get("/api/ps").json()["models"] if m["name"] == f"{name}:latest")
+    assert entry["kv_bytes"] == memory["kv_bytes"] and entry["size"] == memory["total_bytes"]
+    assert entry["context_length"] == 120000
