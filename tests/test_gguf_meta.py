@@ -16,8 +16,8 @@ import pytest
 
 from localai.models.gguf_meta import (
     FILE_TYPES,
-    GGUFMetadata,
     AttentionShape,
+    GGUFMetadata,
     GGUFValueType,
     _Header,
     _human_count,

@@ -109,21 +109,21 @@ def test_progress_events_through_the_ollama_client(puller: Daemon, hub_server: H
                                                    smollm2_path: Path) -> None:
     with ollama.Client(host=puller.base_url) as client:
         events = list(client.pull(f"{SMOL_REPO}:Q4_1", stream=True))
-    statuses = [event.status for event in events]
-    assert statuses[0] == "pulling manifest" and statuses[-3:] == ["verifying sha256 digest", "writing manifest",
-                                                                   "success"]
-    sha = _sha256(smollm2_path)
-    progress = [event for event in events if event.total]
-    assert {event.digest for event in progress} == {f"sha256:{sha}"}
-    assert {event.status for event in progress} == {f"pulling {sha[:12]}"}
-    completed = [event.completed for event in progress]
-    assert completed == sorted(completed) and len(completed) > 2 and completed[-1] == progress[0].total
-    assert progress[0].total == smollm2_path.stat().st_size
-    assert f"{SMOL_REPO.lower()}:q4_1" in installed(puller)
-    again = [event.status for event in client.pull(f"{SMOL_REPO}:Q4_1", stream=True)]
-    assert again[-1] == "success" and "verifying sha256 digest" not in again  # already in the cache
-    assert len(hub_server.downloads(SMOL_FILE)) == 1
-    assert client.pull(SMOL_NAME, stream=False).status == "success"
+        statuses = [event.status for event in events]
+        assert statuses[0] == "pulling manifest" and statuses[-3:] == ["verifying sha256 digest", "writing manifest",
+                                                                       "success"]
+        sha = _sha256(smollm2_path)
+        progress = [event for event in events if event.total]
+        assert {event.digest for event in progress} == {f"sha256:{sha}"}
+        assert {event.status for event in progress} == {f"pulling {sha[:12]}"}
+        completed = [event.completed for event in progress]
+        assert completed == sorted(completed) and len(completed) > 2 and completed[-1] == progress[0].total
+        assert progress[0].total == smollm2_path.stat().st_size
+        assert f"{SMOL_REPO.lower()}:q4_1" in installed(puller)
+        again = [event.status for event in client.pull(f"{SMOL_REPO}:Q4_1", stream=True)]
+        assert again[-1] == "success" and "verifying sha256 digest" not in again  # already in the cache
+        assert len(hub_server.downloads(SMOL_FILE)) == 1
+        assert client.pull(SMOL_NAME, stream=False).status == "success"
 
 
 def test_pull_a_library_model(puller: Daemon, hub_server: HubServer, smollm2_path: Path) -> None:
