@@ -39,6 +39,12 @@ def measure(model_path: str, contexts: list[int], *, new: int = 100, samples: in
     top = contexts[-1] + (samples + 1) * new + 64
     engine = LlamaCppEngine(LoadOptions(model_path=model_path, num_ctx=top, n_parallel=1, n_threads=threads,
                                         flash_attention=flash_attention, kv_type=kv_type))
+    room = engine.n_ctx - (samples + 1) * new  # the engine stops at the model's trained context
+    skipped = [size for size in contexts if size > room]
+    contexts = [size for size in contexts if size <= room]
+    if skipped:
+        print(f"{Path(model_path).name}: {', '.join(map(str, skipped))} tokens are past what its context holds "
+              f"({engine.n_ctx} trained); measuring {', '.join(map(str, contexts))}")
     rng = random.Random(seed)
     n_vocab = int(engine.info()["n_vocab"])
     tokens: list[int] = []
