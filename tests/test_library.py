@@ -22,14 +22,17 @@ def test_the_library_has_a_dozen_laptop_models_each_complete() -> None:
     entries = library.entries()
     assert len(entries) >= 12
     assert {"qwen2.5-coder:1.5b", "qwen2.5-coder:7b", "qwen3:4b", "llama3.2:1b", "llama3.2:3b", "gemma3:4b",
-            "phi4-mini:3.8b", "mistral:7b", "deepseek-coder:6.7b", "smollm2:135m"} <= {e.name for e in entries}
+            "phi4-mini:3.8b", "mistral:7b", "deepseek-coder:6.7b", "smollm2:135m", "qwen3-coder:30b", "gpt-oss:20b",
+            "glm-4.7-flash:30b", "devstral-small-2:24b", "qwen3:4b-instruct-2507"} <= {e.name for e in entries}
     for entry in entries:
         modelfile = parse_file(entry.path)
         assert entry.description, entry.name
         assert modelfile.parameters.get("stop"), entry.name
         if modelfile.from_.startswith(PACKAGE_SOURCE):
             continue  # the embedded model: its trained context (8192) is its context
-        assert isinstance(modelfile.parameters.get("num_ctx"), int), entry.name
+        # no window in the library: the memory rule gives each machine the largest it holds (an agent needs 64k)
+        assert "num_ctx" not in modelfile.parameters, entry.name
+        assert "context:" in entry.path.read_text().lower() or entry.tag.endswith(library.MLX_TAG_SUFFIX), entry.name
         assert hub.is_hub_reference(modelfile.from_), entry.name
         ref = hub.parse_reference(modelfile.from_)
         if not entry.tag.endswith(library.MLX_TAG_SUFFIX):  # MLX sources are 4-bit builds: a repository each
@@ -56,10 +59,10 @@ def test_resolve() -> None:
     assert library.resolve("QWEN2.5-coder:1.5B").path == ROOT / "qwen2.5-coder" / "1.5b.Modelfile"
     with pytest.raises(InvalidRequest, match=re.escape("comes in 1.5b, 3b, 7b")):
         library.resolve("qwen2.5-coder")
-    with pytest.raises(ModelNotFound, match=re.escape("no qwen3:70b; qwen3 comes in 1.7b, 4b, 8b")):
+    with pytest.raises(ModelNotFound, match=re.escape("no qwen3:70b; qwen3 comes in 1.7b, 4b, 4b-instruct-2507, 8b")):
         library.resolve("qwen3:70b")
     with pytest.raises(ModelNotFound, match="not in the library") as error:
-        library.resolve("gpt-oss:20b")
+        library.resolve("starcoder2:15b")
     assert "deepseek-coder" in error.value.message
 
 
@@ -94,3 +97,11 @@ def test_every_mlx_source_names_an_mlx_community_repository_and_a_gguf_sibling()
     for entry in sources:
         assert parse_file(entry.path).from_.startswith("hf.co/mlx-community/"), entry.name
         assert library.resolve(entry.name[: -len(library.MLX_TAG_SUFFIX)]).path.exists()
+
+
+@pytest.mark.parametrize(("name", "parser"), [("qwen3-coder:30b", "qwen3-coder"), ("gpt-oss:20b", "harmony"),
+                                              ("glm-4.7-flash:30b", "glm-4.5"), ("devstral-small-2:24b", "mistral")])
+def test_the_agent_models_name_their_tool_call_format(name: str, parser: str) -> None:
+    entry = library.resolve(name)
+    assert entry is not None
+    assert parse_file(entry.path).parameters["parser"] == parser
