@@ -4,6 +4,9 @@ Selected with ``LOCALAI_ENGINE=scripted`` (or ``PARAMETER engine scripted``). To
 (``EOS`` is 256). The reply is "Hello from the scripted engine." unless the prompt holds directives:
 
 - ``[[say:TEXT]]`` (the last one counts): reply TEXT;
+- ``[[turns:FIRST|||SECOND|||...]]``: reply the part for this turn, counted by the assistant turns the prompt
+  already holds (ChatML's ``<|im_start|>assistant``; the last part once they run out): an agent's tool call, then
+  its answer once the tool's result is back;
 - ``[[slow]]``: a long reply at 20 tokens per second (for disconnects and Esc);
 - ``[[crash]]``: the decode step raises, so the engine thread fails and the worker exits.
 
@@ -31,6 +34,8 @@ EOS = 256
 DEFAULT_REPLY = "Hello from the scripted engine."
 SLOW_REPLY = "tick " * 2000
 _SAY = re.compile(r"\[\[say:(.*?)\]\]", re.S)
+_TURNS = re.compile(r"\[\[turns:(.*?)\]\]", re.S)
+ASSISTANT_TURN = "<|im_start|>assistant"
 
 
 @dataclass
@@ -150,6 +155,10 @@ class ScriptedEngine:
             return '{"scripted": true}'
         if sampler.slow:
             return SLOW_REPLY
+        turns = _TURNS.findall(prompt)
+        if turns:
+            parts = turns[0].split("|||")
+            return str(parts[min(max(prompt.count(ASSISTANT_TURN) - 1, 0), len(parts) - 1)])
         said = _SAY.findall(prompt)
         return said[-1] if said else DEFAULT_REPLY
 

@@ -21,6 +21,8 @@ import pytest
 from localai.agents import get
 from localai.bench.servers import LlamaCppPythonServer
 from tests.conftest import Daemon, start_daemon
+from tests.metagguf import metadata_gguf
+from tests.test_formats_roundtrip import qwen3_coder
 
 AGENTS_DIR = Path(__file__).resolve().parents[2] / ".agents"
 PROMPT = "Reply with a short friendly greeting."
@@ -179,3 +181,55 @@ def test_claude_code_on_a_remote_model(agent_daemon: Daemon, tmp_path: Path) -> 
     reply = json.loads(result.stdout.strip().splitlines()[-1])
     assert reply["is_error"] is False and reply["result"].strip()
     assert served(log, "POST /v1/messages") and served(log, "POST /v1/chat/completions"), log[-3000:]
+
+
+# -- today's formats, with real agents: a scripted model speaks the family's format, the agent writes the file ------
+
+GREET = 'def greet(name: str) -> str:\n    return f"<b>{name}</b> & \'co\'"  # <tool_call> in a string\n'
+
+
+def scripted_model(daemon: Daemon, tmp_path: Path, name: str, parser: str) -> str:
+    """A model whose replies come from the prompt's ``[[turns:...]]`` (the scripted engine), with a 262k-token
+    trained context (a metadata-only GGUF: agents' prompts are long) and the family's PARSER."""
+    weights = metadata_gguf(tmp_path / f"{name}.gguf", arch="qwen3moe", context_length=262144)
+    with daemon.http() as http:
+        created = http.post("/api/create", json={"model": name, "modelfile": (
+            f"FROM {weights}\nPARAMETER engine scripted\nPARSER {parser}\nPARAMETER num_ctx 131072\n")})
+        assert created.status_code == 200, created.text
+    return name
+
+
+def test_claude_code_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+    """The model answers with Claude Code's Write tool in Qwen3-Coder's XML; Claude Code gets a tool_use block,
+    writes the file, sends the result back, and the model's second turn ends the run."""
+    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
+    target = tmp_path / "work" / "greet.py"
+    call = qwen3_coder(("Write", {"file_path": str(target), "content": GREET}))
+    prompt = f"Write greet.py. [[turns:{call}|||greet.py is written.]]"
+    result, log = run_agent(agent_daemon, tmp_path, "claude", "-p", prompt, "--output-format", "json",
+                            "--permission-mode", "acceptEdits", model=model)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert target.read_text() == GREET
+    reply = json.loads(result.stdout.strip().splitlines()[-1])
+    assert reply["is_error"] is False and "greet.py is written." in reply["result"]
+    assert len(served(log, "POST /v1/messages")) >= 2, log[-3000:]
+
+
+def test_codex_applies_a_patch_a_harmony_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+    """The model answers in gpt-oss's Harmony with Codex's exec_command running apply_patch; Codex applies the
+    patch (its own patch tool, not a shell) and the file appears with exactly the patch's lines."""
+    model = scripted_model(agent_daemon, tmp_path, "scripted-harmony", "harmony")
+    patch = "*** Begin Patch\n*** Add File: greet.py\n" + "".join(f"+{line}\n" for line in GREET.splitlines()) \
+        + "*** End Patch\n"
+    arguments = json.dumps({"cmd": f"apply_patch <<'EOF'\n{patch}EOF\n", "workdir": str(tmp_path / "work")})
+    call = ("<|channel|>analysis<|message|>Write the file with a patch.<|end|><|start|>assistant"
+            f"<|channel|>commentary to=functions.exec_command <|constrain|>json<|message|>{arguments}<|call|>")
+    final = "<|channel|>final<|message|>greet.py is written.<|return|>"
+    last_message = tmp_path / "last-message.txt"
+    result, log = run_agent(agent_daemon, tmp_path, "codex", "exec", "--skip-git-repo-check", "--ephemeral",
+                            "--dangerously-bypass-approvals-and-sandbox", "-o", str(last_message),
+                            f"Add greet.py. [[turns:{call}|||{final}]]", model=model)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "work" / "greet.py").read_text() == GREET
+    assert last_message.read_text().strip() == "greet.py is written."
+    assert len(served(log, "POST /v1/responses")) >= 2, log[-3000:]

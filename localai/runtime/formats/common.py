@@ -85,6 +85,27 @@ class Thinking:
             self._after_think = False
         return False
 
+    def _text_until(self, events: list[Event], final: bool, markers: tuple[str, ...]) -> tuple[int, str] | None:
+        """Text up to the first of ``markers``, emitted less the whitespace before the marker: where the marker is
+        in the buffer and which it is; or None when there is none yet (the text that cannot begin one is emitted,
+        the rest and trailing whitespace held back). Drops the blank lines after ``</think>`` first."""
+        if self._leading_blank(final):
+            return None
+        found = [(self._buffer.find(marker), marker) for marker in markers if marker in self._buffer]
+        if found:
+            position, marker = min(found)
+            self.emit_text(events, self._buffer[:position].rstrip())
+            return position, marker
+        hold = 0 if final else partial_suffix(self._buffer, markers)
+        if not final:  # whitespace that a following marker would drop
+            body = self._buffer[:len(self._buffer) - hold]
+            hold += len(body) - len(body.rstrip())
+        cut = len(self._buffer) - hold
+        if cut > 0:
+            self.emit_text(events, self._buffer[:cut])
+            self._buffer = self._buffer[cut:]
+        return None
+
     @staticmethod
     def emit_text(events: list[Event], text: str) -> None:
         if not text:

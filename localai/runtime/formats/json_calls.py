@@ -131,38 +131,23 @@ class OutputParser(Thinking):
         return True
 
     def _text(self, events: list[Event], final: bool) -> bool:
-        if self._leading_blank(final):
+        found = self._text_until(events, final, MARKERS if self.tools else ())
+        if found is None:
             return False
-        if not self.tools:
-            self.emit_text(events, self._buffer)
-            self._buffer = ""
-            return False
-        found = [(self._buffer.find(m), m) for m in MARKERS if m in self._buffer]
-        if found:
-            position, marker = min(found)
-            self.emit_text(events, self._buffer[:position].rstrip())
-            self._buffer = self._buffer[position + len(marker):]
-            if marker == HERMES_OPEN:
-                self._begin_call(close=HERMES_CLOSE, opener=marker)
-            elif marker == MISTRAL_MARK:
-                self._state = "mistral"
-            elif marker == DEEPSEEK_OPEN:
-                self._named = (marker, DEEPSEEK_SEP, DEEPSEEK_CLOSE)
-                self._state = "named"
-            elif marker in DEEPSEEK_OUTER:
-                self._state = "start"
-            else:  # <|python_tag|>: a bare JSON call follows
-                self._begin_call(close=None, opener=marker)
-            return True
-        hold = 0
-        if not final:  # what may begin a marker, and whitespace that a following marker would drop
-            hold = partial_suffix(self._buffer, MARKERS)
-            hold += len(self._buffer[:len(self._buffer) - hold]) - len(self._buffer[:len(self._buffer) - hold].rstrip())
-        cut = len(self._buffer) - hold
-        if cut > 0:
-            self.emit_text(events, self._buffer[:cut])
-            self._buffer = self._buffer[cut:]
-        return False
+        position, marker = found
+        self._buffer = self._buffer[position + len(marker):]
+        if marker == HERMES_OPEN:
+            self._begin_call(close=HERMES_CLOSE, opener=marker)
+        elif marker == MISTRAL_MARK:
+            self._state = "mistral"
+        elif marker == DEEPSEEK_OPEN:
+            self._named = (marker, DEEPSEEK_SEP, DEEPSEEK_CLOSE)
+            self._state = "named"
+        elif marker in DEEPSEEK_OUTER:
+            self._state = "start"
+        else:  # <|python_tag|>: a bare JSON call follows
+            self._begin_call(close=None, opener=marker)
+        return True
 
     def _mistral(self, events: list[Event], final: bool) -> bool:
         stripped = self._buffer.lstrip()

@@ -116,34 +116,19 @@ class TaggedCallParser(Thinking):
         return True
 
     def _text(self, events: list[Event], final: bool) -> bool:
-        if self._leading_blank(final):
-            return False
-        if not self.tools:
-            self.emit_text(events, self._buffer)
-            self._buffer = ""
-            return False
         self._fed = self._buffer  # what came before was text: only a call's raw text is kept
-        found = [(self._buffer.find(m), m) for m in self._markers if m in self._buffer]
-        if found:
-            position, marker = min(found)
-            before = self._buffer[:position].rstrip()
-            self.emit_text(events, before)
-            self._call = _Call(len(self.calls), len(before))
-            if marker == OPEN:
-                self._buffer = self._buffer[position + len(OPEN):]
-            else:  # <function= without <tool_call>: the same call
-                self._buffer = self._buffer[position:]
-            self._state = "function"
-            return True
-        hold = 0 if final else partial_suffix(self._buffer, self._markers)
-        if not final:  # whitespace before a call is not part of the text
-            body = self._buffer[:len(self._buffer) - hold]
-            hold += len(body) - len(body.rstrip())
-        cut = len(self._buffer) - hold
-        if cut > 0:
-            self.emit_text(events, self._buffer[:cut])
-            self._buffer = self._buffer[cut:]
-        return False
+        found = self._text_until(events, final, self._markers if self.tools else ())
+        if found is None:
+            return False
+        position, marker = found
+        self._fed = self._buffer
+        self._call = _Call(len(self.calls), len(self._buffer[:position].rstrip()))
+        if marker == OPEN:
+            self._buffer = self._buffer[position + len(OPEN):]
+        else:  # <function= without <tool_call>: the same call
+            self._buffer = self._buffer[position:]
+        self._state = "function"
+        return True
 
     def _function(self, events: list[Event], final: bool) -> bool:
         call = self._call
