@@ -121,6 +121,9 @@ class GenerationRequest:
     tool_choice: ToolChoice = field(default_factory=ToolChoice)
     response_format: ResponseFormat | None = None
     reasoning: bool | None = None  # None: the model's default; False asks a thinking model not to think
+    # How hard a model with reasoning levels thinks (gpt-oss's Harmony "Reasoning: low|medium|high"); None: its
+    # default. Given to every template as `reasoning_effort`.
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
     cache_ttl: float | None = None  # keep this request's cached prefix at least this long (cache_control)
 
     def parses_tool_calls(self) -> bool:
@@ -236,3 +239,22 @@ class ReplyParts:
     @property
     def reasoning(self) -> str:
         return "".join(self.reasonings)
+
+
+def effort_of(value: object) -> Literal["low", "medium", "high"] | None:
+    """A dialect's reasoning effort as a level: low, medium and high as they are; none and minimal are low (a model
+    with levels cannot stop reasoning: the least it does is low); anything else is the model's default."""
+    if value in ("none", "minimal", "low"):
+        return "low"
+    if value == "medium":
+        return "medium"
+    if value in ("high", "xhigh"):
+        return "high"
+    return None
+
+
+def effort_of_budget(budget_tokens: int | None) -> Literal["low", "medium", "high"] | None:
+    """An Anthropic thinking budget as a level: under 4,096 tokens low, under 16,384 medium, more high."""
+    if budget_tokens is None:
+        return None
+    return "low" if budget_tokens < 4096 else "medium" if budget_tokens < 16384 else "high"

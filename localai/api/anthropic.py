@@ -50,6 +50,7 @@ from localai.schema import (
     ToolCallStart,
     ToolChoice,
     ToolResultBlock,
+    effort_of_budget,
 )
 
 router = APIRouter()
@@ -150,12 +151,16 @@ class MessagesRequest(BaseModel):
                 raise InvalidRequest("tool_choice of type 'tool' needs 'name'", param="tool_choice.name")
             choice = ToolChoice(mode, self.tool_choice.name)  # type: ignore[arg-type]
         reasoning = None
+        effort = None
         if self.thinking is not None:
             reasoning = self.thinking.type != "disabled"
+            budget = getattr(self.thinking, "budget_tokens", None)
+            effort = effort_of_budget(budget if isinstance(budget, int) else None) if reasoning else "low"
         return GenerationRequest(
             model=self.model, messages=messages, max_tokens=self.max_tokens, stop=self.stop_sequences,
             sampling=SamplingOptions(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k),
             session_id=session_id(request.headers), tools=tools, tool_choice=choice, reasoning=reasoning,
+            reasoning_effort=effort,
             cache_ttl=self.breakpoint_ttl() or None,
         )
 

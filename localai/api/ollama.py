@@ -50,6 +50,7 @@ from localai.schema import (
     ToolCallBlock,
     ToolCallEnd,
     ToolResultBlock,
+    effort_of,
 )
 from localai.settings import Settings, parse_duration
 
@@ -298,6 +299,7 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
     generation_request.session_id = session_id(request.headers)
     generation_request.response_format = format_
     generation_request.reasoning = thinking(body.think)
+    generation_request.reasoning_effort = effort_of(body.think) if isinstance(body.think, str) else None
     generation = await runtime_of(request).start(generation_request)
 
     def piece(text: str, thinking: str | None = None, **_: Any) -> dict[str, Any]:
@@ -357,6 +359,7 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
         max_tokens=options.num_predict, stop=options.stop, keep_alive=keep_alive,
         session_id=session_id(request.headers), fit_context=options.fit_context, tools=tools_of(body.tools),
         response_format=format_, reasoning=thinking(body.think),
+        reasoning_effort=effort_of(body.think) if isinstance(body.think, str) else None,
     ))
 
     def piece(text: str, thinking: str | None = None, tool_calls: list[Any] | None = None) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from localai.schema import (
     ToolChoice,
     ToolResultBlock,
     Usage,
+    effort_of,
 )
 from localai.settings import Settings
 
@@ -295,6 +296,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     generation_request.response_format = body.response_format.to_format() if body.response_format else None
     if body.reasoning_effort in ("none", "minimal"):
         generation_request.reasoning = False
+    generation_request.reasoning_effort = effort_of(body.reasoning_effort)
     generation = await runtime_of(request).start(generation_request)
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())

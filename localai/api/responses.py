@@ -54,6 +54,7 @@ from localai.schema import (
     ToolCallStart,
     ToolChoice,
     ToolResultBlock,
+    effort_of,
 )
 from localai.settings import Settings
 
@@ -401,7 +402,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
         sampling=SamplingOptions(temperature=body.temperature, top_p=body.top_p),
         session_id=session_id(request.headers, body.prompt_cache_key), tools=tools,
         tool_choice=tool_choice_of(body.tool_choice), response_format=text_format(body.text),
-        reasoning=False if effort in ("none", "minimal") else None,
+        reasoning=False if effort in ("none", "minimal") else None, reasoning_effort=effort_of(effort),
     )
     try:
         generation = await runtime_of(request).start(generation_request)

@@ -165,7 +165,7 @@ def _message(message: Message, native: bool, names: dict[str, str]) -> list[dict
 
 
 def render(template: Template, messages: list[dict[str, Any]], tools: list[Tool], *,
-           add_generation_prompt: bool = True, reasoning: bool | None = None) -> str:
+           add_generation_prompt: bool = True, reasoning: bool | None = None, effort: str | None = None) -> str:
     """Prompt text for already-shaped ``messages``. A template that rejects a system message in the
     middle of a conversation gets it folded into the next user turn instead."""
     if hoists_late_system(template) and any(m["role"] == "system" for m in messages[1:]):
@@ -175,6 +175,8 @@ def render(template: Template, messages: list[dict[str, Any]], tools: list[Tool]
         extra["tools"] = [tool_json(tool) for tool in tools]
     if reasoning is not None and template.thinks:
         extra["enable_thinking"] = reasoning
+    if effort is not None or (reasoning is False and template.tool_format == "harmony"):
+        extra["reasoning_effort"] = effort or "low"  # Harmony cannot stop reasoning: the least it does is low
     try:
         return chat_template.render(template.source, messages, bos_token=template.bos_token,
                                     eos_token=template.eos_token, add_generation_prompt=add_generation_prompt,

@@ -392,7 +392,8 @@ class Runtime:
         shaped = prompting.template_messages(messages, template, request.tools, default_system=record.system,
                                              extra_messages=[{"role": m["role"], "content": m["content"]}
                                                              for m in record.messages])
-        return prompting.render(template, shaped, request.tools, reasoning=request.reasoning)
+        return prompting.render(template, shaped, request.tools, reasoning=request.reasoning,
+                                effort=request.reasoning_effort)
 
     def _system_prefix(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
                        messages: list[Message] | None, prompt: str) -> str | None:
@@ -410,7 +411,7 @@ class Runtime:
         shaped = prompting.template_messages(leading, template, request.tools, default_system=record.system)
         try:
             text = prompting.render(template, shaped, request.tools, add_generation_prompt=False,
-                                    reasoning=request.reasoning)
+                                    reasoning=request.reasoning, effort=request.reasoning_effort)
         except LocalAIError:
             return None
         return text if text and prompt.startswith(text) else None

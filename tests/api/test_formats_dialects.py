@@ -204,3 +204,42 @@ def test_show_and_ps_give_the_memory_a_model_takes_at_its_window(api: TestClient
     entry = next(m for m in api.get("/api/ps").json()["models"] if m["name"] == f"{name}:latest")
     assert entry["kv_bytes"] == memory["kv_bytes"] and entry["size"] == memory["total_bytes"]
     assert entry["context_length"] == 120000
+
+
+EFFORT_TEMPLATE = ("<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}<|end|>"
+                   "{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>{% endfor %}"
+                   "<|start|>assistant")
+
+
+@pytest.mark.parametrize(("dialect", "ask", "level"), [
+    ("openai", {"reasoning_effort": "high"}, "high"), ("openai", {"reasoning_effort": "minimal"}, "low"),
+    ("openai", {}, "medium"), ("responses", {"reasoning": {"effort": "low"}}, "low"),
+    ("anthropic", {"thinking": {"type": "enabled", "budget_tokens": 32000}}, "high"),
+    ("anthropic", {"thinking": {"type": "enabled", "budget_tokens": 1024}}, "low"),
+    ("anthropic", {"thinking": {"type": "disabled"}}, "low"), ("ollama", {"think": "high"}, "high"),
+])
+def test_reasoning_effort_reaches_a_harmony_models_prompt(api: TestClient, tmp_path: Path, dialect: str,
+                                                          ask: dict[str, Any], level: str) -> None:
+    """Each dialect's way of asking for more or less reasoning becomes Harmony's reasoning level in the prompt
+    (seen in the prompt's length: the scripted engine's tokens are bytes)."""
+    path = metadata_gguf(tmp_path / "oss.gguf", arch="gpt-oss", context_length=131072, template=EFFORT_TEMPLATE)
+    created = api.post("/api/create", json={"model": "effort", "modelfile": (
+        f'FROM {path}\nTEMPLATE """{EFFORT_TEMPLATE}"""\n')})  # the scripted engine reports no template of its own
+    assert created.status_code == 200, created.text
+    user = [{"role": "user", "content": "[[say:<|channel|>final<|message|>ok]]"}]
+    if dialect == "openai":
+        usage = api.post("/v1/chat/completions", json={"model": "effort", "messages": user, **ask}).json()["usage"]
+        prompt = usage["prompt_tokens"]
+    elif dialect == "responses":
+        prompt = api.post("/v1/responses", json={"model": "effort", "input": user, **ask}).json()["usage"][
+            "input_tokens"]
+    elif dialect == "anthropic":
+        usage = api.post("/v1/messages", json={"model": "effort", "messages": user, "max_tokens": 64000, **ask}
+                         ).json()["usage"]
+        prompt = usage["input_tokens"] + usage["cache_read_input_tokens"] + usage.get("cache_creation_input_tokens", 0)
+    else:
+        prompt = api.post("/api/chat", json={"model": "effort", "messages": user, "stream": False, **ask}
+                          ).json()["prompt_eval_count"]
+    base = len(EFFORT_TEMPLATE.split("{{")[0]) + len("<|end|><|start|>user<|message|>") + len(user[0]["content"]) \
+        + len("<|end|><|start|>assistant")
+    assert prompt == base + len(level)
