@@ -151,7 +151,9 @@ def _message(message: Message, native: bool, names: dict[str, str]) -> list[dict
     if message.name:
         entry["name"] = message.name
     if reasoning:
-        entry["reasoning_content"] = "".join(reasoning)
+        # Qwen3, GLM and DeepSeek templates read reasoning_content; gpt-oss's reads thinking and keeps or drops past
+        # analysis by Harmony's rule (kept only before the tool calls of the turn in progress)
+        entry["reasoning_content"] = entry["thinking"] = "".join(reasoning)
     if calls:
         if native:
             entry["tool_calls"] = [

@@ -243,3 +243,24 @@ def test_reasoning_effort_reaches_a_harmony_models_prompt(api: TestClient, tmp_p
     base = len(EFFORT_TEMPLATE.split("{{")[0]) + len("<|end|><|start|>user<|message|>") + len(user[0]["content"]) \
         + len("<|end|><|start|>assistant")
     assert prompt == base + len(level)
+
+
+THINKING_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}"
+                     "{% if m.get('thinking') %}<|channel|>analysis<|message|>{{ m['thinking'] }}<|end|>{% endif %}"
+                     "<|message|>{{ m['content'] }}<|end|>{% endfor %}<|start|>assistant")
+
+
+def test_past_reasoning_reaches_the_template_as_thinking(api: TestClient, tmp_path: Path) -> None:
+    """gpt-oss's template reads a past turn's analysis from ``thinking`` (and applies Harmony's rule for keeping
+    it); the reasoning an OpenAI client sends back as reasoning_content reaches it there."""
+    path = metadata_gguf(tmp_path / "oss.gguf", arch="gpt-oss", context_length=131072)
+    modelfile = f'FROM {path}\nTEMPLATE """{THINKING_TEMPLATE}"""\n'
+    assert api.post("/api/create", json={"model": "thinking", "modelfile": modelfile}).status_code == 200
+    turns = [{"role": "user", "content": "[[say:ok]]"}, {"role": "assistant", "content": "hi",
+                                                          "reasoning_content": "the analysis"},
+             {"role": "user", "content": "again"}]
+    with_it = api.post("/v1/chat/completions", json={"model": "thinking", "messages": turns}).json()["usage"]
+    del turns[1]["reasoning_content"]
+    without = api.post("/v1/chat/completions", json={"model": "thinking", "messages": turns}).json()["usage"]
+    extra = len("<|channel|>analysis<|message|>the analysis<|end|>")
+    assert with_it["prompt_tokens"] - without["prompt_tokens"] == extra
