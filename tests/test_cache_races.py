@@ -230,3 +230,40 @@ def test_a_workers_own_eviction_never_hides_a_cache_rm_it_has_not_noticed(tmp_pa
     cache.flush()
     match = store(tmp_path).lookup(gone)
     assert match is not None and match.common == len(gone)
+
+
+def test_a_moved_entrys_file_never_names_a_deleted_block_while_its_new_version_waits(tmp_path: Path) -> None:
+    """A session grows past a partial last block: its entry moves to a chain without that block, but its file on
+    disk still names it until the new version is written. The writer's garbage collection (after another entry's
+    write) and quota eviction ran before it and deleted the block; then ``prune`` took the new chain's fresh tail
+    (no file named it yet), the new version could not be written, and the entry on disk named a deleted block (the
+    10-minute soak's one finding, seed 322)."""
+    cache = store(tmp_path)
+    first = list(range(700, 700 + 2 * BLOCK_TOKENS + 20))  # a partial last block
+    head = cache.save(first, state_of(first), "grows")
+    cache.flush()
+    assert head is not None
+    old_tail = head.key
+    grown = first + list(range(9000, 9030))  # the last block is now a different (longer) one
+    new_tail = cache._keys(grown)[-1][0]
+    with cache._lock:  # the writer waits: the moved entry's new version is queued, its old file is on disk
+        assert cache.save(grown, state_of(grown), "grows") is head and head.key != old_tail
+        for kind, item in [entry for entry in cache._queue if entry[0] == "block"]:
+            cache._queue.remove((kind, item))  # the writer got as far as the new blocks, not the entry
+            cache._write(kind, item)
+        cache.folder.collect_garbage(keep=cache._queued_keys())  # what it runs after another entry's write
+        assert old_tail in cache.folder.blocks  # kept: the file on disk names it
+        pruned = Folder(tmp_path / FP)  # `localai cache prune` takes the new tail: no file names it yet
+        with pruned.locked(exclusive=True):
+            pruned.scan()
+            for moved in pruned.drop_block(new_tail):
+                pruned.write_head(moved)
+            pruned.mark_changed()
+    cache.flush()  # the new version's chain is broken now: it is not written, the old file stays
+    cache.close()
+    check = Folder(tmp_path / FP)
+    check.scan()
+    assert all(check.chain(entry.key) for entry in check.heads.values())  # every entry's blocks are there
+    again = store(tmp_path)
+    match = again.lookup(grown)
+    assert match is not None and match.common >= 2 * BLOCK_TOKENS  # the session still restores

@@ -98,6 +98,13 @@ class Head:
     owner: int  # the pid of the worker that saved it
     snapshot: bool = False  # a boundary snapshot exists at ``key``
     written: bool = True  # its file is on disk (False while a worker's save of it is queued)
+    # The key its file on disk names, while a moved head's new version waits to be written (None: no file yet).
+    # That older chain's blocks are kept until then: the file must never name a deleted block.
+    disk_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.written and self.disk_key is None:
+            self.disk_key = self.key
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "key": self.key, "n_tokens": self.n_tokens, "session": self.session,
@@ -446,6 +453,8 @@ class Folder:
         keys: set[str] = set()
         for head in self.heads.values():
             keys.update(self.chain(head.key))
+            if head.disk_key is not None and head.disk_key != head.key:
+                keys.update(self.chain(head.disk_key))  # what its file on disk still names
         return keys
 
     def collect_garbage(self, *, keep: set[str] | None = None) -> int:

@@ -554,8 +554,10 @@ class PromptStore:
                     if self.folder.heads.get(head.id) is not head or not self.folder.chain(head.key):
                         return
                     data = json.dumps(head.as_json()).encode()
+                    key = head.key
                 write_atomic(self.folder.head_path(head.id), [data])
-                head.written = True
+                with self._lock:
+                    head.written, head.disk_key = True, key
             with self._lock:
                 self.folder.collect_garbage(keep=self._queued_keys() | self._others_recent())
             self.enforce_quota()
@@ -644,6 +646,8 @@ class PromptStore:
             for head in self.folder.heads.values():
                 if pinned_until(pins, head.id, head.session) is not None:
                     protected.update(self.folder.chain(head.key))
+                if head.disk_key is not None and head.disk_key != head.key:
+                    protected.update(self.folder.chain(head.disk_key))  # its file names them until it is rewritten
             others_live = {h.owner for h in self.folder.heads.values()
                            if h.owner != os.getpid() and pid_alive(h.owner)}
             _, evicted = self.folder.evict(total - self.max_bytes, protected=protected, skip_owner=others_live)
