@@ -135,7 +135,7 @@ def test_pull_a_library_model(puller: Daemon, hub_server: HubServer, smollm2_pat
     assert result.returncode == 0, result.stderr
     with puller.http() as http:
         shown = http.post("/api/show", json={"model": "qwen2.5-coder:1.5b"}).json()
-    assert "num_ctx" in shown["parameters"] and "16384" in shown["parameters"]
+    assert "num_ctx" not in shown["parameters"] and "repeat_penalty       1.05" in shown["parameters"]
     assert '"<|im_end|>"' in shown["parameters"]
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" in shown["path"]
     library = puller.cli("list", "--library").stdout

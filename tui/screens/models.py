@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import work
@@ -18,9 +20,21 @@ from ..widgets.pull import PullBar
 from .base import LocalAIScreen, selected_key
 from .dialogs import AskScreen, ConfirmScreen, TextScreen
 
+TRAINED = re.compile(r"Trained context:\s*(\d+)")
+
+
+def trained_context(path: Path) -> str:
+    """The trained context a library Modelfile's comment states (its MLX source's: the GGUF sibling's), else ""."""
+    found = TRAINED.search(path.read_text())
+    if found is None and path.stem.endswith("-mlx"):
+        sibling = path.with_name(path.stem.removesuffix("-mlx") + path.suffix)
+        found = TRAINED.search(sibling.read_text()) if sibling.exists() else None
+    return found.group(1) if found else ""
+
 
 def library_rows() -> list[tuple[str, str, str, str]]:
-    """The library's models: name, FROM, context, description (read from the Modelfiles shipped with localai)."""
+    """The library's models: name, FROM, trained context, description (read from the Modelfiles shipped with
+    localai; the window a model loads with depends on the machine: `localai show` says it once installed)."""
     from localai.models import library
     from localai.models.modelfile import parse_file
 
@@ -30,7 +44,8 @@ def library_rows() -> list[tuple[str, str, str, str]]:
             modelfile = parse_file(entry.path)
         except Exception:  # a broken library file is a packaging bug; skip it rather than lose the screen
             continue
-        rows.append((entry.name, modelfile.from_, str(modelfile.parameters.get("num_ctx", "")), entry.description))
+        context = str(modelfile.parameters.get("num_ctx") or trained_context(entry.path))
+        rows.append((entry.name, modelfile.from_, context, entry.description))
     return rows
 
 
@@ -74,7 +89,7 @@ class ModelsScreen(LocalAIScreen):
     def on_mount(self) -> None:
         self.query_one("#installed", DataTable).add_columns(
             "NAME", "SIZE", "QUANT", "PARAMS", "ENGINE", "CONTEXT", "CAPABILITIES")
-        self.query_one("#library", DataTable).add_columns("NAME", "FROM", "CONTEXT", "INSTALLED", "DESCRIPTION")
+        self.query_one("#library", DataTable).add_columns("NAME", "FROM", "TRAINED", "INSTALLED", "DESCRIPTION")
         self.library: list[tuple[str, str, str, str]] = []
         self.installed: list[InstalledModel] = []
         self.load_library()
