@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
-import functools
 import json
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -29,11 +27,10 @@ from localai.api.common import (
 from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
-from localai.models.gguf_meta import read_metadata
-from localai.models.loading import attention_of, chosen_engine, kv_bytes, window
+from localai.models.loading import attention_of, chosen_engine, gguf_metadata, kv_bytes, window
 from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
 from localai.models.registry import ModelRecord
-from localai.runtime.prompt import Template
+from localai.runtime.prompt import Template, format_choice
 from localai.runtime.runtime import SAMPLING_KEYS, Generation
 from localai.schema import (
     Block,
@@ -456,19 +453,11 @@ async def ps(request: Request) -> dict[str, Any]:
     return {"models": models}
 
 
-@functools.lru_cache(maxsize=64)
-def _gguf_template(path: str, mtime_ns: int) -> str | None:
-    try:
-        return read_metadata(Path(path)).chat_template
-    except (OSError, ValueError):
-        return None
-
-
 async def _template_of(record: ModelRecord) -> Template:
     template = record.template
     if template is None and record.path and not record.remote:
-        with contextlib.suppress(OSError):
-            template = await asyncio.to_thread(_gguf_template, record.path, Path(record.path).stat().st_mtime_ns)
+        meta = await asyncio.to_thread(gguf_metadata, record.path)
+        template = meta.chat_template if meta is not None else None
     return Template(template)
 
 
@@ -483,14 +472,10 @@ async def capabilities(record: ModelRecord) -> list[str]:
 
 async def parser_of(record: ModelRecord) -> dict[str, str]:
     """How the model's tool calls are read: its Modelfile's PARSER, else what its chat template shows."""
-    chosen = record.parameters.get("parser")
-    if isinstance(chosen, str):
-        return {"name": chosen, "from": "PARSER in the Modelfile"}
-    if record.remote:
+    if record.remote and "parser" not in record.parameters:
         return {"name": "upstream", "from": "the upstream parses its own output"}
-    template = await _template_of(record)
-    return {"name": template.tool_format, "from": "the chat template" if template.native_tools
-            else "localai's tool prompt (the template has no tools)"}
+    name, source = format_choice(record.parameters, await _template_of(record))
+    return {"name": name, "from": source}
 
 
 @router.post("/api/show")

@@ -17,7 +17,7 @@ from typing import Any
 
 from localai import paths
 from localai.errors import EngineUnavailable
-from localai.models.gguf_meta import AttentionShape, read_metadata
+from localai.models.gguf_meta import AttentionShape, GGUFMetadata, read_metadata
 from localai.models.registry import ModelRecord
 from localai.settings import Settings, default_cache_ram_bytes
 
@@ -58,10 +58,18 @@ def available_memory() -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _attention(path: str, mtime: int) -> AttentionShape | None:
+def _metadata(path: str, mtime_ns: int) -> GGUFMetadata | None:
     try:
-        return read_metadata(Path(path)).attention
+        return read_metadata(Path(path))
     except (OSError, ValueError):
+        return None
+
+
+def gguf_metadata(path: str) -> GGUFMetadata | None:
+    """A GGUF file's header facts, read once per version of the file (None when it is not a readable GGUF)."""
+    try:
+        return _metadata(path, os.stat(path).st_mtime_ns)
+    except OSError:
         return None
 
 
@@ -69,10 +77,8 @@ def attention_of(record: ModelRecord) -> AttentionShape | None:
     """The model's attention shape from its GGUF header (None for MLX folders, remote models, unreadable files)."""
     if record.format != "gguf" or not record.path:
         return None
-    try:
-        return _attention(record.path, os.stat(record.path).st_mtime_ns)
-    except OSError:
-        return None
+    meta = gguf_metadata(record.path)
+    return meta.attention if meta is not None else None
 
 
 def kv_bytes(shape: AttentionShape | None, num_ctx: int, sequences: int, kv_type: str) -> int:

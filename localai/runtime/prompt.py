@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -70,6 +71,16 @@ class Template:
             if all(marker in source for marker in markers):
                 return name
         return "hermes"
+
+
+def format_choice(parameters: Mapping[str, Any], template: Template) -> tuple[ToolFormat, str]:
+    """How a model writes tool calls, and where that was decided: its Modelfile's PARSER (checked against the
+    format names at create time), else what its chat template shows."""
+    chosen = parameters.get("parser")
+    if isinstance(chosen, str):
+        return chosen, "PARSER in the Modelfile"  # type: ignore[return-value]
+    source = "the chat template" if template.native_tools else "localai's tool prompt (the template has no tools)"
+    return template.tool_format, source
 
 
 def canonical(value: Any) -> Any:

@@ -434,10 +434,7 @@ class Runtime:
 
     def tool_format(self, record: ModelRecord, loaded: LoadedModel) -> prompting.ToolFormat:
         """How the model writes tool calls: its Modelfile's PARSER, else what its chat template shows."""
-        chosen = record.parameters.get("parser")
-        if isinstance(chosen, str):
-            return chosen  # type: ignore[return-value]  # checked against the format names at create time
-        return self.template(record, loaded).tool_format
+        return prompting.format_choice(record.parameters, self.template(record, loaded))[0]
 
     def _constraint(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> Constraint | None:
         """The grammar the output must follow: a forced or lazy tool call, or the response format."""
@@ -502,8 +499,8 @@ class Target(Protocol):
 
 
 # Families whose models open with <think> (GLM-4.5+, DeepSeek-V3.1 in thinking mode) even when a Modelfile's PARSER
-# names them over a template that does not show it; Harmony's analysis channel is its reasoning.
-THINKING_FORMATS = frozenset({"glm-4.5", "deepseek-v3.1", "harmony"})
+# names them over a template that does not show it (Harmony's analysis channel is parsed whenever it is the format).
+THINKING_FORMATS = frozenset({"glm-4.5", "deepseek-v3.1"})
 
 
 def forced_format(style: prompting.ToolFormat) -> Literal["hermes", "llama3", "mistral", "json"]:

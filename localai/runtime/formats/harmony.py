@@ -127,12 +127,10 @@ class HarmonyParser(Thinking):
 
     def _close(self, events: list[Event], end: str) -> None:
         if self._kind == "call":
-            arguments = self._arguments.strip()
-            if not arguments:
+            arguments = self._arguments  # the deltas sent are the arguments, whitespace and all
+            if not arguments.strip():
                 events.append(ToolCallDelta(len(self.calls), "{}"))
                 arguments = "{}"
-            elif arguments != self._arguments:
-                arguments = self._arguments  # the deltas sent are the arguments, whitespace and all
             call = ToolCallEnd(len(self.calls), self._call_id, self._call_name, arguments)
             self.calls.append(call)
             events.append(call)

@@ -116,12 +116,11 @@ class TaggedCallParser(Thinking):
         return True
 
     def _text(self, events: list[Event], final: bool) -> bool:
-        self._fed = self._buffer  # what came before was text: only a call's raw text is kept
         found = self._text_until(events, final, self._markers if self.tools else ())
+        self._fed = self._buffer  # what came before was text: only a call's raw text is kept
         if found is None:
             return False
         position, marker = found
-        self._fed = self._buffer
         self._call = _Call(len(self.calls), len(self._buffer[:position].rstrip()))
         if marker == OPEN:
             self._buffer = self._buffer[position + len(OPEN):]
