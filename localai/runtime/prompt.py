@@ -79,7 +79,7 @@ def format_choice(parameters: Mapping[str, Any], template: Template) -> tuple[To
     chosen = parameters.get("parser")
     if isinstance(chosen, str):
         return chosen, "PARSER in the Modelfile"  # type: ignore[return-value]
-    source = "the chat template" if template.native_tools else "localai's tool prompt (the template has no tools)"
+    source = "the chat template" if template.native_tools else "localai's tool prompt: the template has no tools"
     return template.tool_format, source
 
 
