@@ -230,3 +230,13 @@ def test_a_qwen3_coder_file_of_thousands_of_lines_streams_as_it_is_written() -> 
             assert streamed > len(content) // 3  # the arguments grew while the file was being written
     parser.finish()
     assert json.loads(parser.calls[0].arguments)["content"] == content
+
+
+@pytest.mark.parametrize("style", ["glm-4.5", "qwen3-coder", "deepseek-v3.1"])
+def test_a_reply_after_a_prompt_that_opened_the_reasoning_starts_inside_it(style: str) -> None:
+    """GLM-4.7's and Qwen3's thinking templates end the prompt with <think>: the model writes its reasoning and
+    </think> only; with ``opened`` the parser starts inside the reasoning (without it, it would be text)."""
+    parser = parser_for(style, tools=True, reasoning=True, functions=dict(SCHEMAS), opened=True)
+    events = [*parser.feed("I should write it.</think>\n\nDone."), *parser.finish()]
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "I should write it."
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Done."

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from localai.runtime import prompt
 from localai.schema import Message, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
@@ -56,6 +58,24 @@ def test_native_template_receives_tools_and_structured_calls() -> None:
     assert '<tool_call>get_weather{"city": "Paris"}</tool_call>' in text
     assert "[tool]Sunny, 21C" in text
     assert "<tools>" not in text
+
+
+def test_a_template_that_renders_calls_but_not_the_tool_list_gets_the_tools_in_its_formats_own_words() -> None:
+    """DeepSeek-V3.1's template renders calls and results in its markers and leaves the tool list to the system
+    prompt: the tools are described as its model card does, calls stay native, and the parser is its own."""
+    source = (Path(__file__).parent / "templates" / "deepseek-v3.1.jinja").read_text()
+    spec = prompt.Template(source)
+    assert (spec.native_tools, spec.lists_tools, spec.tool_format) == (True, False, "deepseek-v3.1")
+    assert prompt.format_choice({}, spec)[1] == "the chat template's calls; localai lists the tools in its words"
+    text = prompt.render(spec, prompt.template_messages(CONVERSATION, spec, [TOOL]), [TOOL])
+    assert "## Tools\nYou have access to the following tools:\n\n### get_weather\nDescription: Weather for a city"\
+        in text
+    assert text.index("Be brief.") < text.index("## Tools") < text.index("Weather in Paris?")
+    assert "<tools>" not in text and "<tool_call>" not in text
+    assert 'get_weather<\uff5ctool\u2581sep\uff5c>{"city": "Paris"}' in text  # the call, in its own markers
+    # a PARSER naming the format over a template that knows no tools describes them the same way
+    hermes = prompt.template_messages(CONVERSATION, prompt.Template(CHATML), [TOOL], style="deepseek-v3.1")
+    assert "### get_weather" in hermes[0]["content"] and "<tools>" not in hermes[0]["content"]
 
 
 def test_leading_system_and_developer_messages_merge() -> None:

@@ -6,7 +6,8 @@ Selected with ``LOCALAI_ENGINE=scripted`` (or ``PARAMETER engine scripted``). To
 - ``[[say:TEXT]]`` (the last one counts): reply TEXT;
 - ``[[turns:FIRST|||SECOND|||...]]``: reply the part for this turn, counted by the assistant turns the prompt
   already holds (ChatML's ``<|im_start|>assistant``; the last part once they run out): an agent's tool call, then
-  its answer once the tool's result is back;
+  its answer once the tool's result is back; where the prompt holds ``[[next]]`` marks (a client puts one in each
+  tool result), the turn is counted by them instead, for templates other than ChatML;
 - ``[[slow]]``: a long reply at 20 tokens per second (for disconnects and Esc);
 - ``[[crash]]``: the decode step raises, so the engine thread fails and the worker exits.
 
@@ -36,6 +37,7 @@ SLOW_REPLY = "tick " * 2000
 _SAY = re.compile(r"\[\[say:(.*?)\]\]", re.S)
 _TURNS = re.compile(r"\[\[turns:(.*?)\]\]", re.S)
 ASSISTANT_TURN = "<|im_start|>assistant"
+NEXT_TURN = "[[next]]"
 
 
 @dataclass
@@ -158,7 +160,8 @@ class ScriptedEngine:
         turns = _TURNS.findall(prompt)
         if turns:
             parts = turns[0].split("|||")
-            return str(parts[min(max(prompt.count(ASSISTANT_TURN) - 1, 0), len(parts) - 1)])
+            turn = prompt.count(NEXT_TURN) or max(prompt.count(ASSISTANT_TURN) - 1, 0)
+            return str(parts[min(turn, len(parts) - 1)])
         said = _SAY.findall(prompt)
         return said[-1] if said else DEFAULT_REPLY
 

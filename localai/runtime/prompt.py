@@ -3,8 +3,8 @@
 Rendering is deterministic: tool schemas are serialized with sorted keys and messages in a fixed
 shape, so the same conversation always yields the same tokens and the prefix cache keeps hitting.
 Templates that know about tools (they mention ``tools``) get them natively; for the others the
-tools are described in the system message and the model is asked to answer in the Hermes
-``<tool_call>`` format, which ``localai.tool_calls`` parses.
+tools are described in the system message, in the words the model's own format documents (DeepSeek-V3.1's
+template renders calls but leaves the tool list to the system prompt) or else as Hermes ``<tool_call>``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,19 @@ TOOLS_PREAMBLE = (
     '<tool_call>\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n</tool_call>'
 )
 
+# DeepSeek-V3.1's tool section, in the shape its model card documents: the template renders calls and results,
+# the system prompt lists the tools.
+DEEPSEEK_TOOLS = (
+    "## Tools\nYou have access to the following tools:\n\n{tools}"
+    "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
+    "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>tool_call_name"
+    "<\uff5ctool\u2581sep\uff5c>tool_call_arguments<\uff5ctool\u2581call\u2581end\uff5c>{{additional_tool_calls}}"
+    "<\uff5ctool\u2581calls\u2581end\uff5c>\n\n"
+    "Where:\n- `tool_call_name` must be an exact match to one of the available tools\n"
+    "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
+    "- For multiple tool calls, chain them directly without separators or spaces"
+)
+
 
 @dataclass(frozen=True)
 class Template:
@@ -51,8 +64,19 @@ class Template:
 
     @property
     def native_tools(self) -> bool:
-        """The template renders ``tools`` and assistant ``tool_calls`` itself."""
+        """The template renders assistant ``tool_calls`` and tool results itself."""
+        return self.lists_tools or self._renders_calls_in_own_format
+
+    @property
+    def lists_tools(self) -> bool:
+        """The template renders the ``tools`` list itself too."""
         return bool(self.source) and "tools" in self.source and "tool_call" in self.source  # type: ignore[operator]
+
+    @property
+    def _renders_calls_in_own_format(self) -> bool:
+        """Calls rendered in a known format's own markers, the tool list left to the system prompt (DeepSeek-V3.1)."""
+        source = self.source or ""
+        return "tool_calls" in source and all(m in source for m in ("tool\u2581sep", "tool\u2581call\u2581begin"))
 
     @property
     def thinks(self) -> bool:
@@ -79,8 +103,11 @@ def format_choice(parameters: Mapping[str, Any], template: Template) -> tuple[To
     chosen = parameters.get("parser")
     if isinstance(chosen, str):
         return chosen, "PARSER in the Modelfile"  # type: ignore[return-value]
-    source = "the chat template" if template.native_tools else "localai's tool prompt: the template has no tools"
-    return template.tool_format, source
+    if template.lists_tools:
+        return template.tool_format, "the chat template"
+    if template.native_tools:
+        return template.tool_format, "the chat template's calls; localai lists the tools in its words"
+    return template.tool_format, "localai's tool prompt: the template has no tools"
 
 
 def canonical(value: Any) -> Any:
@@ -93,8 +120,13 @@ def tool_json(tool: Tool) -> dict[str, Any]:
         "name": tool.name, "description": tool.description, "parameters": canonical(tool.parameters)}}
 
 
-def describe_tools(tools: list[Tool]) -> str:
-    """The system-message section that teaches a template without tool support to call ``tools``."""
+def describe_tools(tools: list[Tool], style: ToolFormat = "hermes") -> str:
+    """The system-message section that teaches a template that does not list tools to call ``tools``: in
+    DeepSeek-V3.1's own words for its format, else asking for Hermes calls."""
+    if style == "deepseek-v3.1":
+        return DEEPSEEK_TOOLS.format(tools="".join(
+            f"### {tool.name}\nDescription: {tool.description or ''}\n\n"
+            f"Parameters: {json.dumps(canonical(tool.parameters), ensure_ascii=False)}\n\n" for tool in tools))
     lines = "\n".join(json.dumps(tool_json(tool), ensure_ascii=False) for tool in tools)
     return TOOLS_PREAMBLE.format(tools=lines)
 
@@ -106,7 +138,8 @@ def call_text(name: str, arguments: dict[str, Any]) -> str:
 
 def template_messages(messages: list[Message], template: Template, tools: list[Tool], *,
                       default_system: str | None = None,
-                      extra_messages: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                      extra_messages: list[dict[str, Any]] | None = None,
+                      style: ToolFormat | None = None) -> list[dict[str, Any]]:
     """Messages in the shape chat templates expect.
 
     Leading system and developer messages merge into one system message (several templates accept
@@ -120,8 +153,8 @@ def template_messages(messages: list[Message], template: Template, tools: list[T
         leading.append(messages[index].text())
         index += 1
     system = "\n\n".join(part for part in leading if part) or (default_system if not leading else "")
-    if tools and not native:
-        system = (system + "\n\n" if system else "") + describe_tools(tools)
+    if tools and not template.lists_tools:
+        system = (system + "\n\n" if system else "") + describe_tools(tools, style or template.tool_format)
     rendered: list[dict[str, Any]] = []
     if system or leading:
         rendered.append({"role": "system", "content": system})
@@ -184,7 +217,7 @@ def render(template: Template, messages: list[dict[str, Any]], tools: list[Tool]
     if hoists_late_system(template) and any(m["role"] == "system" for m in messages[1:]):
         messages = fold_late_system(messages)  # in place, so the prompt's start does not change with each one
     extra: dict[str, Any] = {}
-    if tools and template.native_tools:
+    if tools and template.lists_tools:
         extra["tools"] = [tool_json(tool) for tool in tools]
     if reasoning is not None and template.thinks:
         extra["enable_thinking"] = reasoning

@@ -232,7 +232,7 @@ class Runtime:
                 self._compare_turn(target, fitted, messages, str(op["prompt"]), int(first["prompt_tokens"]),
                                    (dropped, cut_chars, tool_level))
             return Generation(
-                fit=fit, parser=target.parser(request),
+                fit=fit, parser=target.parser(request, op.get("prompt")),
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
                 _metrics=self.scheduler.metrics, replica=first.get("replica"), cache=first.get("cache"),
@@ -391,7 +391,8 @@ class Runtime:
         template = self.template(record, loaded)
         shaped = prompting.template_messages(messages, template, request.tools, default_system=record.system,
                                              extra_messages=[{"role": m["role"], "content": m["content"]}
-                                                             for m in record.messages])
+                                                             for m in record.messages],
+                                             style=self.tool_format(record, loaded))
         return prompting.render(template, shaped, request.tools, reasoning=request.reasoning,
                                 effort=request.reasoning_effort)
 
@@ -408,7 +409,8 @@ class Runtime:
         if not leading and not request.tools:
             return None
         template = self.template(record, loaded)
-        shaped = prompting.template_messages(leading, template, request.tools, default_system=record.system)
+        shaped = prompting.template_messages(leading, template, request.tools, default_system=record.system,
+                                             style=self.tool_format(record, loaded))
         try:
             text = prompting.render(template, shaped, request.tools, add_generation_prompt=False,
                                     reasoning=request.reasoning, effort=request.reasoning_effort)
@@ -416,7 +418,8 @@ class Runtime:
             return None
         return text if text and prompt.startswith(text) else None
 
-    def _parser(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> Parser | None:
+    def _parser(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
+                prompt: Any = None) -> Parser | None:
         template = self.template(record, loaded)
         chosen = self.tool_format(record, loaded)
         style: str = chosen
@@ -429,7 +432,8 @@ class Runtime:
             thinks = True  # its analysis channel is reasoning, asked for or not
         if not tools and not thinks:
             return None
-        return parser_for(style, tools=tools, reasoning=thinks,
+        opened = thinks and isinstance(prompt, str) and prompt.rstrip().endswith("<think>")
+        return parser_for(style, tools=tools, reasoning=thinks, opened=opened,
                           functions={tool.name: tool.parameters for tool in request.tools})
 
     def tool_format(self, record: ModelRecord, loaded: LoadedModel) -> prompting.ToolFormat:
@@ -494,7 +498,7 @@ class Target(Protocol):
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Frames: ``prompt`` (accepted) or ``error`` first, then ``text``/``event`` frames and ``done``."""
 
-    def parser(self, request: GenerationRequest) -> Parser | None:
+    def parser(self, request: GenerationRequest, prompt: Any = None) -> Parser | None:
         """What turns generated text into tool calls and reasoning, when the target yields raw text."""
 
 
@@ -529,8 +533,8 @@ class LocalTarget:
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self.loaded.worker.generate(op, idle=self.runtime.settings.stream_keepalive)  # type: ignore[arg-type]
 
-    def parser(self, request: GenerationRequest) -> Parser | None:
-        return self.runtime._parser(self.record, self.loaded, request)
+    def parser(self, request: GenerationRequest, prompt: Any = None) -> Parser | None:
+        return self.runtime._parser(self.record, self.loaded, request, prompt)
 
 
 @dataclass
@@ -564,7 +568,7 @@ class RemoteTarget:
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self.pool.generate(op)
 
-    def parser(self, request: GenerationRequest) -> Parser | None:
+    def parser(self, request: GenerationRequest, prompt: Any = None) -> Parser | None:
         return None  # the upstream parsed its own tool calls and reasoning
 
 

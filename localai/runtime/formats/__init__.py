@@ -28,15 +28,17 @@ class Parser(Protocol):
 
 
 def parser_for(name: str, *, tools: bool, reasoning: bool,
-               functions: Mapping[str, Mapping[str, Any]] | None = None) -> Parser:
+               functions: Mapping[str, Mapping[str, Any]] | None = None, opened: bool = False) -> Parser:
     """The streaming parser of format ``name`` (one of ``FORMATS``); ``functions``: the offered functions'
-    parameter schemas by name (None: any name, values untyped)."""
+    parameter schemas by name (None: any name, values untyped); ``opened``: the prompt opened the reasoning
+    (it ended with ``<think>``), so the output starts inside it."""
     if name == "qwen3-coder":
-        return TaggedCallParser(QWEN3_CODER, tools=tools, reasoning=reasoning, functions=functions)
+        return TaggedCallParser(QWEN3_CODER, tools=tools, reasoning=reasoning, functions=functions, opened=opened)
     if name == "glm-4.5":
-        return TaggedCallParser(GLM45, tools=tools, reasoning=reasoning, functions=functions)
+        return TaggedCallParser(GLM45, tools=tools, reasoning=reasoning, functions=functions, opened=opened)
     if name == "harmony":
         return HarmonyParser(tools=tools, names=list(functions) if functions is not None else None)
     if name not in FORMATS and name != "json":  # json: a forced call, written as one bare JSON object
         raise ValueError(f"unknown tool-call format {name!r}")
-    return OutputParser(tools=tools, reasoning=reasoning, names=list(functions) if functions is not None else None)
+    return OutputParser(tools=tools, reasoning=reasoning, names=list(functions) if functions is not None else None,
+                        opened=opened)

@@ -14,10 +14,12 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 class Thinking:
     """A streaming state machine over ``_buffer``: subclasses give ``_advance`` (one step; False when it must wait
-    for more text) and start in ``"start"``; with ``reasoning`` the output may open with ``<think>...</think>``."""
+    for more text) and start in ``"start"``; with ``reasoning`` the output may open with ``<think>...</think>``,
+    and with ``opened`` too it starts inside the reasoning (the prompt ended with ``<think>``, as GLM-4.7's and
+    Qwen3's thinking templates' generation prompts do)."""
 
-    def __init__(self, *, reasoning: bool) -> None:
-        self._state = "think?" if reasoning else "start"
+    def __init__(self, *, reasoning: bool, opened: bool = False) -> None:
+        self._state = ("think" if opened else "think?") if reasoning else "start"
         self._buffer = ""
         self._after_think = False
 

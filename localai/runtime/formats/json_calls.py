@@ -78,8 +78,9 @@ class _Call:
 class OutputParser(Thinking):
     """Feed text deltas in, get events out; ``finish()`` flushes what is held back."""
 
-    def __init__(self, *, tools: bool, reasoning: bool, names: Collection[str] | None = None) -> None:
-        super().__init__(reasoning=reasoning)
+    def __init__(self, *, tools: bool, reasoning: bool, names: Collection[str] | None = None,
+                 opened: bool = False) -> None:
+        super().__init__(reasoning=reasoning, opened=opened)
         self.tools = tools
         self.names = frozenset(names) if names is not None else None  # the offered functions (None: any)
         self.calls: list[ToolCallEnd] = []

@@ -80,8 +80,8 @@ class TaggedCallParser(Thinking):
     """Feed text deltas in, get events out; ``finish()`` flushes what is held back."""
 
     def __init__(self, dialect: Dialect, *, tools: bool, reasoning: bool,
-                 functions: Mapping[str, Mapping[str, Any]] | None = None) -> None:
-        super().__init__(reasoning=reasoning)
+                 functions: Mapping[str, Mapping[str, Any]] | None = None, opened: bool = False) -> None:
+        super().__init__(reasoning=reasoning, opened=opened)
         self.dialect = dialect
         self.tools = tools
         self.functions = functions  # name -> parameters schema of the offered functions (None: any, untyped)
