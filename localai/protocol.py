@@ -46,7 +46,9 @@ class Constraint(TypedDict, total=False):
     type: Literal["json_object", "json_schema", "tool_call"]
     schema: dict[str, Any]
     tools: list[ToolSpec]
-    format: Literal["hermes", "llama3", "mistral", "json"]  # json: a bare {"name": ..., "arguments": ...} object
+    # json: a bare {"name": ..., "arguments": ...} object; the others, the family's own syntax
+    format: Literal["hermes", "llama3", "mistral", "json", "mistral-args", "qwen3-coder", "glm-4.5", "harmony",
+                    "deepseek-v3.1"]
     lazy: bool  # tool_call only: constrain from the moment a call starts, text before it is free
 
 

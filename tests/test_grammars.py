@@ -100,3 +100,61 @@ def test_closed_schemas_take_only_their_listed_properties_on_both_engines() -> N
     assert result["$defs"]["e"]["additionalProperties"] is True  # what a schema says is kept
     assert "additionalProperties" not in closed({"type": "object"})  # a free object stays free
     assert schema["properties"]["a"].get("additionalProperties") is None  # the client's schema is not changed
+
+
+def accepted(vocab: Any, grammar: str, text: str) -> tuple[bool, bool]:
+    """Whether llama.cpp's grammar sampler lets ``text`` through token by token, and then lets the model end."""
+    import ctypes
+
+    sampler = L.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    assert sampler, "llama.cpp could not parse the grammar"
+    data = text.encode()
+    room = len(data) + 8
+    tokens = (L.llama_token * room)()
+    count = L.llama_tokenize(vocab, data, len(data), tokens, room, False, False)
+
+    def allowed(token: int) -> bool:
+        cell = (L.llama_token_data * 1)(L.llama_token_data(token, 0.0, 0.0))
+        array = L.llama_token_data_array(cell, 1, -1, False)
+        L.llama_sampler_apply(sampler, ctypes.byref(array))
+        return bool(cell[0].logit != float("-inf"))
+
+    try:
+        for token in tokens[:count]:
+            if not allowed(token):
+                return False, False
+            L.llama_sampler_accept(sampler, token)
+        return True, allowed(L.llama_vocab_eos(vocab))
+    finally:
+        L.llama_sampler_free(sampler)
+
+
+NATIVE_TOOLS = [
+    {"name": "write_file", "parameters": {"type": "object", "required": ["path", "content"], "properties": {
+        "path": {"type": "string"}, "content": {"type": "string"}, "mode": {"type": "integer"},
+        "kind": {"enum": ["text", "binary"]}, "meta": {"type": "object"}}}},
+    {"name": "run", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}},
+]
+CODE = "if a < b && c > d:\n    print(\"<p>x</p>\", '</param>', {'k': [1]})\n"
+
+
+@pytest.mark.parametrize("style", ["qwen3-coder", "glm-4.5", "harmony", "deepseek-v3.1", "mistral-args"])
+def test_a_forced_call_in_a_familys_own_syntax_is_what_llama_cpp_lets_through(vocab: Any, style: str) -> None:
+    """The forced call in each family's syntax: the call as the family writes it passes llama.cpp's grammar
+    sampler whole (code full of markup in a value), and then the model may end; a call of another function, a
+    typed value that is not of its type, or (in the tagged formats) a value holding its own closing tag do not."""
+    from localai.engines.scripted import native_call
+
+    grammar = grammar_for({"type": "tool_call", "tools": NATIVE_TOOLS, "format": style})  # type: ignore[typeddict-item]
+    assert grammar is not None and grammar.trigger is None
+    arguments = {"path": "src/a.py", "content": CODE, "mode": 644, "kind": "binary", "meta": {"x": [1, None]}}
+    assert accepted(vocab, grammar.text, native_call(style, "write_file", arguments)) == (True, True)
+    assert accepted(vocab, grammar.text, native_call(style, "run", {"command": "ls"})) == (True, True)
+    assert accepted(vocab, grammar.text, native_call(style, "delete", {"path": "x"}))[0] is False
+    assert accepted(vocab, grammar.text, native_call(style, "write_file", {"path": "a", "content": "b",
+                                                                           "mode": "rw"}))[0] is False
+    assert accepted(vocab, grammar.text, native_call(style, "write_file", {"path": "a"}))[1] is False  # no content
+    if style in ("qwen3-coder", "glm-4.5"):
+        closing = "</parameter>" if style == "qwen3-coder" else "</arg_value>"
+        text = native_call(style, "write_file", {"path": "a", "content": f"x{closing}y"})
+        assert accepted(vocab, grammar.text, text)[0] is False

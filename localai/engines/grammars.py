@@ -109,8 +109,114 @@ def call_schema(constraint: Constraint, check: Any = None) -> tuple[dict[str, An
     return (choices[0] if len(choices) == 1 else {"oneOf": choices}), key, style
 
 
+# The forced call in each family's own syntax. Its markers are written as text: llama.cpp matches a grammar's
+# literals against token pieces with special tokens spelled out, so "<|channel|>" is the model's own special token.
+BAR, SPACE = "\uff5c", "\u2581"
+JSON_ARGUMENT_CALLS = {  # format: (before the name, between the name and the JSON arguments, after them)
+    "harmony": ("<|channel|>commentary to=functions.", " <|constrain|>json<|message|>", ""),
+    "deepseek-v3.1": (f"<{BAR}tool{SPACE}calls{SPACE}begin{BAR}><{BAR}tool{SPACE}call{SPACE}begin{BAR}>",
+                      f"<{BAR}tool{SPACE}sep{BAR}>",
+                      f"<{BAR}tool{SPACE}call{SPACE}end{BAR}><{BAR}tool{SPACE}calls{SPACE}end{BAR}>"),
+    "mistral-args": ("[TOOL_CALLS]", "[ARGS]", ""),
+}
+TAGGED_CALLS = {  # format: (call open, name open, name close, key open, key close, value close, call close)
+    "qwen3-coder": ("<tool_call>\n", "<function=", ">\n", "<parameter=", ">\n", "\n</parameter>\n",
+                    "</function>\n</tool_call>"),
+    "glm-4.5": ("<tool_call>", "", "\n"  # GLM-4.5/4.6 break lines between the tags, GLM-4.7 does not
+                , "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n", "</tool_call>"),
+}
+NATIVE_FORCED = frozenset({*JSON_ARGUMENT_CALLS, *TAGGED_CALLS})
+_TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|[A-Za-z0-9-]+|.', re.S)
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _prefixed(gbnf: str, prefix: str) -> str:
+    """``gbnf`` with every rule it defines renamed ``prefix``-name (so several converted schemas share a grammar)."""
+    names = set(re.findall(r"^([A-Za-z0-9-]+)\s*::=", gbnf, re.M))
+    return "".join(f"{prefix}-{token}" if token in names else token
+                   for token in (m.group(0) for m in _TOKEN.finditer(gbnf)))
+
+
+def _optional_newlines(literal: str) -> str:
+    """A literal whose line breaks are optional (GLM-4.7 writes its tags without them)."""
+    parts = literal.split("\n")
+    return " ".join(item for n, part in enumerate(parts)
+                    for item in ([_literal(part)] if part else []) + (['"\\n"?'] if n < len(parts) - 1 else []))
+
+
+def _text_without(name: str, tag: str) -> str:
+    """Rules ``name``-0... for any text that does not hold ``tag`` (which starts with "<" and has no other)."""
+    def chars(*excluded: str) -> str:
+        return "[^" + "".join("\\" + c if c in "]\\^-" else c for c in excluded) + "]"
+
+    rules = [f'{name}-0 ::= ({chars("<")} {name}-0 | "<" {name}-1)?']
+    for index in range(1, len(tag)):
+        nxt = tag[index]
+        going = [] if index == len(tag) - 1 else [f"{_literal(nxt)} {name}-{index + 1}"]
+        rules.append(f"{name}-{index} ::= (" + " | ".join(
+            [*going, f'"<" {name}-1', f"{chars(nxt, '<')} {name}-0"]) + ")?")
+    return "\n".join(rules)
+
+
+def _is_text(schema: Any) -> bool:
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return kind in (None, "string") or (isinstance(kind, list) and "string" in kind)
+
+
+def native_call_grammar(constraint: Constraint, style: str) -> Grammar:
+    """One call of any of the constraint's tools, written in ``style``'s own syntax."""
+    tools = constraint.get("tools") or []
+    if not tools:
+        raise GrammarError("a tool call was required but no tools were given")
+    rules: list[str] = []
+    alternatives: list[str] = []
+    for number, tool in enumerate(tools):
+        arguments = _arguments_schema(tool.get("parameters"), schema_grammar)
+        prefix = f"t{number}"
+        if style in JSON_ARGUMENT_CALLS:
+            before, between, after = JSON_ARGUMENT_CALLS[style]
+            rules.append(_prefixed(schema_grammar(arguments), prefix))
+            alternatives.append(" ".join(part for part in (
+                _literal(before + tool["name"] + between), f"{prefix}-root", _literal(after) if after else "") if part))
+            continue
+        call_open, name_open, name_close, key_open, key_close, value_close, call_close = TAGGED_CALLS[style]
+        loose = style == "glm-4.5"
+        listed = arguments.get("properties")
+        properties: dict[str, Any] = listed if isinstance(listed, dict) else {}
+        required = [name for name in arguments.get("required") or [] if name in properties]
+        names = [*required, *(name for name in properties if name not in required)]
+        params: list[str] = []
+        for index, key in enumerate(names):
+            value = f"{prefix}-v{index}"
+            choices = properties[key].get("enum") if isinstance(properties[key], dict) else None
+            if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+                rules.append(f"{value} ::= " + " | ".join(_literal(c) for c in choices))  # written bare, unquoted
+            elif _is_text(properties[key]):
+                rules.append(_text_without(value, value_close.strip("\n")))
+                value += "-0"
+            else:
+                rules.append(_prefixed(schema_grammar(properties[key]), value))
+                value += "-root"
+            opening = _literal(key_open + key) + " " + (_optional_newlines(key_close) if loose else _literal(key_close))
+            closing = _optional_newlines(value_close) if loose else _literal(value_close)
+            rules.append(f"{prefix}-p{index} ::= {opening} {value} {closing}")
+            params.append(f"{prefix}-p{index}")
+        given = " ".join(params[:len(required)])
+        optional = params[len(required):]
+        body = " ".join(part for part in (given, f"({' | '.join(optional)})*" if optional else "") if part)
+        head = _literal(call_open + name_open + tool["name"]) + " " + (
+            _optional_newlines(name_close) if loose else _literal(name_close))
+        alternatives.append(" ".join(part for part in (head, body, _literal(call_close)) if part))
+    return Grammar("\n".join(["root ::= " + " | ".join(f"({a})" for a in alternatives), *rules]))
+
+
 def tool_call_grammar(constraint: Constraint) -> Grammar:
     """One (forced) or any number of (lazy, after ``<tool_call>``) calls of the given tools."""
+    if constraint.get("format") in NATIVE_FORCED and not constraint.get("lazy"):
+        return native_call_grammar(constraint, str(constraint.get("format")))
     schema, key, style = call_schema(constraint)
     call = _renamed_root(schema_grammar(schema, ["name", key]), "tool-call")
     lazy = bool(constraint.get("lazy"))

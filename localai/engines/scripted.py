@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.engines.grammars import JSON_ARGUMENT_CALLS, NATIVE_FORCED, TAGGED_CALLS
 from localai.promptcache.store import StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
 
@@ -76,6 +77,17 @@ def minimal_instance(schema: Any) -> Any:
     if kind == "boolean":
         return True
     return None
+
+
+def native_call(style: str, name: str, arguments: dict[str, Any]) -> str:
+    """A call written in a family's own syntax, as ``grammars.native_call_grammar`` forces it."""
+    if style in JSON_ARGUMENT_CALLS:
+        before, between, after = JSON_ARGUMENT_CALLS[style]
+        return before + name + between + json.dumps(arguments) + after
+    call_open, name_open, name_close, key_open, key_close, value_close, call_close = TAGGED_CALLS[style]
+    values = "".join(key_open + key + key_close + (value if isinstance(value, str) else json.dumps(value))
+                     + value_close for key, value in arguments.items())
+    return call_open + name_open + name + name_close + values + call_close
 
 
 class ScriptedEngine:
@@ -148,6 +160,8 @@ class ScriptedEngine:
             style = constraint.get("format", "hermes")
             key = "parameters" if style == "llama3" else "arguments"
             call = {"name": tool["name"], key: minimal_instance(tool["parameters"])}
+            if style in NATIVE_FORCED:
+                return native_call(style, tool["name"], call["arguments"])
             if style == "hermes":
                 return "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
             return json.dumps([call] if style == "mistral" else call)  # the forms grammars.py constrains to

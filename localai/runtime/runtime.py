@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
 from localai.metrics import Metrics
@@ -424,7 +424,7 @@ class Runtime:
         chosen = self.tool_format(record, loaded)
         style: str = chosen
         if request.tools and request.tool_choice.mode in ("required", "function"):
-            style = forced_format(chosen)  # what the grammar makes the model write (see _constraint)
+            style = forced_format(chosen, template, self.backend(loaded))  # what the grammar makes it write
         thinks = (template.thinks or chosen in THINKING_FORMATS) and request.reasoning is not False \
             and not request.raw
         tools = request.parses_tool_calls() and request.messages is not None
@@ -435,6 +435,11 @@ class Runtime:
         opened = thinks and isinstance(prompt, str) and prompt.rstrip().endswith("<think>")
         return parser_for(style, tools=tools, reasoning=thinks, opened=opened,
                           functions={tool.name: tool.parameters for tool in request.tools})
+
+    @staticmethod
+    def backend(loaded: LoadedModel) -> str:
+        info = loaded.worker.info
+        return str(info.get("backend", "")) if info else ""
 
     def tool_format(self, record: ModelRecord, loaded: LoadedModel) -> prompting.ToolFormat:
         """How the model writes tool calls: its Modelfile's PARSER, else what its chat template shows."""
@@ -451,7 +456,8 @@ class Runtime:
                 if not tools:
                     raise InvalidRequest(f"tool_choice names '{choice.name}', which is not among the tools",
                                          param="tool_choice")
-            return Constraint(type="tool_call", format=forced_format(tool_format),
+            forced = forced_format(tool_format, self.template(record, loaded), self.backend(loaded))
+            return Constraint(type="tool_call", format=forced,  # type: ignore[typeddict-item]
                               tools=[{"name": t.name, "parameters": t.parameters} for t in tools])
         if request.response_format is not None:
             if request.response_format.type == "json_schema":
@@ -507,13 +513,16 @@ class Target(Protocol):
 THINKING_FORMATS = frozenset({"glm-4.5", "deepseek-v3.1"})
 
 
-def forced_format(style: prompting.ToolFormat) -> Literal["hermes", "llama3", "mistral", "json"]:
-    """The form a forced call is constrained to. A grammar can only make a model write text, never a special token:
-    the formats whose calls open with special tokens (Harmony's channels, DeepSeek's and Mistral's markers,
-    Qwen3-Coder's and GLM's tags) are forced as one bare JSON call, which the JSON parser reads back."""
-    if style == "hermes" or style == "llama3" or style == "mistral":
+def forced_format(style: prompting.ToolFormat, template: prompting.Template, backend: str = "llama.cpp") -> str:
+    """The form a forced call is constrained to: the family's own syntax (its special tokens are written as
+    text, which llama.cpp's grammars match against the tokens' spelled-out pieces), Mistral's [ARGS] form where
+    the template uses it. llguidance (the MLX engine) matches special tokens only by their ids, so there the
+    formats of special tokens are forced as one bare JSON call, which the JSON parser reads back."""
+    if style == "mistral":
+        return "mistral-args" if "[ARGS]" in (template.source or "") else "mistral"
+    if style in ("hermes", "llama3"):
         return style
-    return "json"
+    return "json" if backend == "mlx" else style
 
 
 @dataclass

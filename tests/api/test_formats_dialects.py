@@ -183,14 +183,44 @@ def test_a_parser_name_localai_does_not_know_is_refused_at_create(api: TestClien
     assert api.post("/api/show", json={"model": "bad-parser"}).status_code == 404
 
 
-def test_a_forced_call_in_a_format_of_special_tokens_comes_back_as_a_call(api: TestClient, weights: Path) -> None:
-    """tool_choice required on a Harmony model: the grammar forces one bare JSON call (a grammar cannot write
-    special tokens), which is read back as the call."""
-    body = {"model": model(api, weights, "harmony"), "messages": [{"role": "user", "content": "go"}],
-            "tools": [{"type": "function", "function": TOOLS[0]}], "tool_choice": "required"}
-    message = api.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
-    assert message["tool_calls"][0]["function"]["name"] == "write_file"
-    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"path": "x", "content": "x"}
+FORCED = {  # what the grammar makes each family write when a call is forced (the scripted engine writes the same)
+    "qwen3-coder": "<tool_call>\n<function=write_file>\n<parameter=path>\nx\n</parameter>\n<parameter=content>\nx\n"
+                   "</parameter>\n</function>\n</tool_call>",
+    "glm-4.5": "<tool_call>write_file\n<arg_key>path</arg_key>\n<arg_value>x</arg_value>\n<arg_key>content</arg_key>\n"
+               "<arg_value>x</arg_value>\n</tool_call>",
+    "harmony": "<|channel|>commentary to=functions.write_file <|constrain|>json<|message|>"
+               '{"path": "x", "content": "x"}',
+    "deepseek-v3.1": "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>write_file"
+                     '<\uff5ctool\u2581sep\uff5c>{"path": "x", "content": "x"}<\uff5ctool\u2581call\u2581end\uff5c>'
+                     "<\uff5ctool\u2581calls\u2581end\uff5c>",
+    # the metadata's template has no [ARGS]: Mistral's array form
+    "mistral-args": '[{"name": "write_file", "arguments": {"path": "x", "content": "x"}}]',
+}
+
+
+@pytest.mark.parametrize("style", sorted(FORCED))
+@pytest.mark.parametrize("dialect", ["openai", "anthropic"])
+def test_a_forced_call_is_written_in_the_familys_own_syntax(api: TestClient, weights: Path, style: str,
+                                                             dialect: str) -> None:
+    """tool_choice required (Anthropic: any) forces one call in the family's own syntax, special tokens and all
+    (llama.cpp's grammars match them as text), and it is read back as the call."""
+    name = model(api, weights, style)
+    tool = TOOLS[0]
+    if dialect == "openai":
+        body = {"model": name, "messages": [{"role": "user", "content": "go"}],
+                "tools": [{"type": "function", "function": tool}], "tool_choice": "required"}
+        answer = api.post("/v1/chat/completions", json=body).json()
+        call = answer["choices"][0]["message"]["tool_calls"][0]["function"]
+        got, written = (call["name"], json.loads(call["arguments"])), answer["usage"]["completion_tokens"]
+    else:
+        body = {"model": name, "messages": [{"role": "user", "content": "go"}], "max_tokens": 500,
+                "tools": [{"name": tool["name"], "input_schema": tool["parameters"]}], "tool_choice": {"type": "any"}}
+        answer = api.post("/v1/messages", json=body).json()
+        block = next(b for b in answer["content"] if b["type"] == "tool_use")
+        got, written = (block["name"], block["input"]), answer["usage"]["output_tokens"]
+        assert answer["stop_reason"] == "tool_use"
+    assert got == ("write_file", {"path": "x", "content": "x"})
+    assert written == len(FORCED[style].encode())  # the scripted engine's tokens are bytes
 
 
 def test_show_and_ps_give_the_memory_a_model_takes_at_its_window(api: TestClient, weights: Path) -> None:

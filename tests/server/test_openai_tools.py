@@ -141,3 +141,22 @@ def test_post_without_json_content_type_is_read_as_json(daemon: Daemon) -> None:
         foreign = http.post("/api/generate", content=body, headers={"content-type": "text/plain",
                                                                      "origin": "http://evil.example"})
         assert foreign.status_code == 403  # and a page from another site is refused outright
+
+
+@pytest.mark.parametrize("parser", ["qwen3-coder", "harmony", "mistral"])
+def test_a_forced_call_in_a_familys_syntax_from_the_real_model(daemon: Daemon, parser: str) -> None:
+    """smollm2 under a PARSER naming another family: the grammar makes the real model write the call in that
+    family's own syntax (Qwen3-Coder's XML, Harmony's channel header), and it comes back as the call."""
+    name = f"smollm2-{parser}"
+    with daemon.http() as http:
+        created = http.post("/api/create", json={"model": name, "modelfile": f"FROM smollm2\nPARSER {parser}\n"})
+        assert created.status_code == 200, created.text
+        body = {"model": name, "messages": [{"role": "user", "content": "What time is it in Paris?"}],
+                "tools": [CLOCK], "tool_choice": "required", "max_tokens": 60, "temperature": 0}
+        answer = http.post("/v1/chat/completions", json=body).json()
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", answer
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_time"
+    jsonschema.validate(json.loads(call["arguments"]), CLOCK["function"]["parameters"])  # type: ignore[index]
+    assert not choice["message"]["content"]

@@ -38,7 +38,7 @@ def parser_for(name: str, *, tools: bool, reasoning: bool,
         return TaggedCallParser(GLM45, tools=tools, reasoning=reasoning, functions=functions, opened=opened)
     if name == "harmony":
         return HarmonyParser(tools=tools, names=list(functions) if functions is not None else None)
-    if name not in FORMATS and name != "json":  # json: a forced call, written as one bare JSON object
+    if name not in FORMATS and name not in ("json", "mistral-args"):  # json: a forced call as one bare JSON object
         raise ValueError(f"unknown tool-call format {name!r}")
     return OutputParser(tools=tools, reasoning=reasoning, names=list(functions) if functions is not None else None,
                         opened=opened)
