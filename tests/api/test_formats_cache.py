@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,10 @@ class Family:
 FAMILIES = {
     "qwen3-coder": Family("qwen3-coder", "qwen3-coder.jinja", "qwen3moe", False, ("<|im_end|>\n",)),
     "harmony": Family("harmony", "gpt-oss.jinja", "gpt-oss", True, ("<|call|>", "<|return|>", "<|end|>")),
+    # gpt-oss also writes the header as the Harmony guide shows it, which its template renders the other way
+    # round: the reply then comes back different, and the prefill after the turn makes up for it
+    "harmony-guide-header": Family("harmony", "gpt-oss.jinja", "gpt-oss", True,
+                                   ("<|call|>", "<|return|>", "<|end|>")),
     "glm-4.5": Family("glm-4.5", "glm-4.7-flash.jinja", "deepseek2", True, ()),
     "deepseek-v3.1": Family("deepseek-v3.1", "deepseek-v3.1.jinja", "deepseek2", False,
                             ("<\uff5cend\u2581of\u2581sentence\uff5c>",)),
@@ -78,7 +83,7 @@ def replies(family: Family) -> list[dict[str, Any]]:
                      "thinking": thought}]
 
 
-def written(family: Family, history: list[dict[str, Any]], reply: dict[str, Any]) -> str:
+def written(family: Family, history: list[dict[str, Any]], reply: dict[str, Any], guide_header: bool = False) -> str:
     """What a model trained on ``family``'s template writes for ``reply`` after ``history``: the template's own
     rendering of it, without the end token (which the engine gives as its end of generation)."""
     text = source(family)
@@ -91,6 +96,10 @@ def written(family: Family, history: list[dict[str, Any]], reply: dict[str, Any]
                 f"<|channel|>final<|message|>{reply['content']}")
     assert after.startswith(before), f"{family.parser}: the template renders the history differently with a reply"
     said = after[len(before):]
+    if guide_header and reply.get("tool_calls"):
+        header = r"(^|<\|start\|>assistant) to=(functions\.\w+)<\|channel\|>commentary json<\|message\|>"
+        said, changed = re.subn(header, r"\1<|channel|>commentary to=\2 <|constrain|>json<|message|>", said)
+        assert changed == 1, said
     for end in family.ends:
         if said.endswith(end):
             return said[: -len(end)]
@@ -207,21 +216,22 @@ DIALECTS: dict[str, Callable[[TestClient, str, list[dict[str, Any]]], tuple[dict
 }
 
 
-def session(api: TestClient, tmp: Path, family: Family, dialect: str) -> list[tuple[Turn, int]]:
+def session(api: TestClient, tmp: Path, variant: str, dialect: str) -> list[tuple[Turn, int]]:
     """Plays the session; each turn's usage with the ceiling of its cached tokens."""
+    family = FAMILIES[variant]
     text = source(family)
-    weights = metadata_gguf(tmp / f"{family.parser}.gguf", arch=family.arch, context_length=131072, template=text)
-    name = f"cache-{family.parser}-{dialect}"
+    weights = metadata_gguf(tmp / f"{variant}.gguf", arch=family.arch, context_length=131072, template=text)
+    name = f"cache-{variant}-{dialect}"
     modelfile = f'FROM {weights}\nPARAMETER num_ctx 65536\nTEMPLATE """{text}"""\n'
     created = api.post("/api/create", json={"model": name, "modelfile": modelfile})
     assert created.status_code == 200, created.text
     # each dialect's session its own (the models share weights and template, so they share cached prompts)
-    history: list[dict[str, Any]] = [{"role": "system", "content": f"({dialect}) {SYSTEM}"},
+    history: list[dict[str, Any]] = [{"role": "system", "content": f"({variant}, {dialect}) {SYSTEM}"},
                                      {"role": "user", "content": "The test in tests/test_a.py fails. Fix it."}]
     said: list[str] = []
     tails: list[int] = []  # each prompt's new part: the last tool result's text, to the generation prompt's end
     for number, reply in enumerate(replies(family)):  # what the model writes, turn by turn
-        said.append(written(family, history, reply))
+        said.append(written(family, history, reply, guide_header=variant == "harmony-guide-header"))
         if not reply.get("tool_calls"):
             break
         history += [reply, {"role": "tool", "tool_call_id": f"call{number}", "content": RESULT}]
@@ -254,7 +264,7 @@ def session(api: TestClient, tmp: Path, family: Family, dialect: str) -> list[tu
 @pytest.mark.parametrize("parser", sorted(FAMILIES))
 def test_each_formats_replies_come_back_as_the_tokens_the_model_wrote(api: TestClient, tmp_path: Path,
                                                                         parser: str, dialect: str) -> None:
-    results = session(api, tmp_path, FAMILIES[parser], dialect)
+    results = session(api, tmp_path, parser, dialect)
     later = results[1:]
     hit = sum(t.cached for t, _ in later) / sum(c for _, c in later)
     report = ", ".join(f"{t.cached}/{c}" for t, c in later)
