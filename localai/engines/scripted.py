@@ -3,7 +3,8 @@
 Selected with ``LOCALAI_ENGINE=scripted`` (or ``PARAMETER engine scripted``). Tokens are the prompt's bytes
 (``EOS`` is 256). The reply is "Hello from the scripted engine." unless the prompt holds directives:
 
-- ``[[say:TEXT]]`` (the last one counts): reply TEXT;
+- ``[[say:TEXT]]`` (the last one counts): reply TEXT; ``[[say64:BASE64]]``: the same for a TEXT that may hold
+  ``]]`` (it counts before ``say``);
 - ``[[turns:FIRST|||SECOND|||...]]``: reply the part for this turn, counted by the assistant turns the prompt
   already holds (ChatML's ``<|im_start|>assistant``; the last part once they run out): an agent's tool call, then
   its answer once the tool's result is back; where the prompt holds ``[[next]]`` marks (a client puts one in each
@@ -19,6 +20,7 @@ restore, trim, disk) runs for real.
 from __future__ import annotations
 
 import array
+import base64
 import hashlib
 import json
 import math
@@ -36,6 +38,7 @@ EOS = 256
 DEFAULT_REPLY = "Hello from the scripted engine."
 SLOW_REPLY = "tick " * 2000
 _SAY = re.compile(r"\[\[say:(.*?)\]\]", re.S)
+_SAY64 = re.compile(r"\[\[say64:([A-Za-z0-9+/=]*)\]\]")
 _TURNS = re.compile(r"\[\[turns:(.*?)\]\]", re.S)
 ASSISTANT_TURN = "<|im_start|>assistant"
 NEXT_TURN = "[[next]]"
@@ -176,6 +179,9 @@ class ScriptedEngine:
             parts = turns[0].split("|||")
             turn = prompt.count(NEXT_TURN) or max(prompt.count(ASSISTANT_TURN) - 1, 0)
             return str(parts[min(turn, len(parts) - 1)])
+        encoded = _SAY64.findall(prompt)
+        if encoded:
+            return base64.b64decode(encoded[-1]).decode()
         said = _SAY.findall(prompt)
         return said[-1] if said else DEFAULT_REPLY
 
