@@ -13,7 +13,7 @@ CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ me
 
 def metadata_gguf(path: Path, *, arch: str, context_length: int, template: str = CHATML, layers: int = 48,
                   kv_heads: int = 4, head_dim: int = 128, embedding: int = 2048, name: str = "Metadata Only",
-                  extra: dict[str, int] | None = None) -> Path:
+                  extra: dict[str, int] | None = None, value_dim: int | None = None) -> Path:
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(name)
     writer.add_context_length(context_length)
@@ -22,7 +22,7 @@ def metadata_gguf(path: Path, *, arch: str, context_length: int, template: str =
     writer.add_head_count(max(1, embedding // head_dim))
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
+    writer.add_value_length(value_dim or head_dim)
     writer.add_file_type(15)
     writer.add_chat_template(template)
     for key, value in (extra or {}).items():

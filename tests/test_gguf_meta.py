@@ -45,9 +45,10 @@ def reference(path: Path) -> GGUFMetadata:
     kv = field(f"{arch}.attention.head_count_kv")
     head_size = field(f"{arch}.attention.key_length") or (
         int(field(f"{arch}.embedding_length") or 0) // heads if heads else 0)
+    window = int(field(f"{arch}.attention.sliding_window") or 0)
     attention = AttentionShape(layers, list(kv) if isinstance(kv, list) else [int(kv or heads)] * layers,
                                int(head_size), int(field(f"{arch}.attention.value_length") or head_size),
-                               int(field(f"{arch}.attention.sliding_window") or 0)) if layers and head_size else None
+                               window, 0.5 if window else 0.0) if layers and head_size else None
     return GGUFMetadata(
         architecture=arch, context_length=int(field(f"{arch}.context_length") or 0),
         quantization=FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "unknown",
@@ -101,6 +102,11 @@ def test_real_models_read_as_the_full_reader_reads_them(smollm2_path: Path, gemm
         "architecture": "gemma3", "context_length": 32768, "quantization": "Q4_K_M", "parameter_size": "270M",
         "chat_template": None, "name": "Gemma 3 270m"}
     assert (shape["layers"], shape["kv_heads"][0], shape["key_length"], shape["sliding_window"]) == (18, 1, 256, 512)
+    assert shape["sliding_share"] == 5 / 6  # llama.cpp's Gemma 3 pattern: every sixth layer attends to everything
+    assert gemma.attention is not None
+    per_token = 18 * 256 * 2 * 2
+    assert gemma.attention.kv_bytes(32768) == pytest.approx(per_token * (32768 / 6 + 512 * 5 / 6))
+    assert gemma.attention.tokens_within(gemma.attention.kv_bytes(20000)) in (19999, 20000)
     assert smol.attention is not None and smol.attention.bytes_per_token() == 30 * 3 * 128 * 2  # 23,040 B a token
 
 

@@ -56,7 +56,12 @@ _WANTED = ("general.architecture", "general.file_type", "general.size_label", "g
            "tokenizer.chat_template")
 # The attention shape, read per architecture (``{arch}.<key>``): what the KV cache holds per token.
 _SHAPE_KEYS = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
-               "attention.key_length", "attention.value_length", "attention.sliding_window")
+               "attention.key_length", "attention.value_length", "attention.sliding_window",
+               "attention.sliding_window_pattern", "attention.key_length_mla", "attention.value_length_mla")
+# Every n-th layer attends to the whole context and the others slide, unless the file gives its own pattern
+# (llama.cpp's load_swa_pattern defaults per architecture)
+SLIDING_PATTERN = {"gemma3": 6, "gemma-embedding": 6, "gemma3n": 5, "gemma2": 2, "gpt-oss": 2, "cohere2": 4,
+                   "llama4": 4, "exaone4": 4, "olmo2": 4}
 MAX_DIMS = 8  # GGML_MAX_DIMS is 4; a larger count is a damaged file
 MAX_NESTING = 4  # arrays of arrays (llama.cpp writes none); deeper is a damaged or hostile file
 
@@ -70,11 +75,31 @@ class AttentionShape:
     key_length: int
     value_length: int
     sliding_window: int = 0  # layers with a window keep at most this many tokens (0: none)
+    sliding_share: float = 0.0  # the share of layers that slide (llama.cpp's pattern for the architecture)
+    values: bool = True  # False for multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash): K holds it all
 
     def bytes_per_token(self, kv_type: str = "f16") -> float:
         """K and V of every layer for one token, at the KV cache's element type."""
         per_element = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "f32": 4.0}[kv_type]
-        return sum(self.kv_heads) * (self.key_length + self.value_length) * per_element
+        return sum(self.kv_heads) * (self.key_length + (self.value_length if self.values else 0)) * per_element
+
+    def kv_bytes(self, num_ctx: int, kv_type: str = "f16") -> float:
+        """One sequence's KV cache at ``num_ctx`` tokens: sliding layers hold at most their window."""
+        per_token = self.bytes_per_token(kv_type)
+        if not self.sliding_window or self.sliding_window >= num_ctx:
+            return per_token * num_ctx
+        return per_token * ((1 - self.sliding_share) * num_ctx + self.sliding_share * self.sliding_window)
+
+    def tokens_within(self, budget: float, kv_type: str = "f16") -> int:
+        """The most tokens whose KV cache (one sequence) fits ``budget`` bytes."""
+        per_token = self.bytes_per_token(kv_type)
+        if per_token <= 0 or budget <= 0:
+            return 0
+        plain = int(budget // per_token)
+        if not self.sliding_window or plain <= self.sliding_window or self.sliding_share >= 1:
+            return plain
+        fixed = per_token * self.sliding_share * self.sliding_window
+        return max(plain, int((budget - fixed) // (per_token * (1 - self.sliding_share))))
 
 
 @dataclass
@@ -256,7 +281,17 @@ def _attention(fields: dict[str, Any], arch: str) -> AttentionShape | None:
     value_length = number("attention.value_length") or key_length
     if not layers or not any(kv_heads) or not key_length:
         return None
-    return AttentionShape(layers, kv_heads, key_length, value_length, number("attention.sliding_window"))
+    window = number("attention.sliding_window")
+    pattern = fields.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list) and pattern:  # per layer: True where it slides
+        share = sum(1 for item in pattern if item is True) / len(pattern)
+    else:
+        every = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0 \
+            else SLIDING_PATTERN.get(arch, 2)
+        share = (every - 1) / every
+    mla = bool(number("attention.key_length_mla") and number("attention.value_length_mla"))
+    return AttentionShape(layers, kv_heads, key_length, value_length, window, share if window else 0.0,
+                          values=not mla)
 
 
 def _human_count(count: int) -> str:

@@ -85,10 +85,7 @@ def kv_bytes(shape: AttentionShape | None, num_ctx: int, sequences: int, kv_type
     """The KV cache of ``sequences`` sequences of ``num_ctx`` tokens (sliding-window layers hold their window)."""
     if shape is None:
         return 0
-    per_token = shape.bytes_per_token(kv_type)
-    if shape.sliding_window and shape.sliding_window < num_ctx:
-        per_token = per_token / 2 + per_token / 2 * shape.sliding_window / num_ctx  # about half the layers slide
-    return int(per_token * num_ctx * sequences)
+    return int(shape.kv_bytes(num_ctx, kv_type) * sequences)
 
 
 def fit_window(record: ModelRecord, settings: Settings, *, available: int | None = None) -> Window:
@@ -105,9 +102,7 @@ def fit_window(record: ModelRecord, settings: Settings, *, available: int | None
     budget = free - record.size - max(1 << 30, free // 10)  # room for compute buffers and everything else
     fits: dict[str, int] = {}
     for kv_type in ("f16", "q8_0"):
-        per_token = shape.bytes_per_token(kv_type) * sequences
-        fits[kv_type] = min(trained, max(0, int(budget // per_token)) // WINDOW_STEP * WINDOW_STEP) if budget > 0 \
-            else 0
+        fits[kv_type] = min(trained, shape.tokens_within(budget / sequences, kv_type) // WINDOW_STEP * WINDOW_STEP)
     goal = min(trained, AGENT_WINDOW)
     kv_type = "f16" if fits["f16"] >= goal or fits["q8_0"] < goal else "q8_0"
     num_ctx = fits[kv_type]
