@@ -33,6 +33,14 @@ class Sampling(TypedDict, total=False):
     seed: int
 
 
+# What a request that sets nothing samples with, on every engine (llama.cpp's own defaults, as Ollama's): the
+# values a response reports as used when neither the request nor the Modelfile set them.
+DEFAULT_SAMPLING: Sampling = {
+    "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
+    "repeat_penalty": 1.0, "repeat_last_n": 64, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+}
+
+
 class ToolSpec(TypedDict):
     """A tool as a grammar needs it: its name and the JSON schema of its arguments."""
 

@@ -59,6 +59,16 @@ IGNORED_BLOCKS = frozenset({"redacted_thinking", "server_tool_use", "web_search_
                             "search_result", "mcp_tool_use", "mcp_tool_result"})
 
 
+def tool_use_id(call_id: str) -> str:
+    """A call's id as Anthropic writes them (``toolu_``); ``internal_id`` reads it back, so the conversation a
+    client resends renders as the one the reply was made in."""
+    return "toolu_" + call_id.removeprefix("call_") if call_id.startswith("call_") else call_id
+
+
+def internal_id(block_id: str) -> str:
+    return "call_" + block_id.removeprefix("toolu_") if block_id.startswith("toolu_") else block_id
+
+
 class ContentBlock(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: str
@@ -134,7 +144,7 @@ class MessagesRequest(BaseModel):
     system: str | list[SystemBlock] | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
-    temperature: float | None = Field(default=None, ge=0, le=2)
+    temperature: float | None = Field(default=None, ge=0, le=1)  # Anthropic's range
     top_p: float | None = Field(default=None, ge=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
     tools: list[AnthropicTool] | None = None
@@ -203,11 +213,12 @@ class MessagesRequest(BaseModel):
                 elif block.type == "tool_use":
                     if not block.id or not block.name:
                         raise InvalidRequest("a tool_use block needs 'id' and 'name'", param=blocks_param)
-                    blocks.append(ToolCallBlock(block.id, block.name, block.input or {}))
+                    blocks.append(ToolCallBlock(internal_id(block.id), block.name, block.input or {}))
                 elif block.type == "tool_result":
                     if not block.tool_use_id:
                         raise InvalidRequest("a tool_result block needs 'tool_use_id'", param=blocks_param)
-                    results.append(ToolResultBlock(block.tool_use_id, _result_text(block.content, blocks_param),
+                    results.append(ToolResultBlock(internal_id(block.tool_use_id),
+                                                   _result_text(block.content, blocks_param),
                                                    is_error=block.is_error))
                 elif block.type in ("image", "document"):
                     raise InvalidRequest(f"'{block.type}' content is not supported (text models only)",
@@ -276,7 +287,7 @@ async def messages(body: MessagesRequest, request: Request) -> JSONResponse | St
             content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
         if result.text or not result.calls:
             content.append({"type": "text", "text": result.text})
-        content.extend({"type": "tool_use", "id": c.id, "name": c.name, "input": c.parsed_arguments()}
+        content.extend({"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": c.parsed_arguments()}
                        for c in result.calls)
         reason, sequence = stop_reason(result.finished, body.stop_sequences)
         usage = result.finished.usage
@@ -323,7 +334,7 @@ async def messages(body: MessagesRequest, request: Request) -> JSONResponse | St
             elif isinstance(event, ToolCallStart):
                 if open_kind is not None:
                     yield stop_block()
-                yield start_block({"type": "tool_use", "id": event.id, "name": event.name, "input": {}})
+                yield start_block({"type": "tool_use", "id": tool_use_id(event.id), "name": event.name, "input": {}})
             elif isinstance(event, ToolCallDelta):
                 yield sse({"type": "content_block_delta", "index": index,
                            "delta": {"type": "input_json_delta", "partial_json": event.arguments}},

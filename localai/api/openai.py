@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import struct
 import time
 import uuid
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from localai import __version__
 from localai.api.common import (
     KEEPALIVE_COMMENT,
     SSE_HEADERS,
@@ -301,10 +303,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     headers = generation_headers(generation)
+    fingerprint = system_fingerprint(body.model)
     if not body.stream:
         result = await collect(generation, request)
         message: dict[str, Any] = {"role": "assistant", "content": result.text if result.text or not result.calls
-                                   else None}
+                                   else None, "refusal": None}
         if result.reasoning:
             message["reasoning_content"] = result.reasoning
         if result.calls:
@@ -313,12 +316,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
             "id": completion_id, "object": "chat.completion", "created": created, "model": body.model,
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": finish_reason(result.finished.reason)}],
-            "usage": usage_json(result.finished.usage), "system_fingerprint": None,
+            "usage": usage_json(result.finished.usage), "system_fingerprint": fingerprint,
         })
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
         return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": body.model,
+                "system_fingerprint": fingerprint,
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
 
     async def stream() -> AsyncGenerator[bytes, None]:
@@ -340,10 +344,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
                 yield sse(chunk({}, finish_reason(event.reason)))
                 if include_usage:
                     yield sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                               "model": body.model, "choices": [], "usage": usage_json(event.usage)})
+                               "model": body.model, "system_fingerprint": fingerprint, "choices": [],
+                               "usage": usage_json(event.usage)})
         yield sse("[DONE]")
 
     return stream_response(generation, stream(), sse_error, headers={**SSE_HEADERS, **headers})
+
+
+def system_fingerprint(model: str) -> str:
+    """OpenAI's backend-configuration fingerprint (a string the schema requires): localai's version and the model."""
+    digest = hashlib.blake2b(f"localai {__version__} {model}".encode(), digest_size=6).hexdigest()
+    return f"fp_{digest}"
 
 
 @router.post("/v1/completions", response_model=None)

@@ -36,6 +36,7 @@ from localai.api.common import (
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, NotFound
 from localai.models.registry import Registry
+from localai.protocol import DEFAULT_SAMPLING
 from localai.schema import (
     Finished,
     GenerationRequest,
@@ -80,6 +81,16 @@ class ResponsesRequest(BaseModel):
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
     background: bool = False
+    parallel_tool_calls: bool = True
+    max_tool_calls: int | None = Field(default=None, ge=1)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    truncation: str | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
 
 
 # -- input ----------------------------------------------------------------------------------------
@@ -274,7 +285,10 @@ def _id(prefix: str) -> str:
 
 def usage_json(finished: Finished) -> dict[str, Any]:
     usage = finished.usage
-    return {"input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+    # cache_write_tokens: the prompt's tokens not read from the cache, which the turn's save stores
+    return {"input_tokens": usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": usage.cached_tokens,
+                                     "cache_write_tokens": max(0, usage.prompt_tokens - usage.cached_tokens)},
             "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": usage.total_tokens}
 
@@ -361,19 +375,31 @@ class OutputBuilder:
 
 
 def response_json(body: ResponsesRequest, response_id: str, created: int, status: str,
-                  output: list[dict[str, Any]], tools: list[Tool], finished: Finished | None) -> dict[str, Any]:
+                  output: list[dict[str, Any]], tools: list[Tool], finished: Finished | None,
+                  sampling: dict[str, Any]) -> dict[str, Any]:
+    """The response object, every field the Open Responses schema requires, with the sampling values used."""
     incomplete = {"reason": "max_output_tokens"} if finished is not None and finished.reason == "length" else None
+    reasoning = body.reasoning or {}
     return {
-        "id": response_id, "object": "response", "created_at": created, "status": status, "error": None,
+        "id": response_id, "object": "response", "created_at": created,
+        "completed_at": int(time.time()) if status == "completed" else None, "status": status, "error": None,
         "incomplete_details": incomplete, "instructions": body.instructions,
-        "max_output_tokens": body.max_output_tokens, "model": body.model, "output": output,
-        "parallel_tool_calls": True, "previous_response_id": body.previous_response_id,
-        "reasoning": body.reasoning or {"effort": None, "summary": None}, "store": body.store,
-        "temperature": body.temperature, "text": body.text or {"format": {"type": "text"}},
+        "max_output_tokens": body.max_output_tokens, "max_tool_calls": body.max_tool_calls, "model": body.model,
+        "output": output, "parallel_tool_calls": body.parallel_tool_calls,
+        "previous_response_id": body.previous_response_id,
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "store": body.store, "background": False, "service_tier": "default",
+        "temperature": float(sampling.get("temperature", DEFAULT_SAMPLING["temperature"])),
+        "top_p": float(sampling.get("top_p", DEFAULT_SAMPLING["top_p"])),
+        "presence_penalty": float(sampling.get("presence_penalty", 0.0)),
+        "frequency_penalty": float(sampling.get("frequency_penalty", 0.0)),
+        "top_logprobs": body.top_logprobs or 0,
+        "text": body.text or {"format": {"type": "text"}},
         "tool_choice": body.tool_choice or "auto",
         "tools": [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters,
                    "strict": False} for t in tools],
-        "top_p": body.top_p, "truncation": "disabled", "metadata": {},
+        "truncation": body.truncation or "disabled", "metadata": body.metadata or {}, "user": body.user,
+        "safety_identifier": body.safety_identifier, "prompt_cache_key": body.prompt_cache_key,
         "usage": usage_json(finished) if finished is not None else None,
     }
 
@@ -399,7 +425,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
     effort = (body.reasoning or {}).get("effort")
     generation_request = GenerationRequest(
         model=body.model, messages=messages, max_tokens=body.max_output_tokens,
-        sampling=SamplingOptions(temperature=body.temperature, top_p=body.top_p),
+        sampling=SamplingOptions(temperature=body.temperature, top_p=body.top_p,
+                                 presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty),
         session_id=session_id(request.headers, body.prompt_cache_key), tools=tools,
         tool_choice=tool_choice_of(body.tool_choice), response_format=text_format(body.text),
         reasoning=False if effort in ("none", "minimal") else None, reasoning_effort=effort_of(effort),
@@ -418,7 +445,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
     async def finish(finished: Finished) -> dict[str, Any]:
         builder.close()
         status = "incomplete" if finished.reason == "length" else "completed"
-        response = response_json(body, response_id, created, status, builder.items, tools, finished)
+        response = response_json(body, response_id, created, status, builder.items, tools, finished,
+                                 generation.sampling)
         if body.store:
             await store.save(response, conversation)
         return response
@@ -442,7 +470,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
         return JSONResponse(await finish(finished), headers=headers)
 
     async def stream() -> AsyncGenerator[bytes, None]:
-        start = response_json(body, response_id, created, "in_progress", [], tools, None)
+        start = response_json(body, response_id, created, "in_progress", [], tools, None, generation.sampling)
         builder.event("response.created", response=start)
         builder.event("response.in_progress", response=start)
         for kind, data in builder.take():
@@ -461,7 +489,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
                 yield sse(data, kind)
 
     def error(exc: LocalAIError) -> bytes:
-        failed = response_json(body, response_id, created, "failed", builder.items, tools, None)
+        failed = response_json(body, response_id, created, "failed", builder.items, tools, None, generation.sampling)
         failed["error"] = {"code": exc.code or exc.error_type, "message": exc.message}
         builder.event("response.failed", response=failed)
         return b"".join(sse(data, kind) for kind, data in builder.take())

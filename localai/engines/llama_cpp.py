@@ -21,16 +21,12 @@ from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.engines.llama_embed import EmbeddingContext
 from localai.engines.llama_tokens import PrefixTokenizer, Vocabulary
 from localai.promptcache.store import StateBytes
-from localai.protocol import Constraint, ModelInfo, Sampling
+from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
 
 log = logging.getLogger("localai.worker")
 
 STATE_BUFFER_MAX = 512 << 20  # a larger state (a long context on a large model) gets a buffer of its own each save
 KV_TYPES = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
-DEFAULT_SAMPLING: Sampling = {
-    "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "typical_p": 1.0,
-    "repeat_penalty": 1.0, "repeat_last_n": 64, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-}
 
 __all__ = ["DEFAULT_SAMPLING", "LlamaCppEngine", "LoadOptions"]
 

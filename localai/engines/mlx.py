@@ -29,13 +29,11 @@ from mlx_lm.utils import load
 from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
 from localai.engines.grammars import GrammarError, lark_for
 from localai.promptcache.store import StateBytes
-from localai.protocol import Constraint, ModelInfo, Sampling
+from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
 
 log = logging.getLogger("localai.worker")
 VERSIONS = f"mlx {importlib.metadata.version('mlx')} mlx-lm {importlib.metadata.version('mlx-lm')}"
 
-DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0,
-                            "repeat_last_n": 64, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 _UNTRIMMABLE = (mlx_cache.RotatingKVCache, mlx_cache.ArraysCache)
 
 
@@ -168,7 +166,7 @@ class MlxEngine:
     # -- sampling --------------------------------------------------------------------------------
 
     def new_sampler(self, sampling: Sampling, constraint: Constraint | None) -> MlxSampler:
-        options: dict[str, Any] = {**DEFAULTS, **{k: v for k, v in sampling.items() if v is not None}}
+        options: dict[str, Any] = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
         matcher = self._matcher(constraint)
         last_n = int(options["repeat_last_n"])
         context = self.n_ctx if last_n < 0 else max(1, min(last_n, self.n_ctx))

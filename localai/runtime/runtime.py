@@ -16,7 +16,7 @@ from localai.metrics import Metrics
 from localai.models.modelfile import LOAD_PARAMETERS
 from localai.models.registry import ModelRecord, Registry
 from localai.promptcache.divergences import Divergence
-from localai.protocol import Constraint, GenerateOp, Sampling
+from localai.protocol import DEFAULT_SAMPLING, Constraint, GenerateOp, Sampling
 from localai.runtime import divergence
 from localai.runtime import prompt as prompting
 from localai.runtime.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
@@ -67,6 +67,7 @@ class Generation:
     replica: str | None = None  # the remote replica serving it (remote models)
     cache: dict[str, Any] | None = None  # where the reused prefix came from (source, restored, restore_ms)
     follow_up: FollowUp | None = None  # told the reply once it is complete (the worker then prefills it)
+    sampling: dict[str, Any] = field(default_factory=dict)  # the values it samples with (request, Modelfile, default)
 
     async def events(self) -> AsyncGenerator[Event, None]:
         """Text, reasoning and tool-call events, then ``Finished`` (reason ``tool_calls`` when calls were made)."""
@@ -236,7 +237,8 @@ class Runtime:
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
                 _metrics=self.scheduler.metrics, replica=first.get("replica"), cache=first.get("cache"),
-                follow_up=follow_up,
+                follow_up=follow_up, sampling={**DEFAULT_SAMPLING, **(op.get("sampling") or {}),
+                                               **request.sampling.as_dict()},
             )
         except BaseException:
             await stack.aclose()
