@@ -26,6 +26,7 @@ from localai.api.common import (
     SSE_HEADERS,
     check_tool_results,
     check_tool_schema,
+    collect,
     generation_headers,
     parse_arguments,
     runtime_of,
@@ -61,7 +62,16 @@ from localai.settings import Settings
 
 router = APIRouter()
 IGNORED_ITEMS = frozenset({"item_reference", "web_search_call", "image_generation_call", "file_search_call",
-                           "compaction", "mcp_list_tools"})
+                           "mcp_list_tools"})
+# Compaction, done locally: the model writes a summary of the conversation, which stands for the turns it replaces.
+# The compaction item's "encrypted_content" is that summary, marked (nothing here is secret: the client had it all).
+COMPACT_PROMPT = (
+    "Context checkpoint: the conversation above is about to be replaced by a summary. Write that summary for "
+    "another instance of yourself who will continue the work from it alone: the goal and the user's requests and "
+    "constraints, decisions made and why, what was done (files changed, commands run and their results), the "
+    "current state, and what is left to do next. Be concrete and brief; write only the summary.")
+COMPACTED_MARK = "localai-compaction-v1:"
+COMPACTED_HEADER = "Summary of the conversation so far (earlier turns were compacted into it):\n\n"
 
 
 class ResponsesRequest(BaseModel):
@@ -154,6 +164,12 @@ def input_messages(items: list[dict[str, Any]], param: str = "input") -> list[Me
                 messages[-1].content.append(ToolResultBlock(call_id, text))
             else:
                 messages.append(Message("tool", [ToolResultBlock(call_id, text)]))
+        elif kind == "compaction":  # a /v1/responses/compact summary standing for the turns it replaced
+            summary = item.get("encrypted_content")
+            if not isinstance(summary, str):
+                raise InvalidRequest("a compaction item needs 'encrypted_content' (from /v1/responses/compact)",
+                                     param=f"{where}.encrypted_content")
+            messages.append(Message("user", [TextBlock(COMPACTED_HEADER + summary.removeprefix(COMPACTED_MARK))]))
         elif kind == "reasoning":
             text = _text_of(item.get("content"), f"{where}.content") or str(item.get("encrypted_content") or "")
             if text:
@@ -256,8 +272,8 @@ class ResponseStore:
             with registry.db.conn:
                 registry.db.execute("DELETE FROM responses WHERE created_at < ?", [int(time.time() - ttl)])
                 if table.count > keep:
-                    registry.db.execute("DELETE FROM responses WHERE id NOT IN "
-                                        "(SELECT id FROM responses ORDER BY created_at DESC LIMIT ?)", [keep])
+                    registry.db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses "
+                                        "ORDER BY created_at DESC, rowid DESC LIMIT ?)", [keep])
 
         await self.registry.off_loop(write)
 
@@ -495,6 +511,56 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
         return b"".join(sse(data, kind) for kind, data in builder.take())
 
     return stream_response(generation, stream(), error, headers={**SSE_HEADERS, **headers})
+
+
+class CompactRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]] | None = None
+    previous_response_id: str | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None  # not in the spec: a client that sends them keeps its cached prefix
+    prompt_cache_key: str | None = None
+
+
+def compacted_items(conversation: list[dict[str, Any]], summary: str) -> list[dict[str, Any]]:
+    """What a compacted conversation keeps: the user's own messages (as the spec's example keeps them), then the
+    summary standing for everything else (a previous compaction's summary folds into the new one)."""
+    kept = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": _text_of(
+        item.get("content"), "input")}]} for item in conversation
+            if item.get("type", "message") == "message" and item.get("role") == "user"]
+    return [*kept, {"type": "compaction", "id": _id("cmp"), "encrypted_content": COMPACTED_MARK + summary}]
+
+
+@router.post("/v1/responses/compact")
+async def compact_response(body: CompactRequest, request: Request) -> JSONResponse:
+    """Compaction, locally: the model summarizes the conversation (``input`` after ``previous_response_id``'s) and
+    the result is the user's messages and one compaction item holding the summary. It is stored, so a later request
+    continues from it with ``previous_response_id`` (or by sending its output as input)."""
+    store = ResponseStore(request)
+    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
+        else list(body.input or [])
+    history = await store.conversation(body.previous_response_id) if body.previous_response_id else []
+    conversation = [*history, *items]
+    messages = input_messages(conversation)
+    if not messages:
+        raise InvalidRequest("there is nothing to compact: give 'input' or 'previous_response_id'", param="input")
+    if body.instructions:
+        messages.insert(0, Message("system", [TextBlock(body.instructions)]))
+    check_tool_results(messages, "input")
+    messages.append(Message("user", [TextBlock(COMPACT_PROMPT)]))
+    generation = await runtime_of(request).start(GenerationRequest(
+        model=body.model, messages=messages, tools=tools_of(body.tools), reasoning=False,
+        session_id=session_id(request.headers, body.prompt_cache_key)))
+    result = await collect(generation, request)
+    summary = result.text.strip()
+    if not summary:
+        raise LocalAIError("the model wrote an empty summary; the conversation was not compacted")
+    compact = {"id": _id("resp"), "object": "response.compaction", "created_at": int(time.time()),
+               "model": body.model, "previous_response_id": body.previous_response_id,
+               "output": compacted_items(conversation, summary), "usage": usage_json(result.finished)}
+    await store.save(compact, [])
+    return JSONResponse(compact, headers=generation_headers(generation))
 
 
 @router.get("/v1/responses/{response_id}")

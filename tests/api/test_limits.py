@@ -167,6 +167,14 @@ def test_stored_responses_are_bounded(api: TestClient) -> None:  # the app keeps
     assert api.get(f"/v1/responses/{ids[-1]}").status_code == 200
 
 
+def test_the_newest_stored_responses_are_kept_within_one_second(api: TestClient) -> None:
+    """created_at has one-second resolution: among responses of the same second, the newest stay (the newest
+    had been dropped at random, so a previous_response_id just returned could be gone)."""
+    ids = [api.post("/v1/responses", json={"model": "smollm2", "input": f"Hi {n}", "max_output_tokens": 1}
+                    ).json()["id"] for n in range(6)]
+    assert [api.get(f"/v1/responses/{i}").status_code for i in ids] == [404, 404, 404, 200, 200, 200]
+
+
 @pytest.mark.parametrize(("method", "path", "body"), [
     ("POST", "/v1/chat/completions", '{"model":"smollm2","messages":[{"role":"user","content":"\\ud800"}]}'),
     ("POST", "/v1/chat/completions", '{"model":"smollm2","prompt_cache_key":"\\udfff","messages":'

@@ -129,3 +129,65 @@ def test_openai_chat_completions_carry_refusal_and_a_string_fingerprint(api: Tes
     with api.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as streamed:
         chunks = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
     assert {c["system_fingerprint"] for c in chunks} == {answer["system_fingerprint"]}
+
+
+AGENT_TURNS = [
+    {"type": "message", "role": "user", "content": "Fix the failing test in tests/test_a.py."},
+    {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"command": "pytest -x"}'},
+    {"type": "function_call_output", "call_id": "c1", "output": "FAILED test_a.py::test_sum - " + "x" * 900},
+    {"type": "function_call", "call_id": "c2", "name": "shell", "arguments": '{"command": "cat a.py"}'},
+    {"type": "function_call_output", "call_id": "c2",
+     "output": "def add(a, b):\n    return a - b\n" * 30 + "[[say:Goal: fix add() in a.py (it subtracts). "
+                                                            "Done: ran pytest, read a.py. Next: change - to +.]]"},
+]
+SHELL = [{"type": "function", "name": "shell", "description": "Run a command",
+          "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+
+
+def test_compaction_summarizes_the_conversation_and_the_next_turn_continues_from_it(api: TestClient) -> None:
+    """POST /v1/responses/compact: the model's summary becomes a compaction item after the user's own messages;
+    it chains with previous_response_id (and works sent back as input), and the next prompt is far smaller."""
+    full = api.post("/v1/responses", json={"model": "smollm2", "input": [*AGENT_TURNS, {
+        "type": "message", "role": "user", "content": "go on [[say:ok]]"}], "tools": SHELL, "store": False}).json()
+    compacted = api.post("/v1/responses/compact", json={"model": "smollm2", "input": AGENT_TURNS, "tools": SHELL})
+    assert compacted.status_code == 200, compacted.text
+    compact = compacted.json()
+    assert compact["object"] == "response.compaction" and compact["id"].startswith("resp_")
+    assert isinstance(compact["created_at"], int)
+    assert {"input_tokens", "output_tokens", "total_tokens"} <= set(compact["usage"])
+    user, item = compact["output"]
+    assert user == {"type": "message", "role": "user",
+                    "content": [{"type": "input_text", "text": "Fix the failing test in tests/test_a.py."}]}
+    assert item["type"] == "compaction" and item["id"].startswith("cmp_")
+    assert item["encrypted_content"].endswith("Next: change - to +.")
+    # continued by id, and statelessly with the output sent back: the same prompt, a fraction of the full one
+    chained = api.post("/v1/responses", json={"model": "smollm2", "previous_response_id": compact["id"],
+                                              "input": "go on [[say:ok]]", "tools": SHELL}).json()
+    check_response(chained, "completed")
+    sent_back = api.post("/v1/responses", json={"model": "smollm2", "input": [*compact["output"], {
+        "type": "message", "role": "user", "content": "go on [[say:ok]]"}], "tools": SHELL, "store": False}).json()
+    assert chained["usage"]["input_tokens"] == sent_back["usage"]["input_tokens"]
+    assert chained["usage"]["input_tokens"] < full["usage"]["input_tokens"] / 3
+    assert api.get(f"/v1/responses/{compact['id']}").json()["object"] == "response.compaction"
+    # a compaction of a compacted conversation folds the earlier summary into the new one
+    again = api.post("/v1/responses/compact", json={"model": "smollm2", "previous_response_id": chained["id"],
+                                                    "input": "more [[say:Second summary.]]"}).json()
+    assert [i["type"] for i in again["output"]] == ["message", "message", "message", "compaction"]
+    assert again["output"][-1]["encrypted_content"].endswith("Second summary.")
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"model": "smollm2"}, 400, "input"),
+    ({"model": "smollm2", "input": []}, 400, "input"),
+    ({"model": "smollm2", "previous_response_id": "resp_nope"}, 404, "previous_response_id"),
+    ({"model": "smollm2", "input": [{"type": "compaction", "id": "cmp_1"}]}, 400, "input.0.encrypted_content"),
+    ({"model": "smollm2", "input": [{"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": "x"}]}]}, 400, "input.0.content.0"),
+    ({"input": "hi"}, 400, "model"),
+])
+def test_compaction_refuses_bad_input_clearly(api: TestClient, body: dict[str, Any], status: int,
+                                              param: str) -> None:
+    refused = api.post("/v1/responses/compact", json=body)
+    assert refused.status_code == status, refused.text
+    assert refused.json()["error"]["param"] == param
+    assert api.post("/v1/responses", json={"model": "smollm2", "input": "still serving"}).status_code == 200
