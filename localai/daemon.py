@@ -115,7 +115,7 @@ def serve(settings: Settings, log_file: Path | None = None) -> None:
     tcp = bind_tcp(host, port)
     unix = bind_unix_socket(paths.socket_path())
     config = uvicorn.Config(app, log_level="debug" if settings.debug else "warning", access_log=settings.debug,
-                            timeout_graceful_shutdown=5,
+                            timeout_graceful_shutdown=5, ws_max_size=settings.max_request_bytes,
                             log_config=None if log_file is not None else uvicorn.config.LOGGING_CONFIG)
     server = uvicorn.Server(config)
     paths.pid_path().write_text(str(os.getpid()))

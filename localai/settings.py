@@ -131,6 +131,11 @@ class Settings(BaseSettings):
         "`720h`.",
     )
     responses_max: int = Field(default=10_000, ge=1, description="Most stored `/v1/responses` results kept.")
+    ws_idle_timeout: float = Field(
+        default=600.0, gt=0,
+        description="Seconds a `/v1/responses` WebSocket may stay without a message from its client (while no "
+                    "response is being made) before localai closes it (code 1000).",
+    )
     max_request_bytes: int = Field(
         default=32 << 20, ge=1 << 16,
         description="Largest request body the API accepts, in bytes; larger ones get 413 before any work is done.",

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.requests import HTTPConnection
 
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.models.registry import ModelRecord
@@ -29,7 +30,7 @@ from localai.upstreams.remote import PROBE
 T = TypeVar("T")
 
 
-def runtime_of(request: Request) -> Runtime:
+def runtime_of(request: HTTPConnection) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 

@@ -11,15 +11,18 @@ Accepted and ignored: ``include``, ``parallel_tool_calls``, ``truncation``, ``me
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import HTTPConnection
 
 from localai.api.common import (
     KEEPALIVE_COMMENT,
@@ -38,6 +41,7 @@ from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, NotFound
 from localai.models.registry import Registry
 from localai.protocol import DEFAULT_SAMPLING
+from localai.runtime.runtime import Generation
 from localai.schema import (
     Finished,
     GenerationRequest,
@@ -245,7 +249,7 @@ class ResponseStore:
     ``LOCALAI_RESPONSES_MAX`` are kept.
     """
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: HTTPConnection) -> None:
         self.registry = runtime_of(request).registry
         self.settings: Settings = request.app.state.settings
 
@@ -422,14 +426,70 @@ def response_json(body: ResponsesRequest, response_id: str, created: int, status
 
 # -- endpoints ------------------------------------------------------------------------------------
 
-@router.post("/v1/responses", response_model=None)
-async def create_response(body: ResponsesRequest, request: Request) -> JSONResponse | StreamingResponse:
+@dataclass
+class ResponseRun:
+    """One response being made: the request, its generation and the output it builds."""
+
+    body: ResponsesRequest
+    generation: Generation
+    tools: list[Tool]
+    conversation: list[dict[str, Any]]
+    store: ResponseStore
+    builder: OutputBuilder = field(default_factory=OutputBuilder)
+    id: str = field(default_factory=lambda: _id("resp"))
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def response(self, status: str, finished: Finished | None) -> dict[str, Any]:
+        return response_json(self.body, self.id, self.created, status, self.builder.items, self.tools, finished,
+                             self.generation.sampling)
+
+    async def finish(self, finished: Finished) -> dict[str, Any]:
+        self.builder.close()
+        response = self.response("incomplete" if finished.reason == "length" else "completed", finished)
+        if self.body.store:
+            await self.store.save(response, self.conversation)
+        return response
+
+    async def events(self) -> AsyncGenerator[tuple[str, dict[str, Any]] | KeepAlive, None]:
+        """The Responses event sequence, from response.created to response.completed (or incomplete)."""
+        start = self.response("in_progress", None)
+        self.builder.event("response.created", response=start)
+        self.builder.event("response.in_progress", response=start)
+        for out in self.builder.take():
+            yield out
+        async for event in self.generation.stream_events():
+            if isinstance(event, KeepAlive):
+                yield event
+                continue
+            if isinstance(event, Finished):
+                response = await self.finish(event)
+                self.builder.event("response.incomplete" if response["status"] == "incomplete"
+                                   else "response.completed", response=response)
+            else:
+                self.builder.feed(event)
+            for out in self.builder.take():
+                yield out
+
+    def failed(self, exc: LocalAIError) -> list[tuple[str, dict[str, Any]]]:
+        failed = self.response("failed", None)
+        failed["error"] = {"code": exc.code or exc.error_type, "message": exc.message}
+        self.builder.event("response.failed", response=failed)
+        return self.builder.take()
+
+
+async def start_response(body: ResponsesRequest, request: HTTPConnection,
+                         earlier: Mapping[str, list[dict[str, Any]]] | None = None) -> ResponseRun:
+    """Validate the request, build its conversation (after ``previous_response_id``'s, looked up in ``earlier``
+    first: a WebSocket connection's own responses) and start the generation."""
     if body.background:
         raise InvalidRequest("background responses are not supported", param="background")
     store = ResponseStore(request)
     items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
         else list(body.input)
-    history = await store.conversation(body.previous_response_id) if body.previous_response_id else []
+    history: list[dict[str, Any]] = []
+    if body.previous_response_id:
+        known = (earlier or {}).get(body.previous_response_id)
+        history = list(known) if known is not None else await store.conversation(body.previous_response_id)
     conversation = [*history, *items]
     messages = input_messages(conversation)
     if not any(m.role in ("user", "tool") for m in messages):
@@ -453,64 +513,117 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
         if exc.param == "response_format":
             exc.param = "text.format"
         raise
-    response_id = _id("resp")
-    created = int(time.time())
-    headers = generation_headers(generation)
-    builder = OutputBuilder()
+    return ResponseRun(body, generation, tools, conversation, store)
 
-    async def finish(finished: Finished) -> dict[str, Any]:
-        builder.close()
-        status = "incomplete" if finished.reason == "length" else "completed"
-        response = response_json(body, response_id, created, status, builder.items, tools, finished,
-                                 generation.sampling)
-        if body.store:
-            await store.save(response, conversation)
-        return response
 
+@router.post("/v1/responses", response_model=None)
+async def create_response(body: ResponsesRequest, request: Request) -> JSONResponse | StreamingResponse:
+    run = await start_response(body, request)
+    headers = generation_headers(run.generation)
     if not body.stream:
         async def whole() -> Finished | None:
             finished: Finished | None = None
             try:
-                async for event in generation.events():
+                async for event in run.generation.events():
                     if isinstance(event, Finished):
                         finished = event
                     else:
-                        builder.feed(event)
+                        run.builder.feed(event)
             finally:
-                await generation.aclose()
+                await run.generation.aclose()
             return finished
 
-        finished = await unless_disconnected(request, whole(), generation)
+        finished = await unless_disconnected(request, whole(), run.generation)
         if finished is None:
             raise LocalAIError("the generation ended without finishing")
-        return JSONResponse(await finish(finished), headers=headers)
+        return JSONResponse(await run.finish(finished), headers=headers)
 
     async def stream() -> AsyncGenerator[bytes, None]:
-        start = response_json(body, response_id, created, "in_progress", [], tools, None, generation.sampling)
-        builder.event("response.created", response=start)
-        builder.event("response.in_progress", response=start)
-        for kind, data in builder.take():
-            yield sse(data, kind)
-        async for event in generation.stream_events():
-            if isinstance(event, KeepAlive):
-                yield KEEPALIVE_COMMENT
-                continue
-            if isinstance(event, Finished):
-                response = await finish(event)
-                builder.event("response.incomplete" if response["status"] == "incomplete"
-                              else "response.completed", response=response)
-            else:
-                builder.feed(event)
-            for kind, data in builder.take():
-                yield sse(data, kind)
+        async for out in run.events():
+            yield KEEPALIVE_COMMENT if isinstance(out, KeepAlive) else sse(out[1], out[0])
 
     def error(exc: LocalAIError) -> bytes:
-        failed = response_json(body, response_id, created, "failed", builder.items, tools, None, generation.sampling)
-        failed["error"] = {"code": exc.code or exc.error_type, "message": exc.message}
-        builder.event("response.failed", response=failed)
-        return b"".join(sse(data, kind) for kind, data in builder.take())
+        return b"".join(sse(data, kind) for kind, data in run.failed(exc))
 
-    return stream_response(generation, stream(), error, headers={**SSE_HEADERS, **headers})
+    return stream_response(run.generation, stream(), error, headers={**SSE_HEADERS, **headers})
+
+
+# -- WebSocket mode ---------------------------------------------------------------------------------
+
+SOCKET_REMEMBERS = 16  # responses a connection keeps for previous_response_id, stored or not (newest last)
+
+
+def socket_error(exc: LocalAIError) -> dict[str, Any]:
+    """An error event: the request's problem in the HTTP error's shape, with its status."""
+    return {"type": "error", "status": exc.status_code,
+            "error": {"type": exc.error_type, "code": exc.code, "message": exc.message, "param": exc.param}}
+
+
+def socket_request(text: str | None, limit: int) -> ResponsesRequest:
+    """A client message as a request: one ``response.create`` event holding POST /v1/responses' fields."""
+    if text is None:
+        raise InvalidRequest("messages must be text frames holding JSON")
+    if len(text.encode()) > limit:
+        raise InvalidRequest(f"the message is over the limit of {limit} bytes (LOCALAI_MAX_REQUEST_BYTES)")
+    try:
+        message = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"the message is not valid JSON: {exc}") from exc
+    if not isinstance(message, dict) or message.get("type") != "response.create":
+        raise InvalidRequest("the only client event is {\"type\": \"response.create\", ...}", param="type")
+    fields = {key: value for key, value in message.items() if key not in ("type", "stream")}
+    if isinstance(fields.get("response"), dict):  # the fields nested under "response", as some clients send them
+        fields = {**fields.pop("response"), **fields}
+    try:
+        return ResponsesRequest.model_validate(fields)
+    except ValidationError as exc:
+        problems = exc.errors()
+        where = ".".join(str(part) for part in problems[0]["loc"]) if problems else None
+        raise InvalidRequest(f"invalid value for '{where}': {problems[0]['msg']}" if problems and where
+                             else "invalid response.create event", param=where or None) from exc
+
+
+@router.websocket("/v1/responses")
+async def responses_socket(websocket: WebSocket) -> None:
+    """WebSocket mode: the client sends ``response.create`` events (POST /v1/responses' fields; streaming is
+    implicit) and receives each response's events on the same socket, one response at a time, as many turns as
+    it likes. ``previous_response_id`` also finds the connection's own recent responses when ``store`` is false.
+    A bad message gets an ``error`` event and the connection stays; a client idle for LOCALAI_WS_IDLE_TIMEOUT is
+    closed (1000); the Host/Origin/API-key guards ran before the handshake."""
+    settings: Settings = websocket.app.state.settings
+    await websocket.accept()
+    earlier: dict[str, list[dict[str, Any]]] = {}
+    try:
+        while True:
+            try:
+                text = (await asyncio.wait_for(websocket.receive(), timeout=settings.ws_idle_timeout))
+            except TimeoutError:
+                await websocket.close(code=1000, reason="idle")
+                return
+            if text["type"] == "websocket.disconnect":
+                return
+            run: ResponseRun | None = None
+            try:
+                body = socket_request(text.get("text"), settings.max_request_bytes)
+                run = await start_response(body, websocket, earlier)
+                async for out in run.events():
+                    if not isinstance(out, KeepAlive):
+                        await websocket.send_text(json.dumps(out[1]))
+            except LocalAIError as exc:
+                events = run.failed(exc) if run is not None else []
+                for _, data in events:
+                    await websocket.send_text(json.dumps(data))
+                if run is None:
+                    await websocket.send_text(json.dumps(socket_error(exc)))
+            finally:
+                if run is not None:
+                    await run.generation.aclose()
+            if run is not None and run.builder.items is not None:
+                earlier[run.id] = [*run.conversation, *run.builder.items]
+                while len(earlier) > SOCKET_REMEMBERS:
+                    earlier.pop(next(iter(earlier)))
+    except WebSocketDisconnect:
+        return  # the client went away: its generation was closed above
 
 
 class CompactRequest(BaseModel):

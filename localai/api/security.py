@@ -66,29 +66,37 @@ class GuardMiddleware:
         self.origins = origins or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or is_unix_socket(scope):
+        if scope["type"] not in ("http", "websocket") or is_unix_socket(scope):
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "")
+
+        async def refuse(status: int, kind: str, message: str) -> None:
+            if scope["type"] == "websocket":  # closed before the handshake completes: the client sees a 403
+                await receive()
+                await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+            else:
+                await _refuse(scope, send, status, kind, message)
+
         if self.loopback_only and not is_loopback_host(host):
-            await _refuse(scope, send, 403, "permission_error",
-                          f"host {host!r} is not allowed: localai answers only loopback names (DNS rebinding guard)")
+            await refuse(403, "permission_error",
+                         f"host {host!r} is not allowed: localai answers only loopback names (DNS rebinding guard)")
             return
         origin = headers.get("origin")
-        if origin is not None and not is_allowed_origin(origin, self.origins):
-            await _refuse(scope, send, 403, "permission_error",
-                          f"origin {origin[:200]!r} is not allowed: add it to LOCALAI_ORIGINS to let that page call "
-                          "localai")
+        if origin is not None and not is_allowed_origin(origin, self.origins):  # a web page's WebSocket too
+            await refuse(403, "permission_error",
+                         f"origin {origin[:200]!r} is not allowed: add it to LOCALAI_ORIGINS to let that page call "
+                         "localai")
             return
-        if self.api_key and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_PATHS:
+        if self.api_key and scope.get("method") != "OPTIONS" and scope["path"] not in OPEN_PATHS:
             supplied = headers.get("x-api-key") or ""
             authorization = headers.get("authorization", "")
             if authorization.lower().startswith("bearer "):
                 supplied = authorization[7:].strip()
             if not hmac.compare_digest(supplied.encode(), self.api_key.encode()):
-                await _refuse(scope, send, 401, "authentication_error",
-                              "missing or wrong API key: send it as 'Authorization: Bearer <LOCALAI_API_KEY>'")
+                await refuse(401, "authentication_error",
+                             "missing or wrong API key: send it as 'Authorization: Bearer <LOCALAI_API_KEY>'")
                 return
         await self.app(scope, receive, send)
 

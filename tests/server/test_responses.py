@@ -9,6 +9,7 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import Daemon
 from tests.server.streams import check_responses_stream, named_events
@@ -113,3 +114,31 @@ def test_malformed_requests_get_openai_errors(daemon: Daemon, body: dict[str, An
         assert response.json()["error"]["param"] == param
         assert http.get("/v1/responses/resp_missing").status_code == 404
         assert http.get("/health").status_code == 200
+
+
+def test_websocket_mode_on_the_real_daemon_two_turns_and_a_clean_close_at_shutdown(fresh_daemon: Daemon) -> None:
+    """A real WebSocket client (the websockets library) against uvicorn on TCP, smollm2 answering: two turns on one
+    connection, the second continuing the first by id, then the daemon stops and the socket closes cleanly."""
+    from websockets.sync.client import connect
+
+    def turn(socket: Any, **fields: Any) -> list[dict[str, Any]]:
+        socket.send(json.dumps({"type": "response.create", "model": "smollm2", "max_output_tokens": 8,
+                                "temperature": 0, **fields}))
+        events = []
+        while not events or events[-1]["type"] not in ("response.completed", "response.incomplete", "error"):
+            events.append(json.loads(socket.recv(timeout=120)))
+        return events
+
+    with connect(f"ws://127.0.0.1:{fresh_daemon.port}/v1/responses") as socket:
+        first = turn(socket, input="Say hello.", store=False)
+        assert first[0]["type"] == "response.created" and first[-1]["type"] in ("response.completed",
+                                                                                 "response.incomplete")
+        text = "".join(e["delta"] for e in first if e["type"] == "response.output_text.delta")
+        assert text and text == first[-1]["response"]["output"][-1]["content"][0]["text"]
+        second = turn(socket, input="Again.", previous_response_id=first[-1]["response"]["id"], store=False)
+        assert second[-1]["response"]["usage"]["input_tokens"] > first[-1]["response"]["usage"]["input_tokens"]
+        assert second[-1]["response"]["usage"]["input_tokens_details"]["cached_tokens"] > 0  # the same session
+        fresh_daemon.stop()
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=30)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code in (1001, 1012)  # going away / restart

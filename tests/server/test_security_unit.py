@@ -54,3 +54,37 @@ def test_usable_json_passes(body: bytes) -> None:
 def test_origins_from_this_machine_pass_and_websites_do_not(origin: str, allowed: bool) -> None:
     assert is_allowed_origin(origin, ["http://configured.test"]) is allowed
     assert is_allowed_origin(origin, ["*"]) is True
+
+
+def test_a_websocket_without_the_api_key_is_refused_at_the_handshake() -> None:
+    """The guard runs for WebSocket scopes too: over TCP, no key (or a wrong one) closes with 1008 before the
+    handshake completes; the right key (as a bearer token) reaches the app."""
+    import asyncio
+
+    from localai.api.security import GuardMiddleware
+
+    reached: list[str] = []
+
+    async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+        reached.append(scope["path"])
+
+    def attempt(headers: list[tuple[bytes, bytes]]) -> list[dict]:  # type: ignore[type-arg]
+        sent: list[dict] = []  # type: ignore[type-arg]
+
+        async def receive() -> dict:  # type: ignore[type-arg]
+            return {"type": "websocket.connect"}
+
+        async def send(message: dict) -> None:  # type: ignore[type-arg]
+            sent.append(message)
+
+        scope = {"type": "websocket", "path": "/v1/responses", "server": ("127.0.0.1", 11434),
+                 "headers": [(b"host", b"127.0.0.1:11434"), *headers]}
+        asyncio.run(GuardMiddleware(app, loopback_only=True, api_key="sekret")(scope, receive, send))  # type: ignore[arg-type]
+        return sent
+
+    for headers in ([], [(b"authorization", b"Bearer wrong")]):
+        sent = attempt(headers)
+        assert sent and sent[0]["type"] == "websocket.close" and sent[0]["code"] == 1008
+        assert "API key" in sent[0]["reason"]
+    assert not reached
+    assert attempt([(b"authorization", b"Bearer sekret")]) == [] and reached == ["/v1/responses"]

@@ -1,0 +1,114 @@
+"""WebSocket mode of /v1/responses: several turns on one connection, the same events as the HTTP stream, bad
+messages answered with an error event (the connection stays), the guards before the handshake, the idle limit,
+and a client that leaves mid-response."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from tests.api.test_spec_conformance import check_response
+
+SOCKET = "ws://localhost/v1/responses"
+
+
+def turn(socket: Any, **fields: Any) -> list[dict[str, Any]]:
+    """Send one response.create and read its events up to the last (completed, incomplete or failed)."""
+    socket.send_text(json.dumps({"type": "response.create", **fields}))
+    events = []
+    while True:
+        event = json.loads(socket.receive_text())
+        events.append(event)
+        if event["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+            return events
+
+
+def test_several_turns_on_one_connection_with_the_http_streams_events(api: TestClient) -> None:
+    with api.websocket_connect(SOCKET) as socket:
+        first = turn(socket, model="smollm2", input="hi [[turns:Hello.|||Again.]]", store=False)
+        kinds = [e["type"] for e in first]
+        assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+        assert [e["sequence_number"] for e in first] == list(range(len(first)))
+        assert "".join(e["delta"] for e in first if e["type"] == "response.output_text.delta") == "Hello."
+        done = first[-1]["response"]
+        check_response(done, "completed")
+        # the next turn continues the first by id although it was not stored: the connection remembers it
+        second = turn(socket, model="smollm2", previous_response_id=done["id"], store=False,
+                      input=[{"type": "message", "role": "user", "content": "and?"}])
+        assert second[-1]["type"] == "response.completed"
+        assert second[-1]["response"]["output"][0]["content"][0]["text"] == "Again."
+        assert second[-1]["response"]["usage"]["input_tokens"] > done["usage"]["input_tokens"]
+        # the same id over HTTP does not exist: store was false
+        assert api.get(f"/v1/responses/{done['id']}").status_code == 404
+    with api.stream("POST", "/v1/responses", json={"model": "smollm2", "input": "hi [[turns:Hello.|||Again.]]",
+                                                    "stream": True}) as response:
+        http = [json.loads(line[6:])["type"] for line in response.iter_lines() if line.startswith("data: {")]
+    assert http == kinds  # the same event sequence as the HTTP stream
+
+
+@pytest.mark.parametrize(("message", "param", "says"), [
+    ("not json", None, "not valid JSON"),
+    (json.dumps({"type": "session.update"}), "type", "response.create"),
+    (json.dumps([1, 2]), "type", "response.create"),
+    (json.dumps({"type": "response.create", "model": "smollm2", "input": "x", "temperature": 9}), "temperature",
+     "temperature"),
+    (json.dumps({"type": "response.create", "input": "x"}), "model", "model"),
+    (json.dumps({"type": "response.create", "model": "nope", "input": "x"}), "model", "nope"),
+    (json.dumps({"type": "response.create", "model": "smollm2", "input": "x", "background": True}), "background",
+     "background"),
+    (json.dumps({"type": "response.create", "model": "smollm2", "previous_response_id": "resp_gone",
+                 "input": "x"}), "previous_response_id", "resp_gone"),
+])
+def test_a_bad_message_gets_an_error_event_and_the_connection_stays(api: TestClient, message: str,
+                                                                   param: str | None, says: str) -> None:
+    with api.websocket_connect(SOCKET) as socket:
+        socket.send_text(message)
+        error = json.loads(socket.receive_text())
+        assert error["type"] == "error" and error["status"] in (400, 404)
+        assert error["error"]["param"] == param and says in error["error"]["message"]
+        assert turn(socket, model="smollm2", input="still there? [[say:yes]]")[-1]["type"] == "response.completed"
+
+
+def test_a_message_over_the_size_limit_is_refused(api: TestClient) -> None:
+    limit = api.app.state.settings.max_request_bytes  # type: ignore[attr-defined]
+    with api.websocket_connect(SOCKET) as socket:
+        socket.send_text(json.dumps({"type": "response.create", "model": "smollm2", "input": "x" * (limit + 1)}))
+        error = json.loads(socket.receive_text())
+        assert error["type"] == "error" and "over the limit" in error["error"]["message"]
+        assert turn(socket, model="smollm2", input="small [[say:ok]]")[-1]["type"] == "response.completed"
+
+
+def test_a_foreign_page_cannot_open_the_socket(api: TestClient) -> None:
+    """Browsers do not apply CORS to WebSockets: the Origin guard refuses the handshake itself."""
+    with pytest.raises(WebSocketDisconnect) as refused, \
+            api.websocket_connect(SOCKET, headers={"Origin": "https://evil.example"}):
+        pass
+    assert refused.value.code == 1008
+    with pytest.raises(WebSocketDisconnect), api.websocket_connect(SOCKET, headers={"Host": "attacker.example"}):
+        pass
+    with api.websocket_connect(SOCKET, headers={"Origin": "http://localhost:3000"}) as socket:
+        assert turn(socket, model="smollm2", input="hi [[say:ok]]")[-1]["type"] == "response.completed"
+
+
+def test_an_idle_connection_is_closed(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api.app.state.settings, "ws_idle_timeout", 0.3)  # type: ignore[attr-defined]
+    with api.websocket_connect(SOCKET) as socket:
+        with pytest.raises(WebSocketDisconnect) as closed:
+            socket.receive_text()
+        assert closed.value.code == 1000
+
+
+def test_a_client_that_leaves_mid_response_stops_it(api: TestClient) -> None:
+    with api.websocket_connect(SOCKET) as socket:
+        socket.send_text(json.dumps({"type": "response.create", "model": "smollm2", "input": "go [[slow]]"}))
+        while json.loads(socket.receive_text())["type"] != "response.output_text.delta":
+            pass
+    started = time.monotonic()  # the slow reply would take 100 s: the worker is free again at once
+    answer = api.post("/v1/responses", json={"model": "smollm2", "input": "next [[say:free]]"}).json()
+    assert answer["output"][0]["content"][0]["text"] == "free"
+    assert time.monotonic() - started < 30
