@@ -292,8 +292,10 @@ class ResponseStore:
 def _stored(registry: Registry, response_id: str) -> dict[str, Any]:
     rows = list(registry.db.table("responses").rows_where("id = ?", [response_id]))
     if not rows:
-        raise NotFound(f"no stored response '{response_id[:100]}' (responses are stored unless 'store' is false, "
-                       "and kept for LOCALAI_RESPONSES_TTL)", param="previous_response_id")
+        missing = NotFound(f"no stored response '{response_id[:100]}' (responses are stored unless 'store' is "
+                           "false, and kept for LOCALAI_RESPONSES_TTL)", param="previous_response_id")
+        missing.code = "previous_response_not_found"
+        raise missing
     return rows[0]
 
 
@@ -556,7 +558,8 @@ SOCKET_REMEMBERS = 16  # responses a connection keeps for previous_response_id, 
 def socket_error(exc: LocalAIError) -> dict[str, Any]:
     """An error event: the request's problem in the HTTP error's shape, with its status."""
     return {"type": "error", "status": exc.status_code,
-            "error": {"type": exc.error_type, "code": exc.code, "message": exc.message, "param": exc.param}}
+            "error": {"type": exc.error_type, "code": exc.code or exc.error_type, "message": exc.message,
+                      "param": exc.param}}
 
 
 def socket_request(text: str | None, limit: int) -> ResponsesRequest:
@@ -603,6 +606,7 @@ async def responses_socket(websocket: WebSocket) -> None:
             if text["type"] == "websocket.disconnect":
                 return
             run: ResponseRun | None = None
+            body: ResponsesRequest | None = None
             try:
                 body = socket_request(text.get("text"), settings.max_request_bytes)
                 run = await start_response(body, websocket, earlier)
@@ -610,6 +614,8 @@ async def responses_socket(websocket: WebSocket) -> None:
                     if not isinstance(out, KeepAlive):
                         await websocket.send_text(json.dumps(out[1]))
             except LocalAIError as exc:
+                if body is not None and body.previous_response_id:
+                    earlier.pop(body.previous_response_id, None)  # a failed continuation does not leave it behind
                 events = run.failed(exc) if run is not None else []
                 for _, data in events:
                     await websocket.send_text(json.dumps(data))
@@ -639,8 +645,8 @@ class CompactRequest(BaseModel):
 def compacted_items(conversation: list[dict[str, Any]], summary: str) -> list[dict[str, Any]]:
     """What a compacted conversation keeps: the user's own messages (as the spec's example keeps them), then the
     summary standing for everything else (a previous compaction's summary folds into the new one)."""
-    kept = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": _text_of(
-        item.get("content"), "input")}]} for item in conversation
+    kept = [{"type": "message", "id": _id("msg"), "status": "completed", "role": "user", "content": [
+        {"type": "input_text", "text": _text_of(item.get("content"), "input")}]} for item in conversation
             if item.get("type", "message") == "message" and item.get("role") == "user"]
     return [*kept, {"type": "compaction", "id": _id("cmp"), "encrypted_content": COMPACTED_MARK + summary}]
 

@@ -112,3 +112,22 @@ def test_a_client_that_leaves_mid_response_stops_it(api: TestClient) -> None:
     answer = api.post("/v1/responses", json={"model": "smollm2", "input": "next [[say:free]]"}).json()
     assert answer["output"][0]["content"][0]["text"] == "free"
     assert time.monotonic() - started < 30
+
+
+def test_a_failed_continuation_forgets_the_response_it_continued(api: TestClient) -> None:
+    """Unstored responses live on their connection only: another connection gets previous_response_not_found,
+    and a continuation that fails evicts the response it named (a retry cannot build on a broken turn)."""
+    with api.websocket_connect(SOCKET) as socket:
+        first = turn(socket, model="smollm2", input="remember ember [[say:OK]]", store=False)[-1]["response"]
+        failed = turn(socket, model="smollm2", previous_response_id=first["id"], store=False, input=[
+            {"type": "function_call_output", "call_id": "call_missing", "output": "x"}])[-1]
+        assert failed["type"] == "error" and failed["status"] == 400
+        stale = turn(socket, model="smollm2", previous_response_id=first["id"], store=False, input="again")[-1]
+        assert stale["type"] == "error" and stale["error"]["code"] == "previous_response_not_found"
+        second = turn(socket, model="smollm2", input="other [[say:OK]]", store=False)[-1]["response"]
+    with api.websocket_connect(SOCKET) as other:
+        missing = turn(other, model="smollm2", previous_response_id=second["id"], store=False, input="go on")[-1]
+        assert missing == {"type": "error", "status": 404, "error": {
+            "type": "not_found_error", "code": "previous_response_not_found", "param": "previous_response_id",
+            "message": missing["error"]["message"]}}
+        assert turn(other, model="smollm2", input="recovered [[say:ok]]")[-1]["type"] == "response.completed"

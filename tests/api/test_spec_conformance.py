@@ -156,7 +156,8 @@ def test_compaction_summarizes_the_conversation_and_the_next_turn_continues_from
     assert isinstance(compact["created_at"], int)
     assert {"input_tokens", "output_tokens", "total_tokens"} <= set(compact["usage"])
     user, item = compact["output"]
-    assert user == {"type": "message", "role": "user",
+    assert user["id"].startswith("msg_") and user.pop("id")
+    assert user == {"type": "message", "status": "completed", "role": "user",
                     "content": [{"type": "input_text", "text": "Fix the failing test in tests/test_a.py."}]}
     assert item["type"] == "compaction" and item["id"].startswith("cmp_")
     assert item["encrypted_content"].endswith("Next: change - to +.")
