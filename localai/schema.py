@@ -125,6 +125,7 @@ class GenerationRequest:
     # default. Given to every template as `reasoning_effort`.
     reasoning_effort: Literal["low", "medium", "high"] | None = None
     cache_ttl: float | None = None  # keep this request's cached prefix at least this long (cache_control)
+    prefill_only: bool = False  # evaluate and cache the prompt, generate nothing (a client warming its session)
 
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice.mode != "none"

@@ -54,6 +54,8 @@ class Codex(Integration):
             f"model_providers.{PROVIDER}.name": "localai",
             f"model_providers.{PROVIDER}.base_url": target.openai_base_url,
             f"model_providers.{PROVIDER}.wire_api": "responses",
+            # one WebSocket per session (/v1/responses' WebSocket mode); Codex falls back to HTTPS on its own
+            f"model_providers.{PROVIDER}.supports_websockets": True,
             "model_catalog_json": str(self.catalog_path()),
             "model_context_window": target.context_length,
             "check_for_update_on_startup": False,

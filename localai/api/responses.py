@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping
@@ -65,6 +66,7 @@ from localai.schema import (
 from localai.settings import Settings
 
 router = APIRouter()
+log = logging.getLogger("localai.server")
 IGNORED_ITEMS = frozenset({"item_reference", "web_search_call", "image_generation_call", "file_search_call",
                            "mcp_list_tools"})
 # Compaction, done locally: the model writes a summary of the conversation, which stands for the turns it replaces.
@@ -105,6 +107,7 @@ class ResponsesRequest(BaseModel):
     user: str | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None
+    generate: bool = True  # False: only evaluate and cache the prompt (Codex's WebSocket prewarm), no output
 
 
 # -- input ----------------------------------------------------------------------------------------
@@ -508,6 +511,7 @@ async def start_response(body: ResponsesRequest, request: HTTPConnection,
         session_id=session_id(request.headers, body.prompt_cache_key), tools=tools,
         tool_choice=tool_choice_of(body.tool_choice), response_format=text_format(body.text),
         reasoning=False if effort in ("none", "minimal") else None, reasoning_effort=effort_of(effort),
+        prefill_only=not body.generate,
     )
     try:
         generation = await runtime_of(request).start(generation_request)
@@ -613,7 +617,12 @@ async def responses_socket(websocket: WebSocket) -> None:
                 async for out in run.events():
                     if not isinstance(out, KeepAlive):
                         await websocket.send_text(json.dumps(out[1]))
-            except LocalAIError as exc:
+            except Exception as exc:
+                if isinstance(exc, WebSocketDisconnect):
+                    raise
+                if not isinstance(exc, LocalAIError):  # a bug: the client gets a 500 event, the socket stays
+                    log.exception("the WebSocket response failed")
+                    exc = LocalAIError(f"internal error: {type(exc).__name__}")
                 if body is not None and body.previous_response_id:
                     earlier.pop(body.previous_response_id, None)  # a failed continuation does not leave it behind
                 events = run.failed(exc) if run is not None else []

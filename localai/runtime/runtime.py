@@ -483,6 +483,8 @@ class Runtime:
             max_tokens = int(params["num_predict"])  # type: ignore[arg-type]
         prompt = self.render_prompt(record, loaded, request, messages)
         info = loaded.worker.info
+        if request.prefill_only:
+            max_tokens = 0  # a warm op: the prompt is evaluated and saved, nothing is generated
         return GenerateOp(
             op="generate", id=new_request_id(), prompt=prompt,
             reserve=output_reserve(max_tokens, info["n_ctx"] if info else 0),
@@ -490,7 +492,8 @@ class Runtime:
             max_tokens=max_tokens, stop=stop, sampling=sampling,  # type: ignore[typeddict-item]
             session=request.session_id, ignore_eos=request.ignore_eos, pin_ttl=request.cache_ttl,
             constraint=self._constraint(record, loaded, request),
-            follow_up=messages is not None and self.settings.cache_max_bytes > 0,
+            follow_up=messages is not None and self.settings.cache_max_bytes > 0 and not request.prefill_only,
+            warm=request.prefill_only,
         )
 
 

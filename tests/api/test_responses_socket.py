@@ -131,3 +131,18 @@ def test_a_failed_continuation_forgets_the_response_it_continued(api: TestClient
             "type": "not_found_error", "code": "previous_response_not_found", "param": "previous_response_id",
             "message": missing["error"]["message"]}}
         assert turn(other, model="smollm2", input="recovered [[say:ok]]")[-1]["type"] == "response.completed"
+
+
+def test_a_prewarm_evaluates_the_prompt_and_generates_nothing(api: TestClient) -> None:
+    """Codex opens a session with generate: false: the prompt is evaluated and cached, the response has no
+    output, and the real first turn then finds the prompt cached."""
+    ask = [{"type": "message", "role": "user", "content": "a long task description " * 40 + "[[say:Done.]]"}]
+    with api.websocket_connect(SOCKET) as socket:
+        warm = turn(socket, model="smollm2", input=ask, generate=False, store=False)
+        assert warm[-1]["type"] == "response.completed"
+        assert warm[-1]["response"]["output"] == [] and warm[-1]["response"]["usage"]["output_tokens"] == 0
+        assert not [e for e in warm if e["type"] == "response.output_text.delta"]
+        real = turn(socket, model="smollm2", input=ask, store=False)[-1]["response"]
+        assert real["output"][0]["content"][0]["text"] == "Done."
+        usage = real["usage"]
+        assert usage["input_tokens_details"]["cached_tokens"] >= usage["input_tokens"] - 1
