@@ -611,12 +611,14 @@ async def responses_socket(websocket: WebSocket) -> None:
                 return
             run: ResponseRun | None = None
             body: ResponsesRequest | None = None
+            made = False
             try:
                 body = socket_request(text.get("text"), settings.max_request_bytes)
                 run = await start_response(body, websocket, earlier)
                 async for out in run.events():
                     if not isinstance(out, KeepAlive):
                         await websocket.send_text(json.dumps(out[1]))
+                made = True
             except Exception as exc:
                 if isinstance(exc, WebSocketDisconnect):
                     raise
@@ -633,7 +635,7 @@ async def responses_socket(websocket: WebSocket) -> None:
             finally:
                 if run is not None:
                     await run.generation.aclose()
-            if run is not None and run.builder.items is not None:
+            if run is not None and made:  # only a response that completed can be continued
                 earlier[run.id] = [*run.conversation, *run.builder.items]
                 while len(earlier) > SOCKET_REMEMBERS:
                     earlier.pop(next(iter(earlier)))

@@ -294,3 +294,18 @@ def test_past_reasoning_reaches_the_template_as_thinking(api: TestClient, tmp_pa
     without = api.post("/v1/chat/completions", json={"model": "thinking", "messages": turns}).json()["usage"]
     extra = len("<|channel|>analysis<|message|>the analysis<|end|>")
     assert with_it["prompt_tokens"] - without["prompt_tokens"] == extra
+
+
+def test_a_forced_call_on_a_model_whose_template_uses_args_is_written_in_that_form(api: TestClient,
+                                                                                  tmp_path: Path) -> None:
+    """Devstral's template writes [TOOL_CALLS]NAME[ARGS]: a forced call takes that form, not the array."""
+    source = (Path(__file__).parent.parent / "templates" / "devstral-small.jinja").read_text()
+    weights = metadata_gguf(tmp_path / "devstral.gguf", arch="llama", context_length=131072, template=source)
+    modelfile = f'FROM {weights}\nPARAMETER num_ctx 60000\nTEMPLATE """{source}"""\n'
+    assert api.post("/api/create", json={"model": "forced-devstral", "modelfile": modelfile}).status_code == 200
+    body = {"model": "forced-devstral", "messages": [{"role": "user", "content": "go"}],
+            "tools": [{"type": "function", "function": TOOLS[0]}], "tool_choice": "required"}
+    answer = api.post("/v1/chat/completions", json=body).json()
+    call = answer["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert (call["name"], json.loads(call["arguments"])) == ("write_file", {"path": "x", "content": "x"})
+    assert answer["usage"]["completion_tokens"] == len('[TOOL_CALLS]write_file[ARGS]{"path": "x", "content": "x"}')
