@@ -27,8 +27,10 @@ UNIT = "localai.service"
 LABEL = "dev.localai.daemon"
 MARKER = "# Written by `localai service install`; `localai service uninstall` removes it."
 PLIST_MARKER = "LocalAIServiceVersion"  # a key in the plist: the file is ours to replace
-# What the service copies from the installing environment besides LOCALAI_*: where models already on disk are.
-PASSED_ENV = ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES")
+# What the service copies from the installing environment besides LOCALAI_*: where models already on disk are,
+# and which GPUs the engines may use (CUDA, Vulkan: llama.cpp's GGML_VK_VISIBLE_DEVICES, ROCm/HIP).
+PASSED_ENV = ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE", "HF_ENDPOINT", "XDG_CACHE_HOME", "CUDA_VISIBLE_DEVICES",
+              "GGML_VK_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 _PLAIN = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 
 

@@ -162,3 +162,18 @@ def test_logs_are_rotated_before_they_are_appended_to(tmp_path: Path) -> None:
     log.write_bytes(b"small")
     paths.rotate_log(log, max_bytes=10, backups=3)
     assert log.read_bytes() == b"small"
+
+
+def test_the_service_passes_the_gpu_selection_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU chosen when the service was installed stays chosen: CUDA's, Vulkan's (llama.cpp skips a CPU-type
+    Vulkan device unless GGML_VK_VISIBLE_DEVICES names it) and ROCm's variables reach the unit."""
+    from localai.service import environment
+
+    chosen = {"CUDA_VISIBLE_DEVICES": "1", "GGML_VK_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0",
+              "ROCR_VISIBLE_DEVICES": "GPU-1"}
+    for key, value in chosen.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("UNRELATED_SECRET", "x")
+    env = environment()
+    assert {key: env.get(key) for key in chosen} == chosen
+    assert "UNRELATED_SECRET" not in env
