@@ -425,7 +425,8 @@ class Runtime:
         template = self.template(record, loaded)
         chosen = self.tool_format(record, loaded)
         style: str = chosen
-        if request.tools and request.tool_choice.mode in ("required", "function"):
+        forced = bool(request.tools) and request.tool_choice.mode in ("required", "function")
+        if forced:
             style = forced_format(chosen, template, self.backend(loaded))  # what the grammar makes it write
         thinks = (template.thinks or chosen in THINKING_FORMATS) and request.reasoning is not False \
             and not request.raw
@@ -434,7 +435,8 @@ class Runtime:
             thinks = True  # its analysis channel is reasoning, asked for or not
         if not tools and not thinks:
             return None
-        opened = thinks and isinstance(prompt, str) and prompt.rstrip().endswith("<think>")
+        # A forced call is all the grammar lets the model write, even after a prompt that opened the reasoning
+        opened = thinks and not forced and isinstance(prompt, str) and prompt.rstrip().endswith("<think>")
         return parser_for(style, tools=tools, reasoning=thinks, opened=opened,
                           functions={tool.name: tool.parameters for tool in request.tools})
 

@@ -273,3 +273,18 @@ def test_each_formats_replies_come_back_as_the_tokens_the_model_wrote(api: TestC
             out.write(json.dumps({"parser": parser, "dialect": dialect, "hit_of_ceiling": hit,
                                   "turns": [[t.prompt, t.cached, c] for t, c in results]}) + "\n")
     assert hit >= 0.99, f"{parser} through {dialect}: cached/ceiling per turn {report}"
+
+
+def test_a_forced_call_after_a_prompt_that_opened_the_reasoning_is_a_call(api: TestClient, tmp_path: Path) -> None:
+    """GLM-4.7's generation prompt ends with <think>; a forced call is all the grammar lets the model write, so it
+    is read as the call, not as reasoning."""
+    text = source(FAMILIES["glm-4.5"])
+    weights = metadata_gguf(tmp_path / "glm.gguf", arch="deepseek2", context_length=131072, template=text)
+    modelfile = f'FROM {weights}\nPARAMETER num_ctx 65536\nTEMPLATE """{text}"""\n'
+    assert api.post("/api/create", json={"model": "forced-glm", "modelfile": modelfile}).status_code == 200
+    body = {"model": "forced-glm", "messages": [{"role": "user", "content": "run it"}], "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "run"}}}
+    message = api.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"]["name"] == "run"
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"command": "x"}
+    assert not message.get("reasoning_content")
