@@ -146,3 +146,21 @@ def test_a_prewarm_evaluates_the_prompt_and_generates_nothing(api: TestClient) -
         assert real["output"][0]["content"][0]["text"] == "Done."
         usage = real["usage"]
         assert usage["input_tokens_details"]["cached_tokens"] >= usage["input_tokens"] - 1
+
+
+def test_a_second_request_sent_during_a_response_waits_for_it(api: TestClient) -> None:
+    """One response at a time per connection: a response.create that arrives while one is streaming is answered
+    after it, in order, never interleaved."""
+    with api.websocket_connect(SOCKET) as socket:
+        for word in ("first", "second"):
+            socket.send_text(json.dumps({"type": "response.create", "model": "smollm2", "store": False,
+                                         "input": f"{word} [[say:{word} answer]]"}))
+        events: list[dict[str, Any]] = []
+        while sum(e["type"] == "response.completed" for e in events) < 2:
+            events.append(json.loads(socket.receive_text()))
+    done = [i for i, e in enumerate(events) if e["type"] == "response.completed"]
+    created = [i for i, e in enumerate(events) if e["type"] == "response.created"]
+    assert created[0] < done[0] < created[1] < done[1]  # the second began after the first ended
+    texts = [e["response"]["output"][0]["content"][0]["text"] for e in events if e["type"] == "response.completed"]
+    assert texts == ["first answer", "second answer"]
+    assert [e["sequence_number"] for e in events[created[1]:]] == list(range(len(events) - created[1]))
