@@ -206,17 +206,34 @@ class PromptStore:
     def _lookup_whole(self, prompt: list[int]) -> Match | None:
         """For engines whose state cannot be cut: the entry sharing the longest prefix (caller holds the lock)."""
         best: Match | None = None
+        matched: dict[str, int] = {}  # a block whose whole chain matches the prompt -> the tokens matched through it
         for head in self.folder.heads.values():
             if not head.snapshot or head.key not in self.folder.snapshots:
                 continue
             keys = self.folder.chain(head.key)
-            tokens = [token for key in keys for token in self.folder.blocks[key].tokens]
-            common = common_prefix_length(tokens, prompt)
-            if common < len(tokens) and not self.trims:
+            common, whole = self._common_with(keys, prompt, matched)
+            if not whole and not self.trims:
                 continue
             if common >= MIN_TOKENS and (best is None or common > best.common):
                 best = Match(keys, [len(self.folder.blocks[key].tokens) for key in keys], common, head.key)
         return best
+
+    def _common_with(self, keys: list[str], prompt: list[int], matched: dict[str, int]) -> tuple[int, bool]:
+        """How many of the prompt's tokens the chain ``keys`` holds, and whether it holds them all: block by
+        block, stopping at the first that differs (entries share their first blocks: ``matched`` remembers those
+        already compared in this lookup), so a lookup costs the shared prefixes, not every entry's length."""
+        common = 0
+        for key in keys:
+            if key in matched:
+                common = matched[key]
+                continue
+            block = self.folder.blocks[key].tokens
+            if prompt[common:common + len(block)] == block:
+                common += len(block)
+                matched[key] = common
+                continue
+            return common + common_prefix_length(block, prompt[common:common + len(block)]), False
+        return common, True
 
     def restore(self, match: Match) -> Restored | None:
         """The state for a match, or None when a part is gone or damaged (what follows it is dropped)."""
