@@ -464,7 +464,8 @@ class Folder:
         for key in [k for k in self.blocks if k not in reached]:
             freed += self.blocks[key].size if self.blocks[key].on_disk else 0
             self.drop_block(key)
-        for key in [k for k in self.snapshots if not any(h.key == k and h.snapshot for h in self.heads.values())]:
+        snapshotted = {head.key for head in self.heads.values() if head.snapshot}  # once, not per snapshot
+        for key in [k for k in self.snapshots if k not in snapshotted]:
             freed += self.snapshots.get(key, 0)
             self.drop_snapshot(key)
         return freed
