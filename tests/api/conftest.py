@@ -48,7 +48,13 @@ def scripted_settings(**overrides: object) -> Settings:
 
 
 @pytest.fixture(scope="module")
-def api(api_home: Path) -> Iterator[TestClient]:
+def api_settings() -> Settings:
+    """The module's settings (a module overrides this fixture to change them)."""
+    return scripted_settings()
+
+
+@pytest.fixture(scope="module")
+def api(api_home: Path, api_settings: Settings) -> Iterator[TestClient]:
     """The app, started (lifespan included) on the scripted engine; ``api.app.state.runtime`` is its runtime."""
     previous = os.environ.get("LOCALAI_HOME")
     os.environ["LOCALAI_HOME"] = str(api_home)
@@ -56,7 +62,7 @@ def api(api_home: Path) -> Iterator[TestClient]:
         paths.ensure_home()
         registry = Registry.open()
         registry.ensure_embedded()
-        settings = scripted_settings()
+        settings = api_settings
         runtime = Runtime(settings, registry, Scheduler(settings))
         app = create_app(settings, runtime)
         with TestClient(app, base_url="http://localhost", raise_server_exceptions=True) as client:

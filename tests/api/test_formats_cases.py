@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from localai.settings import Settings
+from tests.api.conftest import scripted_settings
 from tests.metagguf import metadata_gguf
 from tests.test_formats_roundtrip import SCHEMAS, STYLES, arguments, text_piece, write
 
@@ -27,6 +29,13 @@ TOOLS = [{"name": name, "description": name, "parameters": schema} for name, sch
 TEMPLATE = ("{# a model that thinks: <think> #}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
             "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 Outcome = tuple[str, str, list[tuple[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def api_settings() -> Settings:
+    """Without the prompt cache: this is about what each dialect makes of a reply, and thousands of one-off
+    conversations would only fill the cache (and its lookups) with entries no one continues."""
+    return scripted_settings(cache_max_bytes=0)
 
 
 @pytest.fixture(scope="module")
