@@ -33,7 +33,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,13 +277,14 @@ class Folder:
         self._scan_blocks(complaints, repair=repair, known=known)
         self._scan_snapshots()
         self._scan_heads(complaints, repair=repair)
-        if repair and (self._broken_blocks() or self._broken_heads()):
+        if repair and any(self._broken()):
             self._scan_blocks(complaints, repair=repair)  # blocks written while the folder was read
-            for key in self._broken_blocks():
+            broken_blocks, _ = self._broken()
+            for key in broken_blocks:
                 if not self.block_path(self.blocks[key].parent).exists():
                     complaints.append(f"{key}.blk: an earlier block of its chain is gone")
                     self.drop_block(key)  # can never be restored
-            for head_id in self._broken_heads():
+            for head_id in self._broken()[1]:
                 owner = self.heads[head_id].owner
                 if owner == os.getpid() or not pid_alive(owner):
                     self.drop_head(head_id)
@@ -293,12 +294,13 @@ class Folder:
                     self.blocks[key].system = True
         return complaints
 
-    def _intact(self) -> set[str]:
-        """The blocks whose chain reaches the fingerprint: each block's parents are followed once for all blocks
-        (following every block's chain alone was quadratic in the chains' length)."""
+    def reached(self, starts: Iterable[str]) -> set[str]:
+        """The blocks on the chains from ``starts`` back to the fingerprint, leaving out chains that break on the
+        way (what ``chain`` gives for each start, together): every block's parents are followed once for all
+        starts, where following each start's chain alone was quadratic in the chains' length."""
         intact: set[str] = set()
         broken: set[str] = set()
-        for key in self.blocks:
+        for key in starts:
             path: list[str] = []
             on_path: set[str] = set()
             while key in self.blocks and key not in intact and key not in broken and key not in on_path:
@@ -308,13 +310,11 @@ class Folder:
             (intact if key in intact or key == self.fingerprint else broken).update(path)
         return intact
 
-    def _broken_blocks(self) -> list[str]:
-        intact = self._intact()
-        return [key for key in self.blocks if key not in intact]
-
-    def _broken_heads(self) -> list[str]:
-        intact = self._intact()
-        return [head.id for head in self.heads.values() if head.key not in intact]
+    def _broken(self) -> tuple[list[str], list[str]]:
+        """The blocks and the heads whose chain does not reach the fingerprint."""
+        intact = self.reached(self.blocks)
+        return ([key for key in self.blocks if key not in intact],
+                [head.id for head in self.heads.values() if head.key not in intact])
 
     def _remove_dead_temps(self) -> None:
         for folder in ("blocks", "snaps", "heads"):
@@ -467,12 +467,10 @@ class Folder:
 
     def referenced(self) -> set[str]:
         """Blocks on some head's chain."""
-        keys: set[str] = set()
-        for head in self.heads.values():
-            keys.update(self.chain(head.key))
-            if head.disk_key is not None and head.disk_key != head.key:
-                keys.update(self.chain(head.disk_key))  # what its file on disk still names
-        return keys
+        starts = [head.key for head in self.heads.values()]
+        starts += [head.disk_key for head in self.heads.values()  # what its file on disk still names
+                   if head.disk_key is not None and head.disk_key != head.key]
+        return self.reached(starts)
 
     def collect_garbage(self, *, keep: set[str] | None = None) -> int:
         """Delete blocks no head reaches (left by moved heads or removed entries); returns bytes freed."""

@@ -659,12 +659,11 @@ class PromptStore:
                 self.folder.heads.setdefault(head_id, head)
             for key, size in fresh.snapshots.items():
                 self.folder.snapshots.setdefault(key, size)
-            protected: set[str] = self._queued_keys()
-            for head in self.folder.heads.values():
-                if pinned_until(pins, head.id, head.session) is not None:
-                    protected.update(self.folder.chain(head.key))
-                if head.disk_key is not None and head.disk_key != head.key:
-                    protected.update(self.folder.chain(head.disk_key))  # its file names them until it is rewritten
+            heads = list(self.folder.heads.values())
+            protected: set[str] = self._queued_keys() | self.folder.reached(
+                [h.key for h in heads if pinned_until(pins, h.id, h.session) is not None]
+                + [h.disk_key for h in heads  # a moved head's file names them until it is rewritten
+                   if h.disk_key is not None and h.disk_key != h.key])
             others_live = {h.owner for h in self.folder.heads.values()
                            if h.owner != os.getpid() and pid_alive(h.owner)}
             _, evicted = self.folder.evict(total - self.max_bytes, protected=protected, skip_owner=others_live)
