@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from localai.errors import LocalAIError
@@ -49,8 +50,9 @@ def error_response(request: Request, error: LocalAIError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status_code, headers=headers)
 
 
-def describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
-    """A one-line message naming the bad field, and that field's dotted path."""
+def describe_validation(exc: RequestValidationError | ValidationError) -> tuple[str, str | None]:
+    """A one-line message naming the bad field, and that field's dotted path (a request body's, or a WebSocket
+    message's)."""
     errors = exc.errors()
     if not errors:
         return "invalid request body", None

@@ -38,6 +38,7 @@ from localai.api.common import (
     stream_response,
     unless_disconnected,
 )
+from localai.api.errors import describe_validation
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, NotFound
 from localai.models.registry import Registry
@@ -292,13 +293,16 @@ class ResponseStore:
         await self.registry.off_loop(remove)
 
 
+class PreviousResponseNotFound(NotFound):
+    code = "previous_response_not_found"
+
+
 def _stored(registry: Registry, response_id: str) -> dict[str, Any]:
     rows = list(registry.db.table("responses").rows_where("id = ?", [response_id]))
     if not rows:
-        missing = NotFound(f"no stored response '{response_id[:100]}' (responses are stored unless 'store' is "
-                           "false, and kept for LOCALAI_RESPONSES_TTL)", param="previous_response_id")
-        missing.code = "previous_response_not_found"
-        raise missing
+        raise PreviousResponseNotFound(f"no stored response '{response_id[:100]}' (responses are stored unless "
+                                       "'store' is false, and kept for LOCALAI_RESPONSES_TTL)",
+                                       param="previous_response_id")
     return rows[0]
 
 
@@ -482,6 +486,29 @@ class ResponseRun:
         return self.builder.take()
 
 
+async def read_conversation(store: ResponseStore, given: str | list[dict[str, Any]] | None,
+                            previous_response_id: str | None,
+                            earlier: Mapping[str, list[dict[str, Any]]] | None = None,
+                            ) -> tuple[list[dict[str, Any]], list[Message]]:
+    """A request's input items after ``previous_response_id``'s conversation (looked up in ``earlier`` first: a
+    WebSocket connection's own responses), and the same as messages."""
+    items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else list(given or [])
+    history: list[dict[str, Any]] = []
+    if previous_response_id:
+        known = (earlier or {}).get(previous_response_id)
+        history = list(known) if known is not None else await store.conversation(previous_response_id)
+    conversation = [*history, *items]
+    return conversation, input_messages(conversation)
+
+
+def with_instructions(messages: list[Message], instructions: str | None) -> list[Message]:
+    """``instructions`` first, as the system message, and every tool result answering a call before it."""
+    if instructions:
+        messages.insert(0, Message("system", [TextBlock(instructions)]))
+    check_tool_results(messages, "input")
+    return messages
+
+
 async def start_response(body: ResponsesRequest, request: HTTPConnection,
                          earlier: Mapping[str, list[dict[str, Any]]] | None = None) -> ResponseRun:
     """Validate the request, build its conversation (after ``previous_response_id``'s, looked up in ``earlier``
@@ -489,19 +516,10 @@ async def start_response(body: ResponsesRequest, request: HTTPConnection,
     if body.background:
         raise InvalidRequest("background responses are not supported", param="background")
     store = ResponseStore(request)
-    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
-        else list(body.input)
-    history: list[dict[str, Any]] = []
-    if body.previous_response_id:
-        known = (earlier or {}).get(body.previous_response_id)
-        history = list(known) if known is not None else await store.conversation(body.previous_response_id)
-    conversation = [*history, *items]
-    messages = input_messages(conversation)
+    conversation, messages = await read_conversation(store, body.input, body.previous_response_id, earlier)
     if not any(m.role in ("user", "tool") for m in messages):
         raise InvalidRequest("'input' needs at least one user message or tool output", param="input")
-    if body.instructions:
-        messages.insert(0, Message("system", [TextBlock(body.instructions)]))
-    check_tool_results(messages, "input")
+    messages = with_instructions(messages, body.instructions)
     tools = tools_of(body.tools)
     effort = (body.reasoning or {}).get("effort")
     generation_request = GenerationRequest(
@@ -584,10 +602,8 @@ def socket_request(text: str | None, limit: int) -> ResponsesRequest:
     try:
         return ResponsesRequest.model_validate(fields)
     except ValidationError as exc:
-        problems = exc.errors()
-        where = ".".join(str(part) for part in problems[0]["loc"]) if problems else None
-        raise InvalidRequest(f"invalid value for '{where}': {problems[0]['msg']}" if problems and where
-                             else "invalid response.create event", param=where or None) from exc
+        message, where = describe_validation(exc)
+        raise InvalidRequest(message, param=where) from exc
 
 
 @router.websocket("/v1/responses")
@@ -668,17 +684,10 @@ async def compact_response(body: CompactRequest, request: Request) -> JSONRespon
     the result is the user's messages and one compaction item holding the summary. It is stored, so a later request
     continues from it with ``previous_response_id`` (or by sending its output as input)."""
     store = ResponseStore(request)
-    items = [{"type": "message", "role": "user", "content": body.input}] if isinstance(body.input, str) \
-        else list(body.input or [])
-    history = await store.conversation(body.previous_response_id) if body.previous_response_id else []
-    conversation = [*history, *items]
-    messages = input_messages(conversation)
+    conversation, messages = await read_conversation(store, body.input, body.previous_response_id)
     if not messages:
         raise InvalidRequest("there is nothing to compact: give 'input' or 'previous_response_id'", param="input")
-    if body.instructions:
-        messages.insert(0, Message("system", [TextBlock(body.instructions)]))
-    check_tool_results(messages, "input")
-    messages.append(Message("user", [TextBlock(COMPACT_PROMPT)]))
+    messages = [*with_instructions(messages, body.instructions), Message("user", [TextBlock(COMPACT_PROMPT)])]
     generation = await runtime_of(request).start(GenerationRequest(
         model=body.model, messages=messages, tools=tools_of(body.tools), reasoning=False,
         session_id=session_id(request.headers, body.prompt_cache_key)))
