@@ -237,8 +237,7 @@ class Runtime:
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
                 _metrics=self.scheduler.metrics, replica=first.get("replica"), cache=first.get("cache"),
-                follow_up=follow_up, sampling={**DEFAULT_SAMPLING, **(op.get("sampling") or {}),
-                                               **request.sampling.as_dict()},
+                follow_up=follow_up, sampling={**DEFAULT_SAMPLING, **requested_sampling(record, request)},
             )
         except BaseException:
             await stack.aclose()
@@ -421,13 +420,11 @@ class Runtime:
         return text if text and prompt.startswith(text) else None
 
     def _parser(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
-                prompt: Any = None) -> Parser | None:
+                prompt: str | None = None) -> Parser | None:
         template = self.template(record, loaded)
         chosen = self.tool_format(record, loaded)
-        style: str = chosen
-        forced = bool(request.tools) and request.tool_choice.mode in ("required", "function")
-        if forced:
-            style = forced_format(chosen, template, self.backend(loaded))  # what the grammar makes it write
+        forced = self._forced_style(record, loaded, request)
+        style: str = forced or chosen  # a forced call: what the grammar makes the model write
         thinks = (template.thinks or chosen in THINKING_FORMATS) and request.reasoning is not False \
             and not request.raw
         tools = request.parses_tool_calls() and request.messages is not None
@@ -436,14 +433,18 @@ class Runtime:
         if not tools and not thinks:
             return None
         # A forced call is all the grammar lets the model write, even after a prompt that opened the reasoning
-        opened = thinks and not forced and isinstance(prompt, str) and prompt.rstrip().endswith("<think>")
+        opened = thinks and forced is None and prompt is not None and prompt.rstrip().endswith("<think>")
         return parser_for(style, tools=tools, reasoning=thinks, opened=opened,
                           functions={tool.name: tool.parameters for tool in request.tools})
 
-    @staticmethod
-    def backend(loaded: LoadedModel) -> str:
+    def _forced_style(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest) -> str | None:
+        """The form a forced call (tool_choice required or named) is constrained to; None when none is forced.
+        The grammar (``_constraint``) and the parser (``_parser``) both follow it."""
+        if not request.tools or request.tool_choice.mode not in ("required", "function"):
+            return None
         info = loaded.worker.info
-        return str(info.get("backend", "")) if info else ""
+        backend = str(info.get("backend", "")) if info else ""
+        return forced_format(self.tool_format(record, loaded), self.template(record, loaded), backend)
 
     def tool_format(self, record: ModelRecord, loaded: LoadedModel) -> prompting.ToolFormat:
         """How the model writes tool calls: its Modelfile's PARSER, else what its chat template shows."""
@@ -453,14 +454,14 @@ class Runtime:
         """The grammar the output must follow: a forced or lazy tool call, or the response format."""
         choice: ToolChoice = request.tool_choice
         tool_format = self.tool_format(record, loaded)
-        if request.tools and choice.mode in ("required", "function"):
+        forced = self._forced_style(record, loaded, request)
+        if forced is not None:
             tools = request.tools
             if choice.mode == "function":
                 tools = [tool for tool in request.tools if tool.name == choice.name]
                 if not tools:
                     raise InvalidRequest(f"tool_choice names '{choice.name}', which is not among the tools",
                                          param="tool_choice")
-            forced = forced_format(tool_format, self.template(record, loaded), self.backend(loaded))
             return Constraint(type="tool_call", format=forced,  # type: ignore[typeddict-item]
                               tools=[{"name": t.name, "parameters": t.parameters} for t in tools])
         if request.response_format is not None:
@@ -476,8 +477,7 @@ class Runtime:
     def _operation(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
                    messages: list[Message] | None) -> GenerateOp:
         params = record.parameters
-        sampling: dict[str, Any] = {k: v for k, v in params.items() if k in SAMPLING_KEYS}
-        sampling.update(request.sampling.as_dict())
+        sampling = requested_sampling(record, request)
         model_stops = list(params.get("stop", [])) if isinstance(params.get("stop"), list) else []  # type: ignore[arg-type]
         stop = list(dict.fromkeys([*(request.stop or []), *model_stops]))
         max_tokens = request.max_tokens
@@ -511,13 +511,18 @@ class Target(Protocol):
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """Frames: ``prompt`` (accepted) or ``error`` first, then ``text``/``event`` frames and ``done``."""
 
-    def parser(self, request: GenerationRequest, prompt: Any = None) -> Parser | None:
+    def parser(self, request: GenerationRequest, prompt: str | None = None) -> Parser | None:
         """What turns generated text into tool calls and reasoning, when the target yields raw text."""
 
 
 # Families whose models open with <think> (GLM-4.5+, DeepSeek-V3.1 in thinking mode) even when a Modelfile's PARSER
 # names them over a template that does not show it (Harmony's analysis channel is parsed whenever it is the format).
 THINKING_FORMATS = frozenset({"glm-4.5", "deepseek-v3.1"})
+
+
+def requested_sampling(record: ModelRecord, request: GenerationRequest) -> dict[str, Any]:
+    """The sampling a request asks for: its own values over its Modelfile's (the engine's defaults fill the rest)."""
+    return {**{k: v for k, v in record.parameters.items() if k in SAMPLING_KEYS}, **request.sampling.as_dict()}
 
 
 def forced_format(style: prompting.ToolFormat, template: prompting.Template, backend: str = "llama.cpp") -> str:
@@ -549,7 +554,7 @@ class LocalTarget:
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self.loaded.worker.generate(op, idle=self.runtime.settings.stream_keepalive)  # type: ignore[arg-type]
 
-    def parser(self, request: GenerationRequest, prompt: Any = None) -> Parser | None:
+    def parser(self, request: GenerationRequest, prompt: str | None = None) -> Parser | None:
         return self.runtime._parser(self.record, self.loaded, request, prompt)
 
 
@@ -584,7 +589,7 @@ class RemoteTarget:
     def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         return self.pool.generate(op)
 
-    def parser(self, request: GenerationRequest, prompt: Any = None) -> Parser | None:
+    def parser(self, request: GenerationRequest, prompt: str | None = None) -> Parser | None:
         return None  # the upstream parsed its own tool calls and reasoning
 
 
