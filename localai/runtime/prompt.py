@@ -17,8 +17,11 @@ from typing import Any, Literal
 
 from localai.errors import InvalidRequest
 from localai.models import chat_template
+from localai.runtime.formats.json_calls import DEEPSEEK_CLOSE, DEEPSEEK_OPEN, DEEPSEEK_OUTER, DEEPSEEK_SEP, SPACE
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
 
+# What in a template's source shows DeepSeek-V3.1's calls (its Jinja spells the markers in pieces)
+DEEPSEEK_MARKERS = (f"tool{SPACE}sep", f"tool{SPACE}call{SPACE}begin")
 ToolFormat = Literal["hermes", "llama3", "mistral", "qwen3-coder", "harmony", "glm-4.5", "deepseek-v3.1"]
 # What in a chat template says how its model writes calls, most specific first (Qwen3-Coder's template also
 # has <tool_call>; Harmony's has no call tags at all, only its channels).
@@ -26,7 +29,7 @@ FORMAT_MARKERS: tuple[tuple[tuple[str, ...], ToolFormat], ...] = (
     (("<|channel|>",), "harmony"),
     (("<function=", "<parameter="), "qwen3-coder"),
     (("<arg_key>",), "glm-4.5"),
-    (("tool\u2581sep", "tool\u2581call\u2581begin"), "deepseek-v3.1"),
+    (DEEPSEEK_MARKERS, "deepseek-v3.1"),
     (("[TOOL_CALLS]",), "mistral"),
     (("<|python_tag|>",), "llama3"),
     (("ipython",), "llama3"),
@@ -45,9 +48,8 @@ TOOLS_PREAMBLE = (
 DEEPSEEK_TOOLS = (
     "## Tools\nYou have access to the following tools:\n\n{tools}"
     "IMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
-    "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>tool_call_name"
-    "<\uff5ctool\u2581sep\uff5c>tool_call_arguments<\uff5ctool\u2581call\u2581end\uff5c>{{additional_tool_calls}}"
-    "<\uff5ctool\u2581calls\u2581end\uff5c>\n\n"
+    f"{DEEPSEEK_OUTER[0]}{DEEPSEEK_OPEN}tool_call_name{DEEPSEEK_SEP}tool_call_arguments{DEEPSEEK_CLOSE}"
+    f"{{{{additional_tool_calls}}}}{DEEPSEEK_OUTER[1]}\n\n"
     "Where:\n- `tool_call_name` must be an exact match to one of the available tools\n"
     "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema\n"
     "- For multiple tool calls, chain them directly without separators or spaces"
@@ -76,7 +78,7 @@ class Template:
     def _renders_calls_in_own_format(self) -> bool:
         """Calls rendered in a known format's own markers, the tool list left to the system prompt (DeepSeek-V3.1)."""
         source = self.source or ""
-        return "tool_calls" in source and all(m in source for m in ("tool\u2581sep", "tool\u2581call\u2581begin"))
+        return "tool_calls" in source and all(marker in source for marker in DEEPSEEK_MARKERS)
 
     @property
     def thinks(self) -> bool:
