@@ -343,9 +343,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
             elif isinstance(event, Finished):
                 yield sse(chunk({}, finish_reason(event.reason)))
                 if include_usage:
-                    yield sse({"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                               "model": body.model, "system_fingerprint": fingerprint, "choices": [],
-                               "usage": usage_json(event.usage)})
+                    yield sse({**chunk({}), "choices": [], "usage": usage_json(event.usage)})
         yield sse("[DONE]")
 
     return stream_response(generation, stream(), sse_error, headers={**SSE_HEADERS, **headers})
