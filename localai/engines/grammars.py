@@ -122,8 +122,8 @@ JSON_ARGUMENT_CALLS = {  # format: (before the name, between the name and the JS
 TAGGED_CALLS = {  # format: (call open, name open, name close, key open, key close, value close, call close)
     "qwen3-coder": ("<tool_call>\n", "<function=", ">\n", "<parameter=", ">\n", "\n</parameter>\n",
                     "</function>\n</tool_call>"),
-    "glm-4.5": ("<tool_call>", "", "\n"  # GLM-4.5/4.6 break lines between the tags, GLM-4.7 does not
-                , "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n", "</tool_call>"),
+    # GLM-4.5/4.6 break lines between the tags, GLM-4.7 does not (the grammar makes the breaks optional)
+    "glm-4.5": ("<tool_call>", "", "\n", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>\n", "</tool_call>"),
 }
 NATIVE_FORCED = frozenset({*JSON_ARGUMENT_CALLS, *TAGGED_CALLS})
 _TOKEN = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]|[A-Za-z0-9-]+|.', re.S)
