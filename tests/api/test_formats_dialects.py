@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from tests.api.test_formats_cases import DIALECTS as READERS
 from tests.metagguf import metadata_gguf
 from tests.test_formats_roundtrip import SCHEMAS, write
 
@@ -49,93 +50,22 @@ def said(style: str, long: bool) -> str:
     return "[[say:" + write(style, text, reasoning, calls) + "]]"
 
 
-def sse(lines: list[str]) -> list[dict[str, Any]]:
-    return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
-
-
-def openai_chat(api: TestClient, name: str, ask: str, stream: bool) -> tuple[str, list[tuple[str, Any]]]:
-    body = {"model": name, "stream": stream, "messages": [{"role": "user", "content": ask}],
-            "tools": [{"type": "function", "function": tool} for tool in TOOLS]}
-    if not stream:
-        message = api.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
-        return message["content"] or "", [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-                                          for c in message["tool_calls"] or []]
-    with api.stream("POST", "/v1/chat/completions", json=body) as response:
-        chunks = sse(list(response.iter_lines()))
-    text, calls = "", {}
-    for chunk in chunks:
-        for choice in chunk.get("choices", []):
-            delta = choice["delta"]
-            text += delta.get("content") or ""
-            for call in delta.get("tool_calls") or []:
-                entry = calls.setdefault(call["index"], ["", ""])
-                entry[0] += call.get("function", {}).get("name") or ""
-                entry[1] += call.get("function", {}).get("arguments") or ""
-    return text, [(n, json.loads(a)) for n, a in (calls[i] for i in sorted(calls))]
-
-
-def anthropic(api: TestClient, name: str, ask: str, stream: bool) -> tuple[str, list[tuple[str, Any]]]:
-    body = {"model": name, "stream": stream, "max_tokens": 100000, "messages": [{"role": "user", "content": ask}],
-            "tools": [{"name": t["name"], "input_schema": t["parameters"]} for t in TOOLS]}
-    if not stream:
-        blocks = api.post("/v1/messages", json=body).json()["content"]
-        return ("".join(b["text"] for b in blocks if b["type"] == "text"),
-                [(b["name"], b["input"]) for b in blocks if b["type"] == "tool_use"])
-    with api.stream("POST", "/v1/messages", json=body) as response:
-        events = sse(list(response.iter_lines()))
-    text, calls = "", {}
-    for event in events:
-        if event["type"] == "content_block_start" and event["content_block"]["type"] == "tool_use":
-            calls[event["index"]] = [event["content_block"]["name"], ""]
-        elif event["type"] == "content_block_delta":
-            delta = event["delta"]
-            if delta["type"] == "text_delta":
-                text += delta["text"]
-            elif delta["type"] == "input_json_delta":
-                calls[event["index"]][1] += delta["partial_json"]
-    return text, [(n, json.loads(a)) for n, a in (calls[i] for i in sorted(calls))]
-
-
-def responses(api: TestClient, name: str, ask: str, stream: bool) -> tuple[str, list[tuple[str, Any]]]:
-    body = {"model": name, "stream": stream, "input": ask, "tools": [{"type": "function", **tool} for tool in TOOLS]}
-    if not stream:
-        output = api.post("/v1/responses", json=body).json()["output"]
-    else:
-        with api.stream("POST", "/v1/responses", json=body) as response:
-            events = sse(list(response.iter_lines()))
-        output = next(e["response"]["output"] for e in events if e["type"] == "response.completed")
-        deltas = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
-        assert deltas == "".join(item["arguments"] for item in output if item["type"] == "function_call")
-    text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
-    return text, [(i["name"], json.loads(i["arguments"])) for i in output if i["type"] == "function_call"]
-
-
-def ollama(api: TestClient, name: str, ask: str, stream: bool) -> tuple[str, list[tuple[str, Any]]]:
-    body = {"model": name, "stream": stream, "messages": [{"role": "user", "content": ask}],
-            "tools": [{"type": "function", "function": tool} for tool in TOOLS]}
-    if not stream:
-        message = api.post("/api/chat", json=body).json()["message"]
-        lines = [message]
-    else:
-        with api.stream("POST", "/api/chat", json=body) as response:
-            lines = [json.loads(line)["message"] for line in response.iter_lines() if line]
-    text = "".join(line.get("content") or "" for line in lines)
-    calls = [(c["function"]["name"], c["function"]["arguments"])
-             for line in lines for c in line.get("tool_calls") or []]
+def read(dialect: str, api: TestClient, name: str, ask: str, stream: bool) -> tuple[str, list[tuple[str, Any]]]:
+    """The reply's text and calls as ``dialect``'s client gets them (tests/api/test_formats_cases.py's readers)."""
+    text, _, calls = READERS[dialect](api, {"model": name, "messages": [{"role": "user", "content": ask}]}, stream)
     return text, calls
 
 
-DIALECTS = {"openai": openai_chat, "anthropic": anthropic, "responses": responses, "ollama": ollama}
 
 
 @pytest.mark.parametrize("style", list(STYLES))
-@pytest.mark.parametrize("dialect", list(DIALECTS))
+@pytest.mark.parametrize("dialect", list(READERS))
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
 def test_each_format_through_each_dialect(api: TestClient, weights: Path, style: str, dialect: str,
                                           stream: bool) -> None:
     long = dialect == "openai"  # the 2,000-line file once per format and way of sending (it is 100k tokens here)
     text, _, calls = reply(style, long=long)
-    got_text, got_calls = DIALECTS[dialect](api, model(api, weights, style), said(style, long), stream)
+    got_text, got_calls = read(dialect, api, model(api, weights, style), said(style, long), stream)
     assert got_text.strip() == text
     assert got_calls == calls
 
