@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo test test-fast lint typecheck unit install install-test install-agents bench stress clean
+.PHONY: demo test test-fast test-gpu lint typecheck unit install install-test install-agents bench stress clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,30 @@ test: install-test install-agents lint typecheck
 ## test-fast: lint, type-check and the tests that load no model and run no agent (about a minute and a half)
 test-fast: install-test lint typecheck
 	$(BIN)/python -m pytest -q --durations=10 -m "not model and not agents"
+
+# The GPU tier: llama-cpp-python built for GPU_BACKEND (vulkan or cuda) into a venv of its own (the wheel is built once
+# and kept in GPU_WHEELS), then tests/gpu on whatever device llama.cpp finds. Not part of `make test`: the build
+# alone takes minutes. Vulkan on a machine without a GPU runs on Mesa's llvmpipe, a CPU-type device that llama.cpp
+# skips unless GGML_VK_VISIBLE_DEVICES names it (0 here by default).
+GPU_BACKEND ?= vulkan
+GPU_VENV ?= .venv-gpu
+GPU_WHEELS ?= $(HOME)/.cache/localai/wheels/$(GPU_BACKEND)
+GGML_VK_VISIBLE_DEVICES ?= 0
+export GGML_VK_VISIBLE_DEVICES
+
+$(GPU_VENV)/.installed-$(GPU_BACKEND): pyproject.toml packaging/gpu/build-llama-cpp.sh
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip setuptools wheel
+	PYTHON=$(GPU_VENV)/bin/python packaging/gpu/build-llama-cpp.sh $(GPU_BACKEND) $(GPU_WHEELS)
+	$(GPU_VENV)/bin/python -m pip install --quiet --force-reinstall --no-deps $(GPU_WHEELS)/llama_cpp_python-*.whl
+	$(GPU_VENV)/bin/python -m pip install --quiet -e '.[gpu-test]'
+	rm -f $(GPU_VENV)/.installed-*
+	touch $@
+
+## test-gpu: build llama.cpp for a GPU (GPU_BACKEND=vulkan, or cuda) and run the GPU tier on the device it finds
+test-gpu: $(GPU_VENV)/.installed-$(GPU_BACKEND)
+	$(GPU_VENV)/bin/python -m localai.engines.llama_devices; echo
+	GPU_TIER_REQUIRED=1 $(GPU_VENV)/bin/python -m pytest -q -o timeout=900 --durations=10 tests/gpu tests/test_placement.py
 
 lint: install-test
 	$(BIN)/ruff check localai tests tui

@@ -119,6 +119,7 @@ class ModelInfo(TypedDict):
     architecture: str
     flash_attention: bool
     kv_type: str
+    placement: dict[str, Any]  # engines/placement.Placement.report(): layers on the GPU, bytes there, processor
 
 
 class Usage(TypedDict):

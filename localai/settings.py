@@ -94,6 +94,11 @@ class Settings(BaseSettings):
         "does unless llama.cpp was built with AMX kernels, which crash on some Sapphire Rapids machines "
         "(llama.cpp #20824); `on` always, `off` never (llama.cpp's --no-repack).",
     )
+    gpu_overhead: int = Field(
+        default=0, ge=0,
+        description="Bytes to leave free on each GPU when placing a model's layers by free memory (for other "
+        "programs, or a display), on top of the 512 MiB kept for llama.cpp's compute buffers.",
+    )
     engine: Literal["llama.cpp", "mlx", "scripted"] | None = Field(
         default=None,
         description="The preferred engine: models whose weights it can load run on it, and a library pull with "

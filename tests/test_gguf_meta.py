@@ -49,11 +49,20 @@ def reference(path: Path) -> GGUFMetadata:
     attention = AttentionShape(layers, list(kv) if isinstance(kv, list) else [int(kv or heads)] * layers,
                                int(head_size), int(field(f"{arch}.attention.value_length") or head_size),
                                window, 0.5 if window else 0.0) if layers and head_size else None
+    # each tensor's bytes run to the next one's start (padding included), the last one's to the end of the file
+    ordered = sorted(reader.tensors, key=lambda tensor: int(tensor.data_offset))
+    ends = [int(tensor.data_offset) for tensor in ordered[1:]] + [path.stat().st_size]
+    sizes = {tensor.name: end - int(tensor.data_offset) for tensor, end in zip(ordered, ends, strict=True)}
+    layer_bytes = [sum(size for name, size in sizes.items() if name.startswith(f"blk.{index}."))
+                   for index in range(layers)] if layers else None
+    output_bytes = sum(size for name, size in sizes.items() if name.startswith("output"))
+    if "output.weight" not in sizes:
+        output_bytes += sizes.get("token_embd.weight", 0)
     return GGUFMetadata(
         architecture=arch, context_length=int(field(f"{arch}.context_length") or 0),
         quantization=FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "unknown",
         parameter_size=str(label), chat_template=field("tokenizer.chat_template") or None,
-        name=field("general.name"), attention=attention,
+        name=field("general.name"), attention=attention, layer_bytes=layer_bytes, output_bytes=output_bytes,
     )
 
 
@@ -98,7 +107,8 @@ def test_real_models_read_as_the_full_reader_reads_them(smollm2_path: Path, gemm
     assert smol.chat_template and "<|im_start|>" in smol.chat_template
     gemma = read_metadata(gemma3_path)  # 262k-token vocabulary: the full reader takes seconds, so facts, not parity
     shape = asdict(gemma).pop("attention")
-    assert {k: v for k, v in asdict(gemma).items() if k != "attention"} == {
+    assert gemma.layer_bytes is not None and len(gemma.layer_bytes) == 18 and gemma.output_bytes > 0
+    assert {k: v for k, v in asdict(gemma).items() if k not in ("attention", "layer_bytes", "output_bytes")} == {
         "architecture": "gemma3", "context_length": 32768, "quantization": "Q4_K_M", "parameter_size": "270M",
         "chat_template": None, "name": "Gemma 3 270m"}
     assert (shape["layers"], shape["kv_heads"][0], shape["key_length"], shape["sliding_window"]) == (18, 1, 256, 512)

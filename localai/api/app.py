@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import localai.api.pull as pull_api
 from localai import __version__, paths
-from localai.api import anthropic, cache, ollama, openai, responses
+from localai.api import anthropic, cache, info, ollama, openai, responses
 from localai.api.errors import install_error_handlers
 from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, is_loopback_host
 from localai.models.watcher import ModelfileWatcher, stop_quietly
@@ -59,6 +59,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.include_router(anthropic.router)
     app.include_router(ollama.router)
     app.include_router(cache.router)
+    app.include_router(info.router)
     app.include_router(pull_api.router)
     if settings.origins:
         app.add_middleware(

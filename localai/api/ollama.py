@@ -431,14 +431,17 @@ async def ps(request: Request) -> dict[str, Any]:
         expires = (dt.datetime.fromtimestamp(loaded.expires_at, dt.UTC).isoformat()
                    if loaded.expires_at is not None else None)
         options = loaded.worker.options
+        placed = _placement_of(request, loaded.name) or {}
         kv = kv_bytes(attention_of(record), int(options.get("num_ctx") or 0), int(options.get("n_parallel") or 1),
                       str(options.get("kv_type") or "f16"))
         models.append({
             "name": loaded.name, "model": loaded.name, "size": record.size + kv, "digest": record.sha256,
             "kv_bytes": kv, "kv_type": options.get("kv_type", "f16"),  # localai extensions: the KV cache's part
-            "details": details(record), "expires_at": expires, "size_vram": 0,
+            "details": details(record), "expires_at": expires,
+            "size_vram": placed["device_bytes"] if placed.get("layers") else 0,
             "context_length": info["n_ctx"] if info else None, "active_requests": loaded.active,
-            "processor": "cpu" if loaded.worker.options.get("num_gpu", -1) == 0 else "auto",
+            "processor": placed.get("processor", "100% CPU"),
+            "placement": placed,  # localai extension: layers on the GPU, the devices, and why
             "pid": loaded.worker.pid, "keep_alive": loaded.keep_alive,
             "engine": loaded.worker.backend, "queued": runtime_of(request).scheduler.queued.get(loaded.name, 0),
         })
@@ -508,7 +511,15 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
                        "sequences": settings.num_parallel, "available_bytes": fitted.available_bytes,
                        "chosen_by": fitted.chosen_by, "advice": fitted.advice}} if fitted else {}),
         **({"remote": remote} if remote else {}),  # localai extension: upstream model, kind, replicas' health
+        **({"placement": placement} if (placement := _placement_of(request, record.name)) else {}),
     }
+
+
+def _placement_of(request: Request, name: str) -> dict[str, Any] | None:
+    """Where a loaded model's layers run (engines/placement.py), as its worker reported it; None when not loaded."""
+    loaded = runtime_of(request).scheduler.loaded.get(name)
+    info = loaded.worker.info if loaded is not None else None
+    return dict(info["placement"]) if info and info.get("placement") else None
 
 
 @router.delete("/api/delete")

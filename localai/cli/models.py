@@ -97,15 +97,60 @@ def ps() -> None:
     running = client.is_running()
     models = client.request("GET", "/api/ps")["models"] if running else []
     _table(
-        ["NAME", "ENGINE", "PID", "CONTEXT", "ACTIVE", "QUEUED", "UNTIL"],
-        [[m["name"], m.get("engine", ""), str(m["pid"] or "-"), str(m["context_length"] or "-"),
-          str(m["active_requests"]), str(m.get("queued", 0)), _until(m)] for m in models],
+        ["NAME", "ENGINE", "SIZE", "PROCESSOR", "PID", "CONTEXT", "ACTIVE", "QUEUED", "UNTIL"],
+        [[m["name"], m.get("engine", ""), _gib(m.get("size", 0)), m.get("processor", ""), str(m["pid"] or "-"),
+          str(m["context_length"] or "-"), str(m["active_requests"]), str(m.get("queued", 0)), _until(m)]
+         for m in models],
     )
     broken = _broken_modelfiles(client) if running else []
     if broken:
         click.echo("\nBroken Modelfiles (a model created from one earlier keeps that version):")
         for item in broken:
             click.echo(f"  {_where(item)}")
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB" if size else "-"
+
+
+@cli.command()
+@click.argument("model", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@fail_cleanly
+def info(model: str | None, as_json: bool) -> None:
+    """What this machine runs models on (llama.cpp's backends and devices, MLX), and where MODEL would run."""
+    import json
+    import urllib.parse
+
+    client = _client()
+    report = client.request("GET", "/api/info" + (f"?model={urllib.parse.quote(model)}" if model else ""))
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    llama = report["llama_cpp"]
+    if "error" in llama:
+        click.echo(f"llama.cpp      {llama['error']}")
+    else:
+        click.echo(f"llama.cpp      llama-cpp-python {llama['llama_cpp_python']}, backends: "
+                   f"{', '.join(llama['backends'])}{'' if llama['gpu_offload'] else ' (no GPU offload)'}")
+        for device in llama["devices"]:
+            click.echo(f"  {device['name']:<12} {device['type']:<5} {device['description']}: "
+                       f"{device['free'] / 2**30:.1f} of {device['total'] / 2**30:.1f} GiB free")
+    mlx = report["mlx"]
+    click.echo(f"MLX            {'installed' if mlx['installed'] else 'not installed'}"
+               f"{', preferred (Apple Silicon)' if mlx['preferred'] else ''}")
+    click.echo(f"RAM free       {report['host_free'] / 2**30:.1f} GiB")
+    chosen = report.get("model")
+    if chosen:
+        click.echo(f"\n{chosen['name']}")
+        click.echo(f"  engine       {chosen['engine']}: {chosen['engine_reason']}")
+        if "error" in chosen:
+            click.echo(f"  cannot load  {chosen['error']}")
+        for label, placement in (("placement", chosen.get("placement")), ("loaded", chosen.get("loaded"))):
+            if placement:
+                click.echo(f"  {label:<12} {placement['processor']}: {placement['layers']}/{placement['layers_total']} "
+                           f"layers, {placement['device_bytes'] / 2**30:.2f} GiB on the GPU of "
+                           f"{placement['total_bytes'] / 2**30:.2f} GiB; {placement['reason']}")
 
 
 def _until(model: dict[str, Any]) -> str:
@@ -172,6 +217,11 @@ def show(model: str, part: str | None) -> None:
                    f"({memory['kv_type']})")
         if memory.get("advice"):
             click.echo(f"    {'note':<16}{memory['advice']}")
+    placement = info.get("placement")
+    if placement:
+        devices = ", ".join(f"{d['name']} ({d['description']})" for d in placement["devices"]) or "CPU"
+        click.echo(f"    {'processor':<16}{placement['processor']}: {placement['layers']}/"
+                   f"{placement['layers_total']} layers on {devices}, {placement['device_bytes'] / 2**30:.2f} GiB")
     remote = info.get("remote")
     if remote:
         click.echo("\n  Remote")

@@ -34,6 +34,13 @@ class LoadOptions:
     cache_dir: str | None = None
     cache_max_bytes: int = 8 << 30
     cache_ram_bytes: int = 256 << 20
+    # For placing layers on a GPU (engines/placement.py), from the GGUF header and the window's KV estimate:
+    layer_bytes: list[int] | None = None  # each repeating layer's weights (None: not read; llama.cpp offloads all)
+    output_bytes: int = 0
+    weights_bytes: int = 0
+    kv_bytes: int = 0
+    gpu_overhead: int = 0  # bytes to leave free on each GPU (LOCALAI_GPU_OVERHEAD)
+    host_free: int | None = None  # the system's free memory when the load began (not part of the reload key)
 
 
 class BatchItem(NamedTuple):

@@ -15,11 +15,13 @@ from typing import Any, ClassVar
 
 import llama_cpp as L
 
-from localai.engines import llama_state
+from localai.engines import llama_devices, llama_state
 from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
 from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
+from localai.engines.llama_devices import LoadReport
 from localai.engines.llama_embed import EmbeddingContext
 from localai.engines.llama_tokens import PrefixTokenizer, Vocabulary
+from localai.engines.placement import ModelSizes, Placement, cpu_only, place
 from localai.promptcache.store import StateBytes
 from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
 
@@ -31,13 +33,17 @@ KV_TYPES = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYP
 __all__ = ["DEFAULT_SAMPLING", "LlamaCppEngine", "LoadOptions"]
 
 _LOG_CALLBACK: Any = None
+_LOAD_REPORT: LoadReport | None = None  # fed by llama.cpp's log while a model loads
 
 
 def quiet_llama_logs(debug: bool) -> None:
-    """Route llama.cpp's logging: silence it unless debugging (it writes to stderr otherwise)."""
+    """Route llama.cpp's logging: silence it unless debugging (it writes to stderr otherwise); while a model loads,
+    what it says of offloaded layers and buffers goes to the ``LoadReport``."""
     global _LOG_CALLBACK
 
     def callback(level: int, text: bytes, _user: Any) -> None:
+        if _LOAD_REPORT is not None and text:
+            _LOAD_REPORT.feed(text.decode(errors="replace"))
         if debug and text:
             log.debug("llama.cpp: %s", text.decode(errors="replace").rstrip())
 
@@ -71,13 +77,68 @@ class LlamaCppEngine:
         if not model_params.use_extra_bufts and options.cpu_repack == "auto":
             log.info("llama.cpp was built with AMX kernels, which crash on some CPUs (llama.cpp #20824): weights "
                      "are not repacked (LOCALAI_CPU_REPACK=on to repack anyway)")
-        if options.num_gpu >= 0:
-            model_params.n_gpu_layers = options.num_gpu
-        else:
-            model_params.n_gpu_layers = 999  # offload everything a GPU build can take
-        self.model = L.llama_model_load_from_file(options.model_path.encode(), model_params)
-        if not self.model:
-            raise RuntimeError(f"llama.cpp could not load {options.model_path}")
+        global _LOAD_REPORT
+        self.placement = self._place(options)
+        model_params.n_gpu_layers = self.placement.layers
+        _LOAD_REPORT = report = LoadReport()
+        try:
+            self.model = L.llama_model_load_from_file(options.model_path.encode(), model_params)
+            if not self.model:
+                raise RuntimeError(f"llama.cpp could not load {options.model_path}")
+            self._create_context(options)
+        finally:
+            _LOAD_REPORT = None
+        self._reported(report)
+        self.batch = L.llama_batch_init(options.n_batch, 0, 1)
+        self._piece = ctypes.create_string_buffer(256)
+        self._state_buffer = bytearray()  # seq_state's, reused
+        self.bos_id = int(L.llama_vocab_bos(self.vocab))
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self.embedder: EmbeddingContext | None = None  # created on the first embedding request
+        self.n_swa = int(L.llama_model_n_swa(self.model))  # sliding window (Gemma 3): its KV holds only the window
+        self.prompt_tokens = PrefixTokenizer(self._vocabulary, self._tokenize_whole, self.tokenize_special)
+
+    def _place(self, options: LoadOptions) -> Placement:
+        """The layers to offload (``engines/placement.py``): by the GPUs' free memory, or ``num_gpu``."""
+        found = llama_devices.devices()
+        gpus = [device for device in found if device.offloads]
+        backends = [name for name in llama_devices.backends() if name not in ("CPU", "BLAS", "RPC")]
+        if not gpus:
+            if backends:  # a GPU build whose device is gone (unplugged, hidden, driver missing)
+                hint = " (a CPU Vulkan driver such as llvmpipe needs GGML_VK_VISIBLE_DEVICES=0)" \
+                    if "Vulkan" in backends else ""
+                log.warning("llama.cpp's %s backend found no device%s: running on the CPU", "/".join(backends), hint)
+            layers = len(options.layer_bytes) + 1 if options.layer_bytes is not None else 0
+            return cpu_only(options.weights_bytes + options.kv_bytes, layers, "no GPU: llama.cpp found no device to "
+                            f"offload to (backends: {', '.join(llama_devices.backends())})")
+        if options.layer_bytes is None:  # sizes not read: as llama.cpp's own default, every layer (or num_gpu)
+            layers = options.num_gpu if options.num_gpu >= 0 else 999
+            return Placement(layers, 0, 0, options.weights_bytes + options.kv_bytes, [], "the model's sizes are "
+                             "not known: " + (f"num_gpu {layers}" if layers < 999 else "every layer"))
+        sizes = ModelSizes(options.layer_bytes, options.output_bytes, options.kv_bytes, options.weights_bytes)
+        chosen = place(sizes, gpus, num_gpu=options.num_gpu, overhead=options.gpu_overhead,
+                       host_free=options.host_free)
+        log.info("placement: %d/%d layers on %s: %s", chosen.layers, chosen.layers_total,
+                 ", ".join(f"{d.name} ({d.description})" for d in gpus), chosen.reason)
+        return chosen
+
+    def _reported(self, report: LoadReport) -> None:
+        """The placement as llama.cpp carried it out: its own layer count and device buffer sizes where it said
+        them (model weights and KV cache), the estimate where it did not."""
+        placement = self.placement
+        if report.offloaded is not None and report.layers_total is not None:
+            placement.layers, placement.layers_total = report.offloaded, report.layers_total
+        elif placement.layers >= 999:
+            placement.layers = 0  # a CPU build: nothing was offloaded
+        measured = report.device_bytes()
+        if report.buffers:
+            placement.device_bytes = measured
+            placement.total_bytes = max(placement.total_bytes, sum(
+                size for key, size in report.buffers.items() if key.split()[1] in ("model", "KV")))
+        if not placement.layers:
+            placement.devices, placement.device_bytes = [], 0
+
+    def _create_context(self, options: LoadOptions) -> None:
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model))
         self.n_ctx = min(options.num_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else options.num_ctx
@@ -104,14 +165,6 @@ class LlamaCppEngine:
         if not self.ctx:
             raise RuntimeError("llama.cpp could not create a context (out of memory?)")
         self.memory = L.llama_get_memory(self.ctx)
-        self.batch = L.llama_batch_init(options.n_batch, 0, 1)
-        self._piece = ctypes.create_string_buffer(256)
-        self._state_buffer = bytearray()  # seq_state's, reused
-        self.bos_id = int(L.llama_vocab_bos(self.vocab))
-        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
-        self.embedder: EmbeddingContext | None = None  # created on the first embedding request
-        self.n_swa = int(L.llama_model_n_swa(self.model))  # sliding window (Gemma 3): its KV holds only the window
-        self.prompt_tokens = PrefixTokenizer(self._vocabulary, self._tokenize_whole, self.tokenize_special)
 
     def fingerprint_parts(self) -> dict[str, Any]:
         template = self.options.template or (L.llama_model_chat_template(self.model, None) or b"").decode()
@@ -141,6 +194,7 @@ class LlamaCppEngine:
             architecture=self._meta("general.architecture") or "unknown",
             flash_attention=self.options.flash_attention,
             kv_type=self.options.kv_type,
+            placement=self.placement.report(),
         )
 
     def _meta(self, key: str) -> str | None:

@@ -28,6 +28,7 @@ from mlx_lm.utils import load
 
 from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
 from localai.engines.grammars import GrammarError, lark_for
+from localai.engines.placement import Placement, cpu_only
 from localai.promptcache.store import StateBytes
 from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
 
@@ -123,8 +124,17 @@ class MlxEngine:
             bos_token=self.tokenizer.bos_token or "", eos_token=self.tokenizer.eos_token or "",
             chat_template=getattr(self.hf, "chat_template", None),
             architecture=str(self.config.get("model_type", "unknown")), flash_attention=False,
-            kv_type=self.kv_dtype,
+            kv_type=self.kv_dtype, placement=self.placement().report(),
         )
+
+    def placement(self) -> Placement:
+        """MLX runs the whole model on its default device: Apple's GPU through Metal (unified memory), else the
+        CPU (MLX's CPU backend on Linux)."""
+        total = self.options.weights_bytes + self.options.kv_bytes
+        if mx.default_device().type != mx.DeviceType.gpu:
+            return cpu_only(total, 1, "MLX runs on its CPU backend here")
+        device = {"name": "Metal", "description": "Apple GPU (unified memory)", "backend": "MLX Metal"}
+        return Placement(1, 1, total, total, [device], "MLX puts the whole model on the GPU")
 
     def fingerprint_parts(self) -> dict[str, Any]:
         template = self.options.template or getattr(self.hf, "chat_template", None) or ""

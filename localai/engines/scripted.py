@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
 from localai.engines.grammars import JSON_ARGUMENT_CALLS, NATIVE_FORCED, TAGGED_CALLS
+from localai.engines.placement import cpu_only
 from localai.promptcache.store import StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
 
@@ -110,7 +111,8 @@ class ScriptedEngine:
     def info(self) -> ModelInfo:
         return ModelInfo(backend=self.backend, engine_version="scripted 1", n_ctx=self.n_ctx, n_ctx_train=self.n_ctx,
                          n_parallel=self.n_seq, n_vocab=257, bos_token="", eos_token="", chat_template=None,
-                         architecture="scripted", flash_attention=False, kv_type="none")
+                         architecture="scripted", flash_attention=False, kv_type="none",
+                         placement=cpu_only(0, 0, "the scripted engine runs no model").report())
 
     def fingerprint_parts(self) -> dict[str, Any]:
         return {"engine": "scripted 1", "model_sha256": self.options.model_sha256 or self.options.model_path,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
@@ -52,8 +53,8 @@ _SCALARS: dict[int, struct.Struct] = {kind: struct.Struct(fmt) for kind, fmt in 
     (GGUFValueType.INT64, "<q"), (GGUFValueType.FLOAT64, "<d"),
 )}
 _U32, _U64 = _SCALARS[GGUFValueType.UINT32], _SCALARS[GGUFValueType.UINT64]
-_WANTED = ("general.architecture", "general.file_type", "general.size_label", "general.name",
-           "tokenizer.chat_template")
+_WANTED = ("general.alignment", "split.count", "general.architecture", "general.file_type", "general.size_label",
+           "general.name", "tokenizer.chat_template")
 # The attention shape, read per architecture (``{arch}.<key>``): what the KV cache holds per token.
 _SHAPE_KEYS = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
                "attention.key_length", "attention.value_length", "attention.sliding_window",
@@ -113,6 +114,8 @@ class GGUFMetadata:
     chat_template: str | None
     name: str | None
     attention: AttentionShape | None = None  # None when the file does not say (the memory rule then guesses)
+    layer_bytes: list[int] | None = None  # each repeating layer's tensors (None: a split GGUF, read in part)
+    output_bytes: int = 0  # the output layer's (the token embeddings' when the output is tied to them)
 
 
 class _Header:
@@ -239,16 +242,24 @@ def _parse(header: _Header) -> GGUFMetadata:
             fields[key] = value
     arch = str(fields.get("general.architecture") or "unknown")
     size_label = fields.get("general.size_label")
+    total = 0
+    tensors: list[tuple[str, int]] = []  # name, offset in the data section
+    for _ in range(n_tensors):
+        tensor_name = header.string()
+        dims = header.take(_U32)
+        if dims > MAX_DIMS:
+            raise ValueError(f"{path}: a tensor with {dims} dimensions")
+        total += math.prod(header.take(_U64) for _ in range(dims))
+        header.skip(4)  # its type
+        tensors.append((tensor_name, header.take(_U64)))
     if not size_label:
-        total = 0
-        for _ in range(n_tensors):
-            header.skip(header.take(_U64))  # the name
-            dims = header.take(_U32)
-            if dims > MAX_DIMS:
-                raise ValueError(f"{path}: a tensor with {dims} dimensions")
-            total += math.prod(header.take(_U64) for _ in range(dims))
-            header.skip(4 + 8)  # its type and offset
         size_label = _human_count(total)
+    layer_bytes, output_bytes = None, 0
+    alignment = fields.get("general.alignment")
+    alignment = alignment if isinstance(alignment, int) and alignment > 0 else 32
+    if not (isinstance(fields.get("split.count"), int) and fields["split.count"] > 1):
+        data_start = -(-header.at // alignment) * alignment
+        layer_bytes, output_bytes = _tensor_sizes(tensors, header.size - data_start, _attention_layers(fields, arch))
     file_type = fields.get("general.file_type")
     template = fields.get("tokenizer.chat_template")
     context = fields.get(f"{arch}.context_length")
@@ -262,7 +273,37 @@ def _parse(header: _Header) -> GGUFMetadata:
         chat_template=str(template) if template else None,
         name=str(name) if name is not None else None,
         attention=attention,
+        layer_bytes=layer_bytes,
+        output_bytes=output_bytes,
     )
+
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def _attention_layers(fields: dict[str, Any], arch: str) -> int:
+    value = fields.get(f"{arch}.block_count")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _tensor_sizes(tensors: list[tuple[str, int]], data_size: int,
+                  layers: int) -> tuple[list[int] | None, int]:
+    """Each repeating layer's bytes and the output layer's, from the tensors' offsets (each tensor runs to the next
+    one's start, padding included). None when the offsets do not make sense (the file is damaged or cut)."""
+    ordered = sorted(tensors, key=lambda item: item[1])
+    sizes: dict[str, int] = {}
+    for (name, start), (_, end) in zip(ordered, [*ordered[1:], ("", data_size)], strict=True):
+        if end < start:
+            return None, 0
+        sizes[name] = end - start
+    per_layer = [0] * layers
+    for name, size in sizes.items():
+        if (match := _BLOCK.match(name)) is not None and int(match[1]) < layers:
+            per_layer[int(match[1])] += size
+    output = sum(size for name, size in sizes.items() if name.startswith("output"))
+    if "output.weight" not in sizes:  # tied: llama.cpp puts a copy of the token embeddings in the output layer
+        output += sizes.get("token_embd.weight", 0)
+    return (per_layer if layers else None), output
 
 
 def _attention(fields: dict[str, Any], arch: str) -> AttentionShape | None:

@@ -145,6 +145,7 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
     """The worker's load options for a model: Modelfile parameters, then request options, then defaults."""
     params: dict[str, Any] = {**record.parameters, **(overrides or {})}
     chosen = window(record, settings, overrides)
+    meta = gguf_metadata(record.path) if record.format == "gguf" and record.path else None
     return {
         "model_path": record.path,
         "num_ctx": chosen.num_ctx,
@@ -162,6 +163,12 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "cache_max_bytes": settings.cache_max_bytes,
         "cache_ram_bytes": settings.cache_ram_bytes if settings.cache_ram_bytes is not None
         else default_cache_ram_bytes(),
+        # for placing layers on a GPU (engines/placement.py): the same sizes the window was fitted with
+        "layer_bytes": meta.layer_bytes if meta is not None else None,
+        "output_bytes": meta.output_bytes if meta is not None else 0,
+        "weights_bytes": record.size,
+        "kv_bytes": chosen.kv_bytes,
+        "gpu_overhead": settings.gpu_overhead,
     }
 
 

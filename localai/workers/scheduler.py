@@ -20,7 +20,7 @@ from typing import Any
 
 from localai.errors import ServerBusy
 from localai.metrics import Metrics
-from localai.models.loading import engine_for, load_options
+from localai.models.loading import available_memory, engine_for, load_options
 from localai.models.registry import ModelRecord
 from localai.settings import Settings
 from localai.workers.handle import Worker
@@ -115,7 +115,9 @@ class Scheduler:
             if stopping is not None:
                 await stopping.wait()  # its previous worker is still stopping: never two in memory at once
             await self._make_room()
-            worker = Worker(record.name, engine, options, debug=self.settings.debug)
+            # the system's free memory now, for placement's check that the model fits (not a reason to reload)
+            worker = Worker(record.name, engine, {**options, "host_free": available_memory()},
+                            debug=self.settings.debug)
             worker.on_exit = self._worker_exited
             worker.on_stats = lambda w, stats: self.metrics.worker_cache_stats(w.name, w.reported_cache_stats, stats)
             await worker.start(self.settings.load_timeout)

@@ -1,0 +1,110 @@
+"""``/api/info`` (``localai info``): what this machine runs models on, and where a given model would run.
+
+The devices come from the installed llama.cpp itself (``engines/llama_devices.py``), asked in a child process: a GPU
+backend's first initialisation takes seconds and device memory the daemon should not keep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from localai.api.common import runtime_of
+from localai.engines.placement import Device, DoesNotFit, ModelSizes, place
+from localai.models.loading import (
+    RUNS,
+    apple_silicon,
+    available_memory,
+    chosen_engine,
+    engine_for,
+    load_options,
+    mlx_importable,
+    preferred_engine,
+)
+from localai.models.registry import ModelRecord
+from localai.settings import Settings
+
+router = APIRouter()
+PROBE_TIMEOUT = 120.0  # a first Vulkan or CUDA initialisation can compile or load kernels for a while
+
+
+async def llama_cpp_report() -> dict[str, Any]:
+    """The installed llama.cpp's backends and devices, or ``{"error": ...}`` saying why they could not be read."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "localai.engines.llama_devices",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), PROBE_TIMEOUT)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        return {"error": f"llama.cpp's device probe took over {PROBE_TIMEOUT:.0f} s"}
+    if process.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines()
+        return {"error": f"llama.cpp's device probe failed: {lines[-1] if lines else process.returncode}"}
+    report: dict[str, Any] = json.loads(out)
+    return report
+
+
+def _engine_reason(record: ModelRecord, settings: Settings, engine: str) -> str:
+    if isinstance(record.parameters.get("engine"), str):
+        return f"its Modelfile pins it (PARAMETER engine {engine})"
+    preferred = preferred_engine(settings)
+    if preferred == engine and record.format in RUNS.get(engine, ()):
+        return "LOCALAI_ENGINE" if settings.engine else "Apple Silicon with mlx installed prefers MLX"
+    return f"its weights are {record.format.upper()}"
+
+
+def model_report(record: ModelRecord, settings: Settings, llama: dict[str, Any],
+                 loaded: dict[str, Any] | None) -> dict[str, Any]:
+    """Which engine ``record`` gets and why, and (on llama.cpp) the placement its next load would get."""
+    engine = chosen_engine(record, settings.engine)
+    result: dict[str, Any] = {"name": record.name, "engine": engine,
+                              "engine_reason": _engine_reason(record, settings, engine)}
+    try:
+        engine_for(record, settings.engine)
+    except Exception as exc:  # EngineUnavailable: the 400 a request would get, said here instead
+        result["error"] = str(exc)
+        return result
+    if loaded is not None:
+        result["loaded"] = loaded
+    if engine != "llama.cpp" or "devices" not in llama:
+        return result
+    options = load_options(record, settings)
+    layer_bytes = options["layer_bytes"]
+    sizes = (ModelSizes(layer_bytes, options["output_bytes"], options["kv_bytes"], options["weights_bytes"])
+             if layer_bytes is not None else ModelSizes.uniform(options["weights_bytes"], 32, options["kv_bytes"]))
+    devices = [Device(**device) for device in llama["devices"]]
+    try:
+        placed = place(sizes, devices, num_gpu=options["num_gpu"], overhead=options["gpu_overhead"],
+                       host_free=available_memory())
+    except DoesNotFit as exc:
+        result["error"] = str(exc)
+        return result
+    result["placement"] = {**placed.report(), "num_ctx": options["num_ctx"], "kv_type": options["kv_type"],
+                           "estimated": True}
+    return result
+
+
+@router.get("/api/info")
+async def info(request: Request, model: str | None = None) -> dict[str, Any]:
+    settings: Settings = request.app.state.settings
+    llama = await llama_cpp_report()
+    result: dict[str, Any] = {
+        "llama_cpp": llama,
+        "mlx": {"installed": mlx_importable(), "apple_silicon": apple_silicon(),
+                "preferred": preferred_engine(settings) == "mlx"},
+        "gpu_overhead": settings.gpu_overhead,
+        "host_free": available_memory(),
+    }
+    if model:
+        runtime = runtime_of(request)
+        record = runtime.registry.get(model)
+        current = runtime.scheduler.loaded.get(record.name)
+        loaded = dict(current.worker.info["placement"]) if current and current.worker.info else None
+        result["model"] = await asyncio.to_thread(model_report, record, settings, llama, loaded)
+    return result

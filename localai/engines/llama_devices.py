@@ -1,0 +1,116 @@
+"""The devices the installed llama.cpp can run on, from ggml's own device registry, and what a load put on them.
+
+llama-cpp-python binds llama.h but not ggml-backend.h; the few device calls are bound here with ctypes on the
+libggml it ships. ``python -m localai.engines.llama_devices`` prints the report as JSON: the daemon runs it in a
+child process for ``localai info`` (initialising a GPU backend costs memory and seconds the daemon should not hold).
+
+The Vulkan backend skips CPU-type devices (Mesa's llvmpipe) unless ``GGML_VK_VISIBLE_DEVICES`` names them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from localai.engines.placement import Device
+
+TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
+_BOUND = False
+
+
+def _lib() -> Any:
+    global _BOUND
+    from llama_cpp import _ggml
+
+    lib = _ggml.libggml
+    if not _BOUND:
+        pointer, size = ctypes.c_void_p, ctypes.c_size_t
+        for name, args, result in (
+            ("ggml_backend_dev_count", [], size), ("ggml_backend_dev_get", [size], pointer),
+            ("ggml_backend_dev_name", [pointer], ctypes.c_char_p),
+            ("ggml_backend_dev_description", [pointer], ctypes.c_char_p),
+            ("ggml_backend_dev_memory", [pointer, ctypes.POINTER(size), ctypes.POINTER(size)], None),
+            ("ggml_backend_dev_type", [pointer], ctypes.c_int),
+            ("ggml_backend_dev_backend_reg", [pointer], pointer),
+            ("ggml_backend_reg_name", [pointer], ctypes.c_char_p),
+            ("ggml_backend_reg_count", [], size), ("ggml_backend_reg_get", [size], pointer),
+        ):
+            function = getattr(lib, name)
+            function.argtypes, function.restype = args, result
+        _BOUND = True
+    return lib
+
+
+def _text(value: bytes | None) -> str:
+    return value.decode(errors="replace") if value else ""
+
+
+def backends() -> list[str]:
+    """The ggml backends this llama.cpp build registered ("CPU", "Vulkan", "CUDA", "Metal", ...)."""
+    lib = _lib()
+    return [_text(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i))) for i in range(lib.ggml_backend_reg_count())]
+
+
+def devices() -> list[Device]:
+    """Every device llama.cpp sees, with its free and total memory now."""
+    lib = _lib()
+    found = []
+    for index in range(lib.ggml_backend_dev_count()):
+        handle = lib.ggml_backend_dev_get(index)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(handle, ctypes.byref(free), ctypes.byref(total))
+        found.append(Device(
+            name=_text(lib.ggml_backend_dev_name(handle)),
+            description=_text(lib.ggml_backend_dev_description(handle)),
+            backend=_text(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(handle))),
+            type=TYPES.get(lib.ggml_backend_dev_type(handle), "unknown"),
+            free=int(free.value), total=int(total.value),
+        ))
+    return found
+
+
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_BUFFER = re.compile(r"^\w+: +(\S+) (model|KV|compute) buffer size = +([\d.]+) MiB")
+
+
+@dataclass
+class LoadReport:
+    """What llama.cpp said while loading a model: the layers it offloaded and each buffer it allocated (its own
+    measure of the bytes on each device, where the placement's figures are an estimate made beforehand)."""
+
+    offloaded: int | None = None
+    layers_total: int | None = None
+    buffers: dict[str, int] = field(default_factory=dict)  # "Vulkan0 model" -> bytes
+
+    def feed(self, text: str) -> None:
+        for line in text.splitlines():
+            if (match := _OFFLOADED.search(line)) is not None:
+                self.offloaded, self.layers_total = int(match[1]), int(match[2])
+            elif (match := _BUFFER.match(line.strip())) is not None:
+                key = f"{match[1]} {match[2]}"
+                self.buffers[key] = self.buffers.get(key, 0) + int(float(match[3]) * (1 << 20))
+
+    def device_bytes(self, kinds: tuple[str, ...] = ("model", "KV")) -> int:
+        """Bytes in buffers that are not the CPU's (host buffers are named CPU, CPU_Mapped, CUDA_Host, ...)."""
+        return sum(size for key, size in self.buffers.items()
+                   if key.split()[1] in kinds and not key.startswith("CPU") and "_Host" not in key.split()[0])
+
+
+def report() -> dict[str, Any]:
+    """The whole picture for ``localai info``: this llama.cpp's version, backends, and devices with free memory."""
+    import llama_cpp as L
+
+    return {
+        "llama_cpp_python": L.__version__,
+        "backends": backends(),
+        "gpu_offload": bool(L.llama_supports_gpu_offload()),
+        "devices": [asdict(device) for device in devices()],
+    }
+
+
+if __name__ == "__main__":
+    json.dump(report(), sys.stdout)
