@@ -68,6 +68,7 @@ class LoadedModel:
     keep_alive: float
     engine: str
     processor: str
+    size_vram: int = 0
 
     @classmethod
     def from_ps(cls, item: dict[str, Any]) -> LoadedModel:
@@ -77,7 +78,7 @@ class LoadedModel:
                    active=int(item.get("active_requests") or 0), queued=None if queued is None else int(queued),
                    expires_at=dt.datetime.fromisoformat(expires.replace("Z", "+00:00")) if expires else None,
                    keep_alive=float(item.get("keep_alive") or 0), engine=engine_of(item),
-                   processor=str(item.get("processor") or ""))
+                   processor=str(item.get("processor") or ""), size_vram=int(item.get("size_vram") or 0))
 
     def until(self, now: dt.datetime) -> str:
         """When the model unloads, as ``localai ps`` says it."""

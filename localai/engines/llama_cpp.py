@@ -68,6 +68,9 @@ class LlamaCppEngine:
     can_trim = True  # llama.cpp refuses a cut it cannot make (seq_keep says so), and the loop recomputes
 
     def __init__(self, options: LoadOptions, *, debug: bool = False) -> None:
+        # Placement first: asking llama.cpp for its devices starts the GPU backends, whose start-up lines (the
+        # device found, its memory) then reach the worker's log as llama.cpp prints them.
+        self.placement = self._place(options)
         quiet_llama_logs(debug)
         L.llama_backend_init()
         self.options = options
@@ -78,7 +81,6 @@ class LlamaCppEngine:
             log.info("llama.cpp was built with AMX kernels, which crash on some CPUs (llama.cpp #20824): weights "
                      "are not repacked (LOCALAI_CPU_REPACK=on to repack anyway)")
         global _LOAD_REPORT
-        self.placement = self._place(options)
         model_params.n_gpu_layers = self.placement.layers
         _LOAD_REPORT = report = LoadReport()
         try:

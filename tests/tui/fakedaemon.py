@@ -48,7 +48,8 @@ class FakeDaemon:
     loaded: list[dict[str, Any]] = field(default_factory=lambda: [{
         "name": "smollm2:135m", "model": "smollm2:135m", "size": 98_362_432, "digest": SMOLLM2_DIGEST,
         "details": {"format": "gguf"}, "expires_at": (NOW + dt.timedelta(minutes=4, seconds=10)).isoformat(),
-        "size_vram": 0, "context_length": 8192, "active_requests": 1, "processor": "cpu", "pid": 4242,
+        "size_vram": 51_380_224, "context_length": 8192, "active_requests": 1, "processor": "48%/52% CPU/GPU",
+        "pid": 4242,
         "keep_alive": 300.0,
     }])
     entries: list[dict[str, Any]] = field(default_factory=lambda: [

@@ -14,6 +14,11 @@ from .base import LocalAIScreen, selected_key
 from .dialogs import ConfirmScreen
 
 
+def _size(size: int) -> str:
+    """Bytes on the GPU, as ``localai ps`` writes sizes."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB" if size else "-"
+
+
 class RunningScreen(LocalAIScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("u", "unload", "Unload"),
@@ -29,7 +34,7 @@ class RunningScreen(LocalAIScreen):
 
     def on_mount(self) -> None:
         self.query_one(DataTable).add_columns("NAME", "ENGINE", "PID", "CONTEXT", "ACTIVE", "QUEUED", "PROCESSOR",
-                                              "UNLOADS")
+                                              "ON GPU", "UNLOADS")
         self.loaded: list[LoadedModel] = []
         if self.tui.live_refresh:
             self.set_interval(self.tui.live_refresh, self._tick)
@@ -56,7 +61,7 @@ class RunningScreen(LocalAIScreen):
         for model in self.loaded:
             table.add_row(model.name, model.engine, str(model.pid or ""), str(model.context_length or ""),
                           str(model.active), "" if model.queued is None else str(model.queued), model.processor,
-                          model.until(now), key=model.name)
+                          _size(model.size_vram), model.until(now), key=model.name)
         if selected in {m.name for m in self.loaded}:
             table.move_cursor(row=table.get_row_index(selected))
         count = len(self.loaded)
