@@ -65,7 +65,6 @@ GPU_BACKEND ?= vulkan
 GPU_VENV ?= .venv-gpu
 GPU_WHEELS ?= $(HOME)/.cache/localai/wheels/$(GPU_BACKEND)
 GGML_VK_VISIBLE_DEVICES ?= 0
-export GGML_VK_VISIBLE_DEVICES
 
 $(GPU_VENV)/.installed-$(GPU_BACKEND): pyproject.toml packaging/gpu/build-llama-cpp.sh
 	$(PYTHON) -m venv $(GPU_VENV)
@@ -78,8 +77,8 @@ $(GPU_VENV)/.installed-$(GPU_BACKEND): pyproject.toml packaging/gpu/build-llama-
 
 ## test-gpu: build llama.cpp for a GPU (GPU_BACKEND=vulkan, or cuda) and run the GPU tier on the device it finds
 test-gpu: $(GPU_VENV)/.installed-$(GPU_BACKEND)
-	$(GPU_VENV)/bin/python -m localai.engines.llama_devices; echo
-	GPU_TIER_REQUIRED=1 $(GPU_VENV)/bin/python -m pytest -q -o timeout=900 --durations=10 tests/gpu tests/test_placement.py
+	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) $(GPU_VENV)/bin/python -m localai.engines.llama_devices; echo
+	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) GPU_TIER_REQUIRED=1 $(GPU_VENV)/bin/python -m pytest -q -o timeout=900 --durations=10 tests/gpu tests/test_placement.py
 
 lint: install-test
 	$(BIN)/ruff check localai tests tui
