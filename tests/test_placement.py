@@ -133,6 +133,13 @@ def test_damaged_tensor_offsets_give_no_sizes(tmp_path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[:-600])  # the data section cut short: the last tensor ends before it begins
     assert read_metadata(path).layer_bytes is None
+    header_only = tmp_path / "header-only.gguf"  # metadata and no tensors (what tests write for large models)
+    writer = gguf.GGUFWriter(header_only, "llama")
+    writer.add_block_count(32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert (read_metadata(header_only).layer_bytes, read_metadata(header_only).output_bytes) == (None, 0)
 
 
 # llama.cpp's own lines (src/llama-model.cpp, llama-kv-cache.cpp, llama-context.cpp), as a Vulkan load said them

@@ -290,6 +290,8 @@ def _tensor_sizes(tensors: list[tuple[str, int]], data_size: int,
                   layers: int) -> tuple[list[int] | None, int]:
     """Each repeating layer's bytes and the output layer's, from the tensors' offsets (each tensor runs to the next
     one's start, padding included). None when the offsets do not make sense (the file is damaged or cut)."""
+    if not tensors:  # a header-only file (metadata written for tests, or a damaged one): nothing to place by
+        return None, 0
     ordered = sorted(tensors, key=lambda item: item[1])
     sizes: dict[str, int] = {}
     for (name, start), (_, end) in zip(ordered, [*ordered[1:], ("", data_size)], strict=True):
