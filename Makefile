@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo test test-fast test-gpu lint typecheck unit install install-test install-agents bench stress clean
+.PHONY: demo test test-fast test-gpu llama-server lint typecheck unit install install-test install-agents bench stress clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,25 @@ typecheck: install-test
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet -e '.[bench]'
 	touch $@
+
+# The speed anchors, built from the llama.cpp that the installed llama-cpp-python vendors (its sdist), with the same
+# flags as the project's build (NO_AMX): llama-server and llama-bench in .bench/llama.cpp/build/bin.
+LLAMA_ANCHOR := .bench/llama.cpp
+LLAMA_SERVER := $(LLAMA_ANCHOR)/build/bin/llama-server
+
+$(LLAMA_SERVER): | $(VENV)/.installed-test
+	rm -rf $(LLAMA_ANCHOR)/src && mkdir -p $(LLAMA_ANCHOR)/src
+	version=$$($(BIN)/python -c "import llama_cpp; print(llama_cpp.__version__)") && \
+	  $(PIP) download --quiet --no-deps --no-binary :all: --no-cache-dir -d $(LLAMA_ANCHOR)/src \
+	    "llama-cpp-python==$$version" && \
+	  tar -xzf $(LLAMA_ANCHOR)/src/llama_cpp_python-$$version.tar.gz -C $(LLAMA_ANCHOR)/src && \
+	  cmake -S $(LLAMA_ANCHOR)/src/llama_cpp_python-$$version/vendor/llama.cpp -B $(LLAMA_ANCHOR)/build \
+	    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $(NO_AMX)
+	cmake --build $(LLAMA_ANCHOR)/build --config Release -j $$(nproc) --target llama-server llama-bench
+
+## llama-server: build llama.cpp's own server and llama-bench (the speed anchors) from the vendored source
+llama-server: $(LLAMA_SERVER)
 
 ## bench: prefill/decode through the API, then the interleaved agent trace against llama-cpp-python's server
 bench: $(VENV)/.installed-bench

@@ -43,6 +43,12 @@ class Metrics:
             "localai_completion_tokens", "Tokens generated", ["model"], registry=self.registry)
         self.requests = Counter(
             "localai_requests", "Generation requests by outcome", ["model", "outcome"], registry=self.registry)
+        self.draft_tokens = Counter(
+            "localai_speculative_drafted_tokens", "Tokens guessed from the context (speculative decoding)", ["model"],
+            registry=self.registry)
+        self.draft_accepted = Counter(
+            "localai_speculative_accepted_tokens", "Guessed tokens the model agreed with (kept)", ["model"],
+            registry=self.registry)
         self.loaded_models = Gauge("localai_loaded_models", "Models with a live worker", registry=self.registry)
         self.waiting = Gauge("localai_queue_waiting", "Requests waiting for a model", registry=self.registry)
         # Remote models: per replica (its URL), see localai.upstreams.remote.
@@ -73,7 +79,9 @@ class Metrics:
             reported[name] = value
 
     def request_done(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int,
-                     outcome: str) -> None:
+                     outcome: str, drafted: int = 0, accepted: int = 0) -> None:
+        self.draft_tokens.labels(model).inc(drafted)
+        self.draft_accepted.labels(model).inc(accepted)
         self.prompt_tokens_cached.labels(model).inc(cached_tokens)
         self.prompt_tokens_computed.labels(model).inc(max(0, prompt_tokens - cached_tokens))
         self.completion_tokens.labels(model).inc(completion_tokens)

@@ -77,6 +77,8 @@ class GenerateOp(TypedDict):
     follow_up: NotRequired[bool]  # a warm op will follow with the reply as the next turn renders it: save after it
     warm: NotRequired[bool]  # prefill only (no output) and save: the previous reply, as the next turn renders it
     pin_ttl: NotRequired[float | None]  # pin the saved entries this long (Anthropic cache_control breakpoints)
+    # draft tokens from the context and verify them (engines/speculative); None: where the output stays bit-identical
+    speculative: NotRequired[bool | None]
 
 
 class CancelOp(TypedDict):
@@ -130,6 +132,8 @@ class Usage(TypedDict):
     cached_tokens: int
     prompt_ms: float
     decode_ms: float
+    drafted_tokens: NotRequired[int]  # speculative decoding: tokens guessed, and those the model agreed with
+    accepted_tokens: NotRequired[int]
 
 
 class FrameTooLarge(ValueError):

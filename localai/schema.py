@@ -126,6 +126,7 @@ class GenerationRequest:
     reasoning_effort: Literal["low", "medium", "high"] | None = None
     cache_ttl: float | None = None  # keep this request's cached prefix at least this long (cache_control)
     prefill_only: bool = False  # evaluate and cache the prompt, generate nothing (a client warming its session)
+    speculative: bool | None = None  # None: the model's PARAMETER speculative (default auto: where output is exact)
 
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice.mode != "none"
@@ -138,6 +139,8 @@ class Usage:
     cached_tokens: int = 0
     prompt_ms: float = 0.0
     decode_ms: float = 0.0
+    drafted_tokens: int = 0  # speculative decoding: tokens guessed from the context, and those kept
+    accepted_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -164,6 +164,7 @@ class Options:
     num_predict: int | None
     stop: list[str] | None
     fit_context: bool | None
+    speculative: bool | None
 
 
 def request_options(options: dict[str, Any]) -> Options:
@@ -183,6 +184,7 @@ def request_options(options: dict[str, Any]) -> Options:
         num_predict=int(num_predict) if isinstance(num_predict, int) and num_predict >= 0 else None,
         stop=list(stop) if isinstance(stop, list) else None,
         fit_context=fit if isinstance(fit, bool) else None,
+        speculative={"on": True, "off": False}.get(str(known.get("speculative", "auto"))),
     )
 
 
@@ -218,6 +220,9 @@ def _final(model: str, finished: Finished, started: float) -> dict[str, Any]:
         "prompt_eval_count": usage.prompt_tokens, "prompt_eval_duration": int(usage.prompt_ms * 1e6),
         "eval_count": usage.completion_tokens, "eval_duration": int(usage.decode_ms * 1e6),
         "prompt_cache_count": usage.cached_tokens,
+        # localai extension: speculative decoding's guessed tokens, and those the model agreed with
+        **({"draft_count": usage.drafted_tokens, "draft_accepted_count": usage.accepted_tokens}
+           if usage.drafted_tokens else {}),
     }
 
 
@@ -292,6 +297,7 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
     generation_request.sampling, generation_request.load_options = options.sampling, options.load
     generation_request.max_tokens, generation_request.stop = options.num_predict, options.stop
     generation_request.fit_context = options.fit_context
+    generation_request.speculative = options.speculative
     generation_request.keep_alive = keep_alive
     generation_request.session_id = session_id(request.headers)
     generation_request.response_format = format_
@@ -354,7 +360,8 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
     generation = await runtime_of(request).start(GenerationRequest(
         model=body.model, messages=messages, sampling=options.sampling, load_options=options.load,
         max_tokens=options.num_predict, stop=options.stop, keep_alive=keep_alive,
-        session_id=session_id(request.headers), fit_context=options.fit_context, tools=tools_of(body.tools),
+        session_id=session_id(request.headers), fit_context=options.fit_context, speculative=options.speculative,
+        tools=tools_of(body.tools),
         response_format=format_, reasoning=thinking(body.think),
         reasoning_effort=effort_of(body.think) if isinstance(body.think, str) else None,
     ))

@@ -224,6 +224,9 @@ class SamplingFields(BaseModel):
     fit_context: bool | None = Field(
         default=None, description="Fit an over-long conversation into the context (default on; false: 400)."
     )
+    speculative: Literal["auto", "on", "off"] | None = Field(
+        default=None, description="Draft tokens from the context and verify them in one batch (default: the "
+        "model's PARAMETER speculative, else auto: where that leaves the output bit-identical).")
 
     @field_validator("stop")
     @classmethod
@@ -243,6 +246,7 @@ class SamplingFields(BaseModel):
                 frequency_penalty=self.frequency_penalty, repeat_penalty=self.repeat_penalty,
             ),
             max_tokens=max_tokens, stop=stop, ignore_eos=self.ignore_eos, fit_context=self.fit_context,
+            speculative={"on": True, "off": False}.get(self.speculative or "auto"),
             session_id=session_id(request.headers, self.prompt_cache_key), **kwargs,
         )
 
@@ -271,6 +275,10 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens, "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        # speculative decoding's drafts in the words OpenAI's schema has for guessed tokens (Predicted Outputs)
+        **({"completion_tokens_details": {"accepted_prediction_tokens": usage.accepted_tokens,
+                                          "rejected_prediction_tokens": usage.drafted_tokens - usage.accepted_tokens}}
+           if usage.drafted_tokens else {}),
     }
 
 

@@ -4,15 +4,21 @@
   one output token; rate = prompt tokens / time to first token, as the client sees it.
 - decode (tg): a one-word prompt and exactly M output tokens (``ignore_eos``); rate = tokens after the
   first / time from first to last token.
-Repetitions alternate with llama-bench runs so both see the same machine state.
+- streams: N decodes of M tokens at once (distinct prompts); rate = all their tokens / the wall time from the first
+  request to the last token, with the inter-token latency (time between a stream's consecutive chunks).
+- edit: a source file in the prompt and "rewrite it with one change" (what coding agents' Write/Edit calls do):
+  decode rate of the answer, greedy, stopping where the model stops.
+Repetitions alternate with the anchor's runs (llama-bench, llama-server) so both see the same machine state.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -66,6 +72,131 @@ def _stream_completion(
             first = first or now
             last = now
     return start, first, last, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+
+
+@dataclass
+class StreamsResult:
+    aggregate: list[float] = field(default_factory=list)  # tokens/s of all streams together, per repetition
+    gaps: list[float] = field(default_factory=list)  # seconds between a stream's consecutive chunks
+
+
+def _timed_stream(http: httpx.Client, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
+    """(start, arrival time of each chunk with text, completion tokens) of one streamed ``ignore_eos`` completion."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
+    start = time.perf_counter()
+    arrivals: list[float] = []
+    tokens = 0
+    for payload in sse_events(http, "/completions", body):
+        if payload.get("usage"):
+            tokens = int(payload["usage"].get("completion_tokens", 0))
+        choices = payload.get("choices") or []
+        if choices and choices[0].get("text"):
+            arrivals.append(time.perf_counter())
+    return start, arrivals, tokens
+
+
+def measure_streams(http: httpx.Client, model: str, streams: int, gen_tokens: int, result: StreamsResult) -> None:
+    """``streams`` decodes at once, started together; their aggregate tokens/s and inter-token gaps."""
+    outcomes: list[tuple[float, list[float], int]] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(streams)
+
+    def one() -> None:
+        try:
+            barrier.wait()
+            outcomes.append(_timed_stream(http, model, f"{random.getrandbits(48):x} {random.choice(WORDS)}",
+                                          gen_tokens))
+        except BaseException as exc:  # reported after the others finish
+            errors.append(exc)
+
+    workers = [threading.Thread(target=one) for _ in range(streams)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+    begin = min(start for start, _, _ in outcomes)
+    end = max(arrivals[-1] for _, arrivals, _ in outcomes if arrivals)
+    result.aggregate.append(sum(tokens for _, _, tokens in outcomes) / (end - begin))
+    for _, arrivals, _ in outcomes:
+        result.gaps.extend(b - a for a, b in itertools.pairwise(arrivals))
+
+
+EDIT_SOURCE = '''import struct
+from dataclasses import dataclass
+
+
+@dataclass
+class Header:
+    magic: bytes
+    version: int
+    count: int
+
+
+def parse_header(data: bytes) -> Header:
+    """The file's header: four magic bytes, a version and a record count."""
+    if len(data) < 12:
+        raise ValueError("the file is shorter than its header")
+    magic = data[:4]
+    version, count = struct.unpack_from("<II", data, 4)
+    if magic != b"REC1":
+        raise ValueError(f"not a record file: {magic!r}")
+    return Header(magic, version, count)
+
+
+def parse_records(data: bytes) -> list[tuple[int, str]]:
+    """Each record: an id and a length-prefixed UTF-8 name."""
+    header = parse_header(data)
+    records = []
+    offset = 12
+    for _ in range(header.count):
+        record_id, length = struct.unpack_from("<IH", data, offset)
+        offset += 6
+        name = data[offset:offset + length].decode("utf-8")
+        offset += length
+        records.append((record_id, name))
+    return records
+'''
+EDIT_PROMPT = ("Here is a Python file:\n\n```python\n" + EDIT_SOURCE + "```\n\nRewrite the whole file with one change: "
+               "rename the function `parse_header` to `read_header` everywhere. Output only the file, in one "
+               "```python block.")
+
+
+@dataclass
+class EditResult:
+    decode: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+
+
+def measure_edit(http: httpx.Client, model: str, max_tokens: int, result: EditResult) -> None:
+    """The edit workload once: its answer's decode rate (tokens after the first / first to last chunk)."""
+    body = {"model": model, "messages": [{"role": "user", "content": EDIT_PROMPT}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    first = last = 0.0
+    tokens = 0
+    pieces = []
+    for payload in sse_events(http, "/chat/completions", body):
+        if payload.get("usage"):
+            tokens = int(payload["usage"].get("completion_tokens", 0))
+        choices = payload.get("choices") or []
+        text = (choices[0].get("delta") or {}).get("content") if choices else None
+        if text:
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            pieces.append(text)
+    if tokens > 1 and last > first:
+        result.decode.append((tokens - 1) / (last - first))
+    result.tokens.append(tokens)
+    result.text = "".join(pieces)
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 def prefill_prompt(words: int) -> str:

@@ -138,7 +138,9 @@ class ReferenceServer:
         except DaemonUnavailable as exc:
             last = (self.stderr().strip().splitlines() or [""])[-1]
             self.__exit__()
-            raise DaemonUnavailable(f"{self.command()[2]}: {exc.message}: {last} ({self.install_hint})") from exc
+            command = self.command()
+            name = command[2] if command[0] == sys.executable else os.path.basename(command[0])
+            raise DaemonUnavailable(f"{name}: {exc.message}: {last} ({self.install_hint})") from exc
 
     def stderr(self) -> str:
         """What the server has written to stderr so far."""
@@ -196,6 +198,28 @@ class LlamaCppPythonServer(ReferenceServer):
     def prompt_tokens_evaluated(self) -> int:
         """Prompt tokens the server computed so far (llama.cpp's timing lines; a reused prefix is not counted)."""
         return sum(int(n) for n in re.findall(r"prompt eval time =.*?/\s*(\d+) tokens", self.stderr()))
+
+
+class LlamaServer(ReferenceServer):
+    """llama.cpp's own ``llama-server`` on the same GGUF and threads, with ``parallel`` slots of ``n_ctx`` tokens
+    each (``make llama-server`` builds it from the llama.cpp that llama-cpp-python vendors)."""
+
+    install_hint = "build it with `make llama-server` (from the llama.cpp llama-cpp-python vendors)"
+
+    def __init__(self, binary: str, model_path: str, n_ctx: int = 4096, *, threads: int | None = None,
+                 parallel: int = 1, extra: tuple[str, ...] = ()) -> None:
+        super().__init__(model_path)
+        self.binary = binary
+        self.n_ctx = n_ctx
+        self.threads = threads
+        self.parallel = parallel
+        self.extra = extra
+
+    def command(self) -> list[str]:
+        threads = str(self.threads or os.environ.get("LOCALAI_NUM_THREAD") or os.cpu_count() or 1)
+        return [self.binary, "-m", self.model_path, "--host", "127.0.0.1", "--port", str(self.port),
+                "-t", threads, "-tb", threads, "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
+                "-b", "512", "-ub", "512", "-fa", "off", "--no-webui", *self.extra]
 
 
 class MlxLmServer(ReferenceServer):

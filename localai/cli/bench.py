@@ -25,18 +25,29 @@ if TYPE_CHECKING:
 @click.option("--mlx-lm", "with_mlx_lm", is_flag=True,
               help="For an MLX model: run mlx-lm's own generation in-process on the same folder, interleaved.")
 @click.option("--threads", "-t", default=None, type=int,
-              help="Threads for llama-bench (default: LOCALAI_NUM_THREAD or all).")
+              help="Threads for llama-bench and llama-server (default: LOCALAI_NUM_THREAD or all).")
+@click.option("--llama-server", "llama_server_path", default=None, metavar="PATH",
+              help="Path to llama.cpp's llama-server (`make llama-server`): start it on the same GGUF and threads and "
+                   "measure it through its API the same way, interleaved.")
+@click.option("--streams", default=4, show_default=True,
+              help="Concurrent decodes for the streams measurement (0: none); llama-server gets as many slots.")
+@click.option("--edit", "edit_tokens", default=0, show_default=True, metavar="TOKENS",
+              help="Also the edit workload (a file in the prompt, 'rewrite it with one change') up to TOKENS tokens.")
 @click.pass_context
 @fail_cleanly
 def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: int, gen_tokens: int,
-          repetitions: int, llama_bench_path: str | None, with_mlx_lm: bool, threads: int | None) -> None:
-    """Measure prefill (pp) and decode (tg) tokens/s through the API."""
+          repetitions: int, llama_bench_path: str | None, with_mlx_lm: bool, threads: int | None,
+          llama_server_path: str | None, streams: int, edit_tokens: int) -> None:
+    """Measure prefill (pp), decode (tg), concurrent streams and an edit workload through the API."""
     if ctx.invoked_subcommand is not None:
         return
+    import contextlib
+
     import httpx
 
     from localai import paths
     from localai.bench import api as measure
+    from localai.bench.servers import LlamaServer
     from localai.client import Client
     from localai.settings import Settings
 
@@ -51,11 +62,21 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
         model_path = None
     threads = threads or Settings().threads()
     ours, theirs = measure.SpeedResult(), measure.SpeedResult()
-    with http:
+    our_streams, their_streams = measure.StreamsResult(), measure.StreamsResult()
+    our_edit, their_edit = measure.EditResult(), measure.EditResult()
+    server = None
+    if llama_server_path and model_path:
+        server = LlamaServer(llama_server_path, model_path, threads=threads, parallel=max(1, streams))
+    with http, (server or contextlib.nullcontext()):
+        anchor_http = httpx.Client(base_url=server.base_url, timeout=600) if server else None
         words = measure.calibrate_words(http, model, prompt_tokens)  # also loads the model
+        if anchor_http is not None:
+            measure.calibrate_words(anchor_http, model, prompt_tokens)  # warms it up the same way
         for index in range(repetitions):
             measure.measure_once(http, model, words, gen_tokens, ours)
-            if llama_bench_path and model_path:
+            if anchor_http is not None:
+                measure.measure_once(anchor_http, model, words, gen_tokens, theirs)
+            elif llama_bench_path and model_path:
                 pp, tg = measure.llama_bench(llama_bench_path, model_path, threads, prompt_tokens, gen_tokens)
                 theirs.prefill.append(pp)
                 theirs.decode.append(tg)
@@ -63,16 +84,41 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
                 pp, tg = measure.mlx_lm_reference(model_path, ours.prompt_tokens[-1], gen_tokens)
                 theirs.prefill.append(pp)
                 theirs.decode.append(tg)
+            if streams > 1:
+                measure.measure_streams(http, model, streams, gen_tokens, our_streams)
+                if anchor_http is not None:
+                    measure.measure_streams(anchor_http, model, streams, gen_tokens, their_streams)
+            if edit_tokens:
+                measure.measure_edit(http, model, edit_tokens, our_edit)
+                if anchor_http is not None:
+                    measure.measure_edit(anchor_http, model, edit_tokens, their_edit)
             click.echo(f"  run {index + 1}/{repetitions}: pp {ours.prefill[-1]:.1f} tok/s, "
                        f"tg {ours.decode[-1] if ours.decode else 0:.1f} tok/s", err=True)
-    click.echo(f"model {model}  threads {threads}  prompt {ours.prompt_tokens[-1]} tokens  output {gen_tokens} tokens")
-    click.echo(f"{'':22}{'prefill (pp) tok/s':<34}{'decode (tg) tok/s':<34}")
-    click.echo(f"{'localai (API)':<22}{measure.summary(ours.prefill):<34}{measure.summary(ours.decode):<34}")
-    if theirs.prefill:
-        anchor = "llama-bench" if llama_bench_path else "mlx-lm"
-        click.echo(f"{anchor:<22}{measure.summary(theirs.prefill):<34}{measure.summary(theirs.decode):<34}")
-        click.echo(f"{'localai / ' + anchor:<22}{measure.percent(ours.prefill, theirs.prefill):<34}"
-                   f"{measure.percent(ours.decode, theirs.decode):<34}")
+        if anchor_http is not None:
+            anchor_http.close()
+    anchor = "llama-server" if server else "llama-bench" if llama_bench_path else "mlx-lm" if with_mlx_lm else ""
+    click.echo(f"model {model}  threads {threads}  prompt {ours.prompt_tokens[-1]} tokens  output {gen_tokens} tokens"
+               f"  repetitions {repetitions} (median, min-max)")
+    columns = [("prefill (pp) tok/s", ours.prefill, theirs.prefill), ("decode (tg) tok/s", ours.decode, theirs.decode)]
+    if streams > 1:
+        columns.append((f"{streams} streams, tok/s in all", our_streams.aggregate, their_streams.aggregate))
+    if edit_tokens:
+        columns.append(("edit: decode tok/s", our_edit.decode, their_edit.decode))
+    click.echo(f"{'':22}" + "".join(f"{title:<34}" for title, _, _ in columns))
+    click.echo(f"{'localai (API)':<22}" + "".join(f"{measure.summary(mine):<34}" for _, mine, _ in columns))
+    if anchor and theirs.prefill:
+        click.echo(f"{anchor:<22}" + "".join(f"{measure.summary(other):<34}" for _, _, other in columns))
+        click.echo(f"{'localai / ' + anchor:<22}"
+                   + "".join(f"{measure.percent(mine, other):<34}" for _, mine, other in columns))
+    for name, result in (("localai", our_streams), (anchor, their_streams)):
+        if result.gaps:
+            click.echo(f"{name}: {streams} streams, inter-token latency p50 "
+                       f"{1000 * measure.quantile(result.gaps, 0.5):.1f} ms, p99 "
+                       f"{1000 * measure.quantile(result.gaps, 0.99):.1f} ms")
+    for name, edit in (("localai", our_edit), (anchor, their_edit)):
+        if edit.tokens:
+            click.echo(f"{name}: edit answer {edit.tokens[-1]} tokens; "
+                       f"{'it renamed the function' if 'read_header' in edit.text else 'no rename in it'}")
 
 
 @bench.command("agents")

@@ -72,6 +72,10 @@ class Engine(Protocol):
     n_seq: int  # sequences (sessions live at once)
     n_batch: int  # most tokens in one decode step
     can_trim: bool  # a restored state can be cut back to any shorter prefix (not so for sliding-window caches)
+    can_draft: bool  # the last few tokens can always be dropped (speculative decoding's rejected drafts)
+    # A position evaluated in a batch after others of its sequence gets bit for bit the logits it gets alone: drafts
+    # then change nothing in the output, and speculative decoding is on by default
+    drafts_exact: bool
 
     def info(self) -> ModelInfo:
         """What the daemon learns about the model in the worker's ``ready`` frame."""

@@ -98,6 +98,12 @@ class LlamaCppEngine:
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.embedder: EmbeddingContext | None = None  # created on the first embedding request
         self.n_swa = int(L.llama_model_n_swa(self.model))  # sliding window (Gemma 3): its KV holds only the window
+        # Rejected drafts are dropped from the end of the KV; a sliding window's cells past it may be gone already
+        self.can_draft = not self.n_swa
+        # A batch's rows are not bit-identical to the same tokens one at a time (up to ~1 logit on SmolLM2 on a
+        # CPU, with flash attention or without, once the context is a few hundred tokens): greedy text could differ
+        # at a near tie, so drafts are used only when asked for (PARAMETER speculative on)
+        self.drafts_exact = False
         self.prompt_tokens = PrefixTokenizer(self._vocabulary, self._tokenize_whole, self.tokenize_special)
 
     def _place(self, options: LoadOptions) -> Placement:

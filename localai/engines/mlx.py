@@ -107,6 +107,8 @@ class MlxEngine:
                              else sorted(self.eos_ids)[0])
         self.caches = [mlx_cache.make_prompt_cache(self.model) for _ in range(self.n_seq)]
         self.can_trim = not any(isinstance(layer, _UNTRIMMABLE) for layer in self.caches[0])
+        self.can_draft = self.can_trim  # a rotating or recurrent cache cannot drop a rejected draft
+        self.drafts_exact = False  # a forward pass of several tokens is not bit-identical to one of each
         self.n_vocab = int(self.config.get("vocab_size") or len(self.hf))
         self._rows: dict[int, Any] = {}  # batch position -> logits of the last decode
         self._pieces: dict[int, bytes] = {}

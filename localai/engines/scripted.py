@@ -99,6 +99,8 @@ class ScriptedEngine:
 
     backend: ClassVar[str] = "scripted"
     can_trim = True
+    can_draft = True
+    drafts_exact = True
 
     def __init__(self, options: LoadOptions) -> None:
         self.options = options

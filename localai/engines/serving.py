@@ -19,6 +19,7 @@ from typing import Any
 
 from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions
 from localai.engines.grammars import GrammarError
+from localai.engines.speculative import Drafter
 from localai.promptcache.blocks import fingerprint
 from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, StateBytes
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
@@ -70,6 +71,8 @@ class Request:
     restore_ms: float = 0.0
     pin_ttl: float = 0.0  # pin what is saved for this long (Anthropic cache_control), seconds
     text: str = ""  # the prompt as sent (a warm prefill without a session is recognised by it)
+    drafter: Drafter | None = None  # speculative decoding from the context (engines/speculative.py)
+    draft: list[int] = field(default_factory=list)  # the tokens guessed in this step, after the pending one
 
 
 class Serving:
@@ -215,6 +218,10 @@ class Serving:
         prefix_text = op.get("system_prefix")
         system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []
         request.snapshot_at = self._system_boundary(system, prompt, common)
+        speculative = op.get("speculative")  # None: where drafts change nothing (engine.drafts_exact)
+        if engine.can_draft and not warm and (speculative or (speculative is None and engine.drafts_exact)):
+            request.drafter = Drafter()
+            request.drafter.extend(prompt)
         if request.pin_ttl and request.snapshot_at is None and self.cache is not None and system:
             with contextlib.suppress(OSError):  # a pin that cannot be written leaves the entry to the LRU
                 self.cache.pin_prefix(system, request.pin_ttl)  # already stored: keep it
@@ -328,10 +335,17 @@ class Serving:
         """Decode one batch: every generating request's next token, then prompt chunks."""
         batch: list[BatchItem] = []
         owners: list[Request] = []
+        drafts: set[int] = set()  # rows of guessed tokens: verified with their request's pending token
         for request in self.requests.values():
             if request.pending_token is not None:
-                batch.append(BatchItem(request.slot.seq, request.pending_token, len(request.slot.tokens), True))
+                at = len(request.slot.tokens)
+                batch.append(BatchItem(request.slot.seq, request.pending_token, at, True))
                 owners.append(request)
+                request.draft = self._draft(request, self.engine.n_batch - len(batch))
+                for offset, token in enumerate(request.draft, start=1):
+                    drafts.add(len(batch))
+                    batch.append(BatchItem(request.slot.seq, token, at + offset, True))
+                    owners.append(request)
         for request in self.requests.values():
             if request.pending_token is not None or request.next_prompt >= len(request.prompt):
                 continue
@@ -363,11 +377,14 @@ class Serving:
             return
         now = time.perf_counter()
         for row, (item, request) in enumerate(zip(batch, owners, strict=True)):
-            if request.id not in self.requests:
+            if request.id not in self.requests or row in drafts:
                 continue
             if request.pending_token is not None and item.logits:
                 request.slot.tokens.append(request.pending_token)
                 request.pending_token = None
+                if request.draft:
+                    self._verify(request, row, emit)
+                    continue
             elif request.next_prompt < len(request.prompt):
                 request.slot.tokens.append(request.prompt[request.next_prompt])
                 request.next_prompt += 1
@@ -382,6 +399,40 @@ class Serving:
             else:
                 continue
             self._accept(request, self.engine.sample(request.sampler, row), emit)
+
+    def _draft(self, request: Request, room: int) -> list[int]:
+        """Tokens guessed from the request's context to verify with its pending token, within the batch, the
+        context and the tokens it may still generate."""
+        if request.drafter is None:
+            return []
+        room = min(room, self.engine.n_ctx - len(request.slot.tokens) - 2,
+                   request.max_tokens - request.generated - 1)
+        return request.drafter.draft(room)
+
+    def _verify(self, request: Request, row: int, emit: Emit) -> None:
+        """Sample the pending token's row and each draft row after it while the sample equals the draft; keep the
+        matching drafts' KV, drop the rest, and take the samples as the request's next tokens."""
+        draft, request.draft = request.draft, []
+        outputs: list[int] = []
+        for offset in range(len(draft) + 1):
+            token = self.engine.sample(request.sampler, row + offset)
+            outputs.append(token)
+            if offset == len(draft) or token != draft[offset]:
+                break
+        kept = len(outputs) - 1  # drafts the sampler agreed with: their KV is right
+        assert request.drafter is not None
+        request.drafter.record(len(draft), kept)
+        slot = request.slot
+        if not self.engine.seq_keep(slot.seq, len(slot.tokens) + kept):  # no rejected token's KV stays
+            self._fail_batch([request], "the engine could not drop a rejected draft from its KV cache", emit)
+            return
+        for index, token in enumerate(outputs):
+            self._accept(request, token, emit)
+            if request.id not in self.requests:
+                return  # finished: its KV was cut back to what it keeps
+            if index < kept:  # evaluated already, as a draft
+                slot.tokens.append(token)
+                request.pending_token = None
 
     def _accept(self, request: Request, token: int, emit: Emit) -> None:
         if not request.ignore_eos and self.engine.is_end(token):
@@ -399,6 +450,8 @@ class Serving:
             self._finish(request, "length", emit)
         else:
             request.pending_token = token
+            if request.drafter is not None:
+                request.drafter.extend([token])
 
     def _finish(self, request: Request, reason: str, emit: Emit) -> None:
         tail = request.unsent + request.matcher.flush()
@@ -406,6 +459,9 @@ class Serving:
             emit({"ev": "text", "id": request.id, "text": tail})
         now = time.perf_counter()
         prompt_done = request.prompt_done or now
+        drafter = request.drafter
+        if drafter is not None and drafter.drafted:
+            self.engine.seq_keep(request.slot.seq, len(request.slot.tokens))  # drafts past where it stopped
         emit({
             "ev": "done", "id": request.id, "finish_reason": reason, "stop_sequence": request.matcher.matched,
             "usage": {
@@ -413,6 +469,8 @@ class Serving:
                 "cached_tokens": request.cached,
                 "prompt_ms": (prompt_done - request.started) * 1000.0,
                 "decode_ms": (now - prompt_done) * 1000.0,
+                "drafted_tokens": drafter.drafted if drafter else 0,
+                "accepted_tokens": drafter.accepted if drafter else 0,
             },
         })
         if reason != "cancelled" and not request.follow_up:

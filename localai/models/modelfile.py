@@ -34,6 +34,8 @@ UPSTREAM_KINDS = ("auto", "openai", "vllm", "sglang", "dynamo", "llama-server", 
 PARSERS = ("hermes", "llama3", "mistral", "qwen3-coder", "harmony", "glm-4.5", "deepseek-v3.1")
 CHOICE_PARAMETERS: dict[str, tuple[str, ...]] = {
     "engine": ENGINES, "routing": ("session", "round_robin"), "upstream_kind": UPSTREAM_KINDS, "parser": PARSERS,
+    # drafts from the context (engines/speculative.py); auto: where they leave the output bit-identical
+    "speculative": ("auto", "on", "off"),
 }
 # Parameters that only mean something for a remote model (FROM http://HOST:PORT/v1).
 REMOTE_PARAMETERS = frozenset({"upstream_model", "replica", "api_key_env", "timeout", "connect_timeout", "routing",

@@ -110,7 +110,8 @@ class Generation:
                     usage = Usage(**frame["usage"])
                     if self._metrics is not None:
                         self._metrics.request_done(self.model, usage.prompt_tokens, usage.cached_tokens,
-                                                   usage.completion_tokens, reason)
+                                                   usage.completion_tokens, reason, usage.drafted_tokens,
+                                                   usage.accepted_tokens)
                     yield Finished(reason, usage, frame.get("stop_sequence"))
                     return
                 elif kind == "error":
@@ -496,6 +497,8 @@ class Runtime:
             constraint=self._constraint(record, loaded, request),
             follow_up=messages is not None and self.settings.cache_max_bytes > 0 and not request.prefill_only,
             warm=request.prefill_only,
+            speculative=request.speculative if request.speculative is not None
+            else {"on": True, "off": False}.get(str(params.get("speculative", "auto"))),
         )
 
 
