@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -153,3 +154,20 @@ def test_bench_agents_rejects_a_restart_outside_the_trace() -> None:
     result = subprocess.run([sys.executable, "-m", "localai", "bench", "agents", "--turns", "2"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--restart-at" in result.stderr
+
+
+def test_bench_streams_and_edit_through_a_real_daemon(fresh_daemon: Any) -> None:
+    """`localai bench` with the streams and edit workloads (speculative decoding off and on) on smollm2."""
+    result = fresh_daemon.cli("bench", "-m", "smollm2", "-p", "48", "-n", "8", "-r", "1", "--streams", "2",
+                              "--edit", "24", timeout=600)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "2 streams, tok/s in all" in out and "edit, speculative on" in out and "inter-token latency" in out
+    assert re.search(r"localai, speculative on: edit answer \d+ tokens", out), out
+    assert "guessed" in out  # the answer copies its prompt: some tokens are guessed
+
+
+def test_bench_names_a_missing_llama_server(fresh_daemon: Any) -> None:
+    result = fresh_daemon.cli("bench", "-m", "smollm2", "-r", "1", "--llama-server", "/nonexistent/llama-server")
+    assert result.returncode != 0 and "could not start /nonexistent/llama-server" in result.stderr
+    assert "make llama-server" in result.stderr and "Traceback" not in result.stderr

@@ -169,18 +169,29 @@ class EditResult:
     decode: list[float] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     text: str = ""
+    drafted: int = 0  # localai's speculative decoding, over every run: tokens guessed and kept
+    kept: int = 0
 
 
-def measure_edit(http: httpx.Client, model: str, max_tokens: int, result: EditResult) -> None:
-    """The edit workload once: its answer's decode rate (tokens after the first / first to last chunk)."""
-    body = {"model": model, "messages": [{"role": "user", "content": EDIT_PROMPT}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+def measure_edit(http: httpx.Client, model: str, max_tokens: int, result: EditResult,
+                 speculative: str | None = None) -> None:
+    """The edit workload once: its answer's decode rate (tokens after the first / first to last chunk), with
+    localai's speculative decoding as ``speculative`` says (None: the model's setting)."""
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": EDIT_PROMPT}],
+                            "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if speculative is not None:
+        body["speculative"] = speculative
     first = last = 0.0
     tokens = 0
     pieces = []
     for payload in sse_events(http, "/chat/completions", body):
         if payload.get("usage"):
             tokens = int(payload["usage"].get("completion_tokens", 0))
+            details = payload["usage"].get("completion_tokens_details") or {}
+            result.kept += int(details.get("accepted_prediction_tokens") or 0)
+            result.drafted += int(details.get("accepted_prediction_tokens") or 0) + int(
+                details.get("rejected_prediction_tokens") or 0)
         choices = payload.get("choices") or []
         text = (choices[0].get("delta") or {}).get("content") if choices else None
         if text:

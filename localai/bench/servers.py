@@ -132,7 +132,12 @@ class ReferenceServer:
         if self.log is None:
             # the child's stderr: for the error if it does not start, and its statistics
             self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in __exit__
-        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=self.log)
+        try:
+            self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=self.log)
+        except OSError as exc:  # not there, or not a program
+            self.__exit__()
+            raise DaemonUnavailable(f"could not start {self.command()[0]}: {exc.strerror} ({self.install_hint})") \
+                from exc
         try:
             wait_healthy(f"http://127.0.0.1:{self.port}/v1/models", self.process, statuses=(200, 401))
         except DaemonUnavailable as exc:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -32,17 +34,19 @@ if TYPE_CHECKING:
 @click.option("--streams", default=4, show_default=True,
               help="Concurrent decodes for the streams measurement (0: none); llama-server gets as many slots.")
 @click.option("--edit", "edit_tokens", default=0, show_default=True, metavar="TOKENS",
-              help="Also the edit workload (a file in the prompt, 'rewrite it with one change') up to TOKENS tokens.")
+              help="Also the edit workload (a file in the prompt, 'rewrite it with one change') up to TOKENS tokens: "
+                   "localai with speculative decoding off and on, the anchor as started.")
+@click.option("--llama-server-arg", "llama_server_args", multiple=True, metavar="ARG",
+              help="An extra argument for llama-server (repeatable), e.g. --llama-server-arg=--spec-type "
+                   "--llama-server-arg=ngram-mod.")
 @click.pass_context
 @fail_cleanly
 def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: int, gen_tokens: int,
           repetitions: int, llama_bench_path: str | None, with_mlx_lm: bool, threads: int | None,
-          llama_server_path: str | None, streams: int, edit_tokens: int) -> None:
+          llama_server_path: str | None, streams: int, edit_tokens: int, llama_server_args: tuple[str, ...]) -> None:
     """Measure prefill (pp), decode (tg), concurrent streams and an edit workload through the API."""
     if ctx.invoked_subcommand is not None:
         return
-    import contextlib
-
     import httpx
 
     from localai import paths
@@ -63,11 +67,12 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
     threads = threads or Settings().threads()
     ours, theirs = measure.SpeedResult(), measure.SpeedResult()
     our_streams, their_streams = measure.StreamsResult(), measure.StreamsResult()
-    our_edit, their_edit = measure.EditResult(), measure.EditResult()
+    our_edit, our_edit_spec, their_edit = measure.EditResult(), measure.EditResult(), measure.EditResult()
     server = None
     if llama_server_path and model_path:
-        server = LlamaServer(llama_server_path, model_path, threads=threads, parallel=max(1, streams))
-    with http, (server or contextlib.nullcontext()):
+        server = LlamaServer(llama_server_path, model_path, threads=threads, parallel=max(1, streams),
+                             extra=llama_server_args)
+    with http, (server or contextlib.nullcontext()), _anchor_failures(server):
         anchor_http = httpx.Client(base_url=server.base_url, timeout=600) if server else None
         words = measure.calibrate_words(http, model, prompt_tokens)  # also loads the model
         if anchor_http is not None:
@@ -89,7 +94,8 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
                 if anchor_http is not None:
                     measure.measure_streams(anchor_http, model, streams, gen_tokens, their_streams)
             if edit_tokens:
-                measure.measure_edit(http, model, edit_tokens, our_edit)
+                measure.measure_edit(http, model, edit_tokens, our_edit, "off")
+                measure.measure_edit(http, model, edit_tokens, our_edit_spec, "on")
                 if anchor_http is not None:
                     measure.measure_edit(anchor_http, model, edit_tokens, their_edit)
             click.echo(f"  run {index + 1}/{repetitions}: pp {ours.prefill[-1]:.1f} tok/s, "
@@ -104,6 +110,7 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
         columns.append((f"{streams} streams, tok/s in all", our_streams.aggregate, their_streams.aggregate))
     if edit_tokens:
         columns.append(("edit: decode tok/s", our_edit.decode, their_edit.decode))
+        columns.append(("edit, speculative on", our_edit_spec.decode, their_edit.decode))
     click.echo(f"{'':22}" + "".join(f"{title:<34}" for title, _, _ in columns))
     click.echo(f"{'localai (API)':<22}" + "".join(f"{measure.summary(mine):<34}" for _, mine, _ in columns))
     if anchor and theirs.prefill:
@@ -115,10 +122,31 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
             click.echo(f"{name}: {streams} streams, inter-token latency p50 "
                        f"{1000 * measure.quantile(result.gaps, 0.5):.1f} ms, p99 "
                        f"{1000 * measure.quantile(result.gaps, 0.99):.1f} ms")
-    for name, edit in (("localai", our_edit), (anchor, their_edit)):
+    for name, edit in (("localai", our_edit), ("localai, speculative on", our_edit_spec), (anchor, their_edit)):
         if edit.tokens:
-            click.echo(f"{name}: edit answer {edit.tokens[-1]} tokens; "
-                       f"{'it renamed the function' if 'read_header' in edit.text else 'no rename in it'}")
+            kept = f"; guessed {edit.drafted}, kept {edit.kept} ({100 * edit.kept / edit.drafted:.0f}%)" \
+                if edit.drafted else ""
+            click.echo(f"{name}: edit answer {edit.tokens[-1]} tokens, "
+                       f"{'the function renamed' if 'read_header' in edit.text else 'no rename in it'}{kept}")
+    if our_edit.text and our_edit_spec.text:
+        click.echo(f"edit answers with speculative decoding on and off the same: {our_edit.text == our_edit_spec.text}")
+
+
+@contextlib.contextmanager
+def _anchor_failures(server: Any) -> Iterator[None]:
+    """An anchor server that dies mid-run ends the benchmark with its own last words, not a traceback."""
+    import httpx
+
+    from localai.errors import DaemonUnavailable
+
+    try:
+        yield
+    except httpx.HTTPError as exc:
+        if server is None or server.process is None or server.process.poll() is None:
+            raise
+        last = (server.stderr().strip().splitlines() or [""])[-1]
+        raise DaemonUnavailable(f"llama-server exited (code {server.process.returncode}) during the benchmark: "
+                                f"{last}") from exc
 
 
 @bench.command("agents")
