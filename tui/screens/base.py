@@ -26,6 +26,12 @@ class LocalAIScreen(Screen[None]):
     def api(self) -> DaemonAPI:
         return self.tui.api
 
+    def busy(self, group: str) -> bool:
+        """Whether one of this screen's workers in ``group`` is still running: a periodic refresh then waits for the
+        next tick instead of cancelling it mid-request (on a loaded machine a refresh can take longer than a tick)."""
+        return any(worker.group == group and not worker.is_finished and worker.node is self
+                   for worker in self.workers)
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR and event.worker.error is not None:
             self.tui.report(event.worker.error)

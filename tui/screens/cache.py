@@ -102,7 +102,7 @@ class CacheScreen(LocalAIScreen):
         self.action_refresh()
 
     def _tick(self) -> None:
-        if self.is_current:
+        if self.is_current and not self.busy("refresh"):
             self.action_refresh()
 
     def action_refresh(self) -> None:

@@ -43,7 +43,7 @@ class RunningScreen(LocalAIScreen):
         self.action_refresh()
 
     def _tick(self) -> None:
-        if self.is_current:  # refresh only what is on screen
+        if self.is_current and not self.busy("refresh"):  # refresh only what is on screen
             self.action_refresh()
 
     def action_refresh(self) -> None:
