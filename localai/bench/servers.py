@@ -157,6 +157,10 @@ class ReferenceServer:
         self.log.seek(0, os.SEEK_END)
         return text
 
+    def stop(self) -> None:
+        """SIGTERM, waited for; ``start`` brings it back on the same port (its log is kept)."""
+        stop_process(self.process)
+
     def kill(self) -> None:
         """SIGKILL: the server dies the way a crashed machine's does, without closing anything."""
         if self.process is not None and self.process.poll() is None:

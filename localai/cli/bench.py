@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -72,15 +70,39 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
     if llama_server_path and model_path:
         server = LlamaServer(llama_server_path, model_path, threads=threads, parallel=max(1, streams),
                              extra=llama_server_args)
-    with http, (server or contextlib.nullcontext()), _anchor_failures(server):
+    # With llama-server, only one of the two holds the model at a time: localai's is unloaded while llama-server
+    # runs, and llama-server is stopped while localai runs (two resident servers' threads contend on a small CPU:
+    # one run with both up saw a decode at 0.7 tok/s and a 1.7 s inter-token p99 that neither shows alone)
+    with http:
         anchor_http = httpx.Client(base_url=server.base_url, timeout=600) if server else None
         words = measure.calibrate_words(http, model, prompt_tokens)  # also loads the model
-        if anchor_http is not None:
-            measure.calibrate_words(anchor_http, model, prompt_tokens)  # warms it up the same way
         for index in range(repetitions):
+            if index and server is not None:
+                measure.calibrate_words(http, model, prompt_tokens)  # loads it again, outside the measurement
             measure.measure_once(http, model, words, gen_tokens, ours)
-            if anchor_http is not None:
-                measure.measure_once(anchor_http, model, words, gen_tokens, theirs)
+            if streams > 1:
+                measure.measure_streams(http, model, streams, gen_tokens, our_streams)
+            if edit_tokens:
+                measure.measure_edit(http, model, edit_tokens, our_edit, "off")
+                measure.measure_edit(http, model, edit_tokens, our_edit_spec, "on")
+            if server is not None and anchor_http is not None:
+                client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})  # unload
+                server.start()
+                try:
+                    measure.calibrate_words(anchor_http, model, prompt_tokens)  # warms it up the same way
+                    measure.measure_once(anchor_http, model, words, gen_tokens, theirs)
+                    if streams > 1:
+                        measure.measure_streams(anchor_http, model, streams, gen_tokens, their_streams)
+                    if edit_tokens:
+                        measure.measure_edit(anchor_http, model, edit_tokens, their_edit)
+                except httpx.HTTPError as exc:
+                    failure = _anchor_died(server, exc)
+                    server.__exit__()
+                    if failure is exc:
+                        raise
+                    raise failure from exc
+                finally:
+                    server.stop()
             elif llama_bench_path and model_path:
                 pp, tg = measure.llama_bench(llama_bench_path, model_path, threads, prompt_tokens, gen_tokens)
                 theirs.prefill.append(pp)
@@ -89,19 +111,12 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
                 pp, tg = measure.mlx_lm_reference(model_path, ours.prompt_tokens[-1], gen_tokens)
                 theirs.prefill.append(pp)
                 theirs.decode.append(tg)
-            if streams > 1:
-                measure.measure_streams(http, model, streams, gen_tokens, our_streams)
-                if anchor_http is not None:
-                    measure.measure_streams(anchor_http, model, streams, gen_tokens, their_streams)
-            if edit_tokens:
-                measure.measure_edit(http, model, edit_tokens, our_edit, "off")
-                measure.measure_edit(http, model, edit_tokens, our_edit_spec, "on")
-                if anchor_http is not None:
-                    measure.measure_edit(anchor_http, model, edit_tokens, their_edit)
             click.echo(f"  run {index + 1}/{repetitions}: pp {ours.prefill[-1]:.1f} tok/s, "
                        f"tg {ours.decode[-1] if ours.decode else 0:.1f} tok/s", err=True)
         if anchor_http is not None:
             anchor_http.close()
+        if server is not None:
+            server.__exit__()
     anchor = "llama-server" if server else "llama-bench" if llama_bench_path else "mlx-lm" if with_mlx_lm else ""
     click.echo(f"model {model}  threads {threads}  prompt {ours.prompt_tokens[-1]} tokens  output {gen_tokens} tokens"
                f"  repetitions {repetitions} (median, min-max)")
@@ -132,21 +147,14 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
         click.echo(f"edit answers with speculative decoding on and off the same: {our_edit.text == our_edit_spec.text}")
 
 
-@contextlib.contextmanager
-def _anchor_failures(server: Any) -> Iterator[None]:
-    """An anchor server that dies mid-run ends the benchmark with its own last words, not a traceback."""
-    import httpx
-
+def _anchor_died(server: Any, exc: Exception) -> Exception:
+    """An HTTP error from an anchor server that has exited: its own last words, not a traceback."""
     from localai.errors import DaemonUnavailable
 
-    try:
-        yield
-    except httpx.HTTPError as exc:
-        if server is None or server.process is None or server.process.poll() is None:
-            raise
-        last = (server.stderr().strip().splitlines() or [""])[-1]
-        raise DaemonUnavailable(f"llama-server exited (code {server.process.returncode}) during the benchmark: "
-                                f"{last}") from exc
+    if server.process is None or server.process.poll() is None:
+        return exc
+    last = (server.stderr().strip().splitlines() or [""])[-1]
+    return DaemonUnavailable(f"llama-server exited (code {server.process.returncode}) during the benchmark: {last}")
 
 
 @bench.command("agents")
