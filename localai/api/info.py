@@ -16,10 +16,9 @@ from fastapi import APIRouter, Request
 from localai.api.common import runtime_of
 from localai.engines.placement import Device, DoesNotFit, ModelSizes, place
 from localai.models.loading import (
-    RUNS,
     apple_silicon,
     available_memory,
-    chosen_engine,
+    engine_choice,
     engine_for,
     load_options,
     mlx_importable,
@@ -50,21 +49,11 @@ async def llama_cpp_report() -> dict[str, Any]:
     return report
 
 
-def _engine_reason(record: ModelRecord, settings: Settings, engine: str) -> str:
-    if isinstance(record.parameters.get("engine"), str):
-        return f"its Modelfile pins it (PARAMETER engine {engine})"
-    preferred = preferred_engine(settings)
-    if preferred == engine and record.format in RUNS.get(engine, ()):
-        return "LOCALAI_ENGINE" if settings.engine else "Apple Silicon with mlx installed prefers MLX"
-    return f"its weights are {record.format.upper()}"
-
-
 def model_report(record: ModelRecord, settings: Settings, llama: dict[str, Any],
                  loaded: dict[str, Any] | None) -> dict[str, Any]:
     """Which engine ``record`` gets and why, and (on llama.cpp) the placement its next load would get."""
-    engine = chosen_engine(record, settings.engine)
-    result: dict[str, Any] = {"name": record.name, "engine": engine,
-                              "engine_reason": _engine_reason(record, settings, engine)}
+    engine, reason = engine_choice(record, settings.engine)
+    result: dict[str, Any] = {"name": record.name, "engine": engine, "engine_reason": reason}
     try:
         engine_for(record, settings.engine)
     except Exception as exc:  # EngineUnavailable: the 400 a request would get, said here instead

@@ -116,6 +116,10 @@ class ReferenceServer:
 
     install_hint = ""
 
+    def threads_arg(self, threads: int | None) -> str:
+        """Threads for the server: the benchmark's, else LOCALAI_NUM_THREAD's, else every core."""
+        return str(threads or os.environ.get("LOCALAI_NUM_THREAD") or os.cpu_count() or 1)
+
     def command(self) -> list[str]:
         raise NotImplementedError
 
@@ -194,7 +198,7 @@ class LlamaCppPythonServer(ReferenceServer):
         self.api_key = api_key
 
     def command(self) -> list[str]:
-        threads = str(self.threads or os.environ.get("LOCALAI_NUM_THREAD") or os.cpu_count() or 1)
+        threads = self.threads_arg(self.threads)
         command = [sys.executable, "-m", "llama_cpp.server", "--model", self.model_path, "--n_ctx", str(self.n_ctx),
                    "--n_threads", threads, "--n_threads_batch", threads, "--port", str(self.port),
                    "--host", "127.0.0.1"]
@@ -225,7 +229,7 @@ class LlamaServer(ReferenceServer):
         self.extra = extra
 
     def command(self) -> list[str]:
-        threads = str(self.threads or os.environ.get("LOCALAI_NUM_THREAD") or os.cpu_count() or 1)
+        threads = self.threads_arg(self.threads)
         return [self.binary, "-m", self.model_path, "--host", "127.0.0.1", "--port", str(self.port),
                 "-t", threads, "-tb", threads, "-c", str(self.n_ctx * self.parallel), "-np", str(self.parallel),
                 "-b", "512", "-ub", "512", "-fa", "off", "--no-webui", *self.extra]

@@ -98,8 +98,9 @@ def ps() -> None:
     models = client.request("GET", "/api/ps")["models"] if running else []
     _table(
         ["NAME", "ENGINE", "SIZE", "PROCESSOR", "PID", "CONTEXT", "ACTIVE", "QUEUED", "UNTIL"],
-        [[m["name"], m.get("engine", ""), _gib(m.get("size", 0)), m.get("processor", ""), str(m["pid"] or "-"),
-          str(m["context_length"] or "-"), str(m["active_requests"]), str(m.get("queued", 0)), _until(m)]
+        [[m["name"], m.get("engine", ""), human_size(m["size"]) if m.get("size") else "-", m.get("processor", ""),
+          str(m["pid"] or "-"), str(m["context_length"] or "-"), str(m["active_requests"]), str(m.get("queued", 0)),
+          _until(m)]
          for m in models],
     )
     broken = _broken_modelfiles(client) if running else []
@@ -107,10 +108,6 @@ def ps() -> None:
         click.echo("\nBroken Modelfiles (a model created from one earlier keeps that version):")
         for item in broken:
             click.echo(f"  {_where(item)}")
-
-
-def _gib(size: int) -> str:
-    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB" if size else "-"
 
 
 @cli.command()

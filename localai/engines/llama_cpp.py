@@ -108,9 +108,9 @@ class LlamaCppEngine:
 
     def _place(self, options: LoadOptions) -> Placement:
         """The layers to offload (``engines/placement.py``): by the GPUs' free memory, or ``num_gpu``."""
-        found = llama_devices.devices()
-        gpus = [device for device in found if device.offloads]
-        backends = [name for name in llama_devices.backends() if name not in ("CPU", "BLAS", "RPC")]
+        gpus = [device for device in llama_devices.devices() if device.offloads]
+        registered = llama_devices.backends()
+        backends = [name for name in registered if name not in ("CPU", "BLAS", "RPC")]
         if not gpus:
             if backends:  # a GPU build whose device is gone (unplugged, hidden, driver missing)
                 hint = " (a CPU Vulkan driver such as llvmpipe needs GGML_VK_VISIBLE_DEVICES=0)" \
@@ -118,7 +118,7 @@ class LlamaCppEngine:
                 log.warning("llama.cpp's %s backend found no device%s: running on the CPU", "/".join(backends), hint)
             layers = len(options.layer_bytes) + 1 if options.layer_bytes is not None else 0
             return cpu_only(options.weights_bytes + options.kv_bytes, layers, "no GPU: llama.cpp found no device to "
-                            f"offload to (backends: {', '.join(llama_devices.backends())})")
+                            f"offload to (backends: {', '.join(registered)})")
         if options.layer_bytes is None:  # sizes not read: as llama.cpp's own default, every layer (or num_gpu)
             layers = options.num_gpu if options.num_gpu >= 0 else 999
             return Placement(layers, 0, 0, options.weights_bytes + options.kv_bytes, [], "the model's sizes are "

@@ -175,14 +175,19 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
 RUNS = {"llama.cpp": ("gguf",), "mlx": ("mlx",), "scripted": ("gguf", "mlx")}  # which weights each engine loads
 
 
-def chosen_engine(record: ModelRecord, preferred: str | None = None) -> str:
-    """Which engine ``record`` runs on, without checking that it can (what ``show`` and ``list`` report)."""
+def engine_choice(record: ModelRecord, preferred: str | None = None) -> tuple[str, str]:
+    """Which engine ``record`` runs on and why, without checking that it can (``localai info`` says the why)."""
     pinned = record.parameters.get("engine")
     if isinstance(pinned, str):
-        return pinned
+        return pinned, f"its Modelfile pins it (PARAMETER engine {pinned})"
     if preferred is not None and record.format in RUNS.get(preferred, ()):
-        return preferred
-    return record.engine
+        return preferred, "the preferred engine (LOCALAI_ENGINE) reads its weights"
+    return record.engine, f"its weights are {record.format.upper()}"
+
+
+def chosen_engine(record: ModelRecord, preferred: str | None = None) -> str:
+    """Which engine ``record`` runs on, without checking that it can (what ``show`` and ``list`` report)."""
+    return engine_choice(record, preferred)[0]
 
 
 _MLX_FOUND = False

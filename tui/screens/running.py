@@ -9,14 +9,11 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Label, Static
 
+from localai.client import human_size
+
 from ..api import LoadedModel
 from .base import LocalAIScreen, selected_key
 from .dialogs import ConfirmScreen
-
-
-def _size(size: int) -> str:
-    """Bytes on the GPU, as ``localai ps`` writes sizes."""
-    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB" if size else "-"
 
 
 class RunningScreen(LocalAIScreen):
@@ -61,7 +58,7 @@ class RunningScreen(LocalAIScreen):
         for model in self.loaded:
             table.add_row(model.name, model.engine, str(model.pid or ""), str(model.context_length or ""),
                           str(model.active), "" if model.queued is None else str(model.queued), model.processor,
-                          _size(model.size_vram), model.until(now), key=model.name)
+                          human_size(model.size_vram) if model.size_vram else "-", model.until(now), key=model.name)
         if selected in {m.name for m in self.loaded}:
             table.move_cursor(row=table.get_row_index(selected))
         count = len(self.loaded)
