@@ -152,3 +152,42 @@ def test_a_post_is_sent_again_only_when_it_never_reached_the_server(error: type[
 
     asyncio.run(go())
     assert len(seen) == sends
+
+
+@pytest.mark.parametrize("hang_up", [httpx.ReadError("", request=None),  # type: ignore[arg-type]
+                                     httpx.RemoteProtocolError("Server disconnected without sending a response.")])
+def test_an_empty_stream_then_a_dropped_connection_still_reaches_the_context_error(hang_up: httpx.TransportError
+                                                                                   ) -> None:
+    """llama-cpp-python's server answers a prompt over its context with an empty stream and drops the connection;
+    asked again without streaming, the request may meet that connection's reset (a race with the kernel: it made
+    the remote test flaky) or a clean close. Either way it is asked once more on a new connection, and the
+    conversation gets the context error that fitting acts on, not "no replica could take the request"."""
+    seen: list[bool] = []
+    too_long = {"error": {"message": "This model's maximum context length is 2048 tokens. However, you requested "
+                                     "2301 tokens (2293 in the messages, 8 in the completion).",
+                          "type": "invalid_request_error"}}
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        stream = bool(json.loads(request.content).get("stream"))
+        seen.append(stream)
+        if stream:
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=b"")
+        if len(seen) == 2:  # the re-ask went out on the connection the server dropped
+            hang_up.request = request
+            raise hang_up
+        return httpx.Response(400, json=too_long)
+
+    async def go() -> list[dict[str, object]]:
+        pool = RemotePool("big", RemoteSpec(replicas=("http://upstream.test/v1",)), Metrics(), 60.0)
+        pool.client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+        op = {"id": "r1", "key": "s", "path": "/chat/completions", "headers": {}, "body": {"stream": True},
+              "size": 9000}
+        try:
+            return [frame async for frame in pool.generate(op)]
+        finally:
+            await pool.close()
+
+    frames = asyncio.run(go())
+    assert seen == [True, False, False]
+    assert frames[-1]["ev"] == "error" and frames[-1]["kind"] == "context_length", frames
+    assert "2048" in str(frames[-1]["message"])

@@ -475,7 +475,7 @@ class RemotePool:
                             # asked again without streaming, it says why (and fitting can act on it).
                             await response.aclose()
                             body = {k: v for k, v in op["body"].items() if k != "stream_options"}
-                            response = await self._post(replica, op, {**body, "stream": False})
+                            response = await self._post(replica, op, {**body, "stream": False}, hung_up=True)
                             if response.status_code == 200:
                                 raise UpstreamFailed(f"replica {replica.url} of '{self.name}' answered with an "
                                                      "empty stream")
@@ -522,16 +522,20 @@ class RemotePool:
         error = UpstreamTimeout if failures and timeouts == len(failures) else UpstreamUnavailable
         raise error(f"no replica of '{self.name}' could take the request: {'; '.join(failures) or 'none configured'}")
 
-    async def _post(self, replica: Replica, op: dict[str, Any], body: dict[str, Any]) -> httpx.Response:
+    async def _post(self, replica: Replica, op: dict[str, Any], body: dict[str, Any], *,
+                    hung_up: bool = False) -> httpx.Response:
+        """POST ``body`` to the replica (``hung_up``: its last answer ended by the server dropping the connection,
+        which the pool may not have noticed yet: a reset on that connection is no answer either)."""
         request = self.client.build_request("POST", replica.url + op["path"], json=body,
                                             headers={**self.spec.headers(), **op["headers"]})
         try:
             return await self.client.send(request, stream=True)
         except httpx.TransportError as exc:
-            if not _never_answered(exc):
+            if not (_never_answered(exc) or (hung_up and isinstance(exc, httpx.ReadError))):
                 raise
             # The request never reached the server whole, or the server closed a kept-alive connection before it
-            # read anything (llama-cpp-python's server closes the one of a stream whose generation failed): asking
+            # read anything (llama-cpp-python's server drops the one of a stream whose generation failed, and
+            # whether the next request on it meets a clean close or a reset is a race with the kernel): asking
             # once more on a new connection cannot generate twice. Any other read error is not retried here: the
             # server may be generating (and billing) already; the caller moves on to the next replica instead.
             return await self.client.send(request, stream=True)
