@@ -1,5 +1,6 @@
-"""The serving loop's admission, driven op by op on the scripted engine (no worker process): a request that fails
-while it starts gives its slot back, and a warm prefill holds back only its own conversation's next turn."""
+"""The serving loop's admission and steps, driven op by op on the scripted engine (no worker process): a request
+that fails while it starts gives its slot back, a warm prefill holds back only its own conversation's next turn,
+and each step reaches the engine in sequence order."""
 
 from __future__ import annotations
 
@@ -52,3 +53,33 @@ def test_a_warm_prefill_without_a_session_holds_back_only_its_own_next_turn(tmp_
     assert "other" in loop.requests  # before: held back by any warm prefill without a session
     assert [op["id"] for op in loop.waiting] == ["next", "again"]  # wait for the prefill they start from
     assert "mine" in loop.requests  # another session is never held back
+
+
+def test_each_step_goes_to_the_engine_in_sequence_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp cuts a batch into ubatches of consecutive sequences (a KV stream each), so rows in arrival order
+    (sequences 3, 2, 1, 0 here) would cost extra passes over the weights every step. The loop hands each step over
+    grouped by sequence, in increasing order, a drafting request's rows together; every reply is still its own."""
+    loop = serving(tmp_path, n_parallel=4)
+    for rank, slot in enumerate(loop.slots):
+        slot.last_used = 10.0 - rank  # least recently used first: the first request gets sequence 3
+    steps: list[list[int]] = []
+    real = loop.engine.decode
+    monkeypatch.setattr(loop.engine, "decode", lambda batch: (steps.append([item.seq for item in batch]),
+                                                              real(batch))[1])
+    copy = "alpha beta gamma delta epsilon " * 3
+    replies = {f"r{n}": f"reply {n} " * 3 for n in range(3)} | {"copy": copy}
+    events: list[dict[str, Any]] = []
+    for request_id, reply in replies.items():
+        extra = {"speculative": True} if request_id == "copy" else {}
+        loop._handle(generate(request_id, f"{copy}[[say:{reply}]]", max_tokens=200, **extra), events.append)
+    loop._admit(events.append)
+    assert sorted(request.slot.seq for request in loop.requests.values()) == [0, 1, 2, 3]
+    assert [loop.requests[r].slot.seq for r in replies] == [3, 2, 1, 0]
+    while loop.requests:
+        loop._step(events.append)
+    assert steps and all(seqs == sorted(seqs) for seqs in steps), steps
+    assert any(len(seqs) > len(set(seqs)) == 4 for seqs in steps)  # a step with a draft beside three plain rows
+    texts = {request_id: "".join(e["text"] for e in events if e["ev"] == "text" and e["id"] == request_id)
+             for request_id in replies}
+    assert texts == replies
+    assert next(e for e in events if e["ev"] == "done" and e["id"] == "copy")["usage"]["accepted_tokens"] > 0

@@ -9,6 +9,7 @@ with a sequence (or with a cached state on RAM or disk) evaluates only the rest.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import queue
 import time
@@ -365,6 +366,8 @@ class Serving:
                 wants = start + offset == last_index and not request.warm
                 batch.append(BatchItem(request.slot.seq, token, base + offset, wants))
                 owners.append(request)
+        if any(a.seq > b.seq for a, b in itertools.pairwise(batch)):
+            batch, owners, drafts = in_sequence_order(batch, owners, drafts)
         try:
             try:
                 self.engine.decode(batch)
@@ -511,3 +514,15 @@ def _continues(op: GenerateOp, warm: Request) -> bool:
         return warm.session == session
     prompt = op["prompt"]
     return warm.text.startswith(prompt[:(len(prompt) + 1) // 2])  # one comparison: this runs every decode step
+
+
+def in_sequence_order(batch: list[BatchItem], owners: list[Request], drafts: set[int]
+                      ) -> tuple[list[BatchItem], list[Request], set[int]]:
+    """The step's rows grouped by sequence, in increasing sequence order, each sequence's rows in their order.
+
+    With a KV stream per sequence llama.cpp cuts a batch into ubatches of consecutive, increasing sequence ids
+    (``split_equal``): rows in arrival order (sequences 1, 2, 3, 0) cost a second pass over the weights each step
+    (4 streams on smollm2: 31 ms a step instead of 24)."""
+    order = sorted(range(len(batch)), key=lambda row: batch[row].seq)  # stable: a request's rows stay in order
+    return ([batch[row] for row in order], [owners[row] for row in order],
+            {new for new, old in enumerate(order) if old in drafts})
