@@ -4,14 +4,17 @@ and each step reaches the engine in sequence order."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from localai.engines import serving as serving_module
 from localai.engines.engine import LoadOptions
 from localai.engines.scripted import ScriptedEngine
-from localai.engines.serving import Serving
+from localai.engines.serving import FLUSH_INTERVAL, Serving
 
 
 def serving(tmp_path: Path, n_parallel: int = 2) -> Serving:
@@ -83,3 +86,34 @@ def test_each_step_goes_to_the_engine_in_sequence_order(tmp_path: Path, monkeypa
              for request_id in replies}
     assert texts == replies
     assert next(e for e in events if e["ev"] == "done" and e["id"] == "copy")["usage"]["accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize(("step", "one_frame_a_token"), [(0.030, True), (0.020, True), (0.004, False)])
+def test_text_is_held_back_only_when_the_next_token_is_due_within_the_flush_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: float, one_frame_a_token: bool) -> None:
+    """On a clock the test moves (each step takes ``step`` seconds): with steps about as long as the flush interval
+    every token is sent when it is sampled (never two at once, the first a step late), with fast steps tokens are sent
+    together, at most an interval apart."""
+    clock = [1000.0]
+    monkeypatch.setattr(serving_module, "time", SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                    monotonic=time.monotonic))
+    loop = serving(tmp_path)
+    real = loop.engine.decode
+
+    def decode(batch: list[Any]) -> None:
+        clock[0] += step
+        real(batch)
+
+    monkeypatch.setattr(loop.engine, "decode", decode)
+    reply = "abcdefghijklmnopqrstuvwxyz" * 2
+    events: list[dict[str, Any]] = []
+    loop._handle(generate("r", f"[[say:{reply}]]", max_tokens=100, speculative=False), events.append)
+    loop._admit(events.append)
+    while loop.requests:
+        loop._step(events.append)
+    frames = [e["text"] for e in events if e["ev"] == "text"]
+    assert "".join(frames) == reply
+    if one_frame_a_token:
+        assert frames == list(reply)
+    else:
+        assert len(frames) <= len(reply) // 4 and max(len(frame) for frame in frames) <= FLUSH_INTERVAL / step + 1
