@@ -40,6 +40,11 @@ class SpeedResult:
     prompt_tokens: list[int] = field(default_factory=list)
 
 
+# Both servers sample the same way: plain greedy. A Modelfile's own settings (smollm2's sets repeat_penalty 1.1)
+# would otherwise apply to localai only, with other text and a costlier sampler than llama-server's defaults.
+GREEDY: dict[str, Any] = {"temperature": 0, "repeat_penalty": 1.0}
+
+
 def sse_events(http: httpx.Client, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
                received: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     """The JSON events of a streamed OpenAI-style response (``data: [DONE]`` ends it); ``received`` gets the
@@ -58,7 +63,7 @@ def _stream_completion(
     http: httpx.Client, model: str, prompt: str, max_tokens: int
 ) -> tuple[float, float, float, int, int]:
     """(start, first token time, last token time, prompt tokens, completion tokens) of one streamed request."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **GREEDY, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
     start = time.perf_counter()
     first = last = 0.0
@@ -82,7 +87,7 @@ class StreamsResult:
 
 def _timed_stream(http: httpx.Client, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
     """(start, arrival time of each chunk with text, completion tokens) of one streamed ``ignore_eos`` completion."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **GREEDY, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
     start = time.perf_counter()
     arrivals: list[float] = []
@@ -178,7 +183,7 @@ def measure_edit(http: httpx.Client, model: str, max_tokens: int, result: EditRe
     """The edit workload once: its answer's decode rate (tokens after the first / first to last chunk), with
     localai's speculative decoding as ``speculative`` says (None: the model's setting)."""
     body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": EDIT_PROMPT}],
-                            "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                            "max_tokens": max_tokens, **GREEDY, "stream": True,
                             "stream_options": {"include_usage": True}}
     if speculative is not None:
         body["speculative"] = speculative

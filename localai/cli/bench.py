@@ -126,11 +126,11 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
     if edit_tokens:
         columns.append(("edit: decode tok/s", our_edit.decode, their_edit.decode))
         columns.append(("edit, speculative on", our_edit_spec.decode, their_edit.decode))
-    click.echo(f"{'':22}" + "".join(f"{title:<34}" for title, _, _ in columns))
-    click.echo(f"{'localai (API)':<22}" + "".join(f"{measure.summary(mine):<34}" for _, mine, _ in columns))
+    click.echo(f"{'':24}" + "".join(f"{title:<34}" for title, _, _ in columns))
+    click.echo(f"{'localai (API)':<24}" + "".join(f"{measure.summary(mine):<34}" for _, mine, _ in columns))
     if anchor and theirs.prefill:
-        click.echo(f"{anchor:<22}" + "".join(f"{measure.summary(other):<34}" for _, _, other in columns))
-        click.echo(f"{'localai / ' + anchor:<22}"
+        click.echo(f"{anchor:<24}" + "".join(f"{measure.summary(other):<34}" for _, _, other in columns))
+        click.echo(f"{'localai / ' + anchor:<24}"
                    + "".join(f"{measure.percent(mine, other):<34}" for _, mine, other in columns))
     for name, result in (("localai", our_streams), (anchor, their_streams)):
         if result.gaps:
