@@ -4,6 +4,8 @@
   one output token; rate = prompt tokens / time to first token, as the client sees it.
 - decode (tg): a one-word prompt and exactly M output tokens (``ignore_eos``); rate = tokens after the
   first / time from first to last token.
+- depth D: prefill and decode after D tokens of context (a fresh context sent first and kept by the server; the
+  prefill rate counts the new tokens only).
 - streams: N decodes of M tokens at once (distinct prompts); rate = all their tokens / the wall time from the first
   request to the last token, with the inter-token latency (time between a stream's consecutive chunks).
 - edit: a source file in the prompt and "rewrite it with one change" (what coding agents' Write/Edit calls do):
@@ -38,6 +40,7 @@ class SpeedResult:
     prefill: list[float] = field(default_factory=list)
     decode: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)
+    depth: list[int] = field(default_factory=list)  # context tokens before each measurement
 
 
 # Both servers sample the same way: plain greedy. A Modelfile's own settings (smollm2's sets repeat_penalty 1.1)
@@ -60,11 +63,12 @@ def sse_events(http: httpx.Client, path: str, body: dict[str, Any], headers: dic
 
 
 def _stream_completion(
-    http: httpx.Client, model: str, prompt: str, max_tokens: int
+    http: httpx.Client, model: str, prompt: str, max_tokens: int, *, cache: bool = False
 ) -> tuple[float, float, float, int, int]:
-    """(start, first token time, last token time, prompt tokens, completion tokens) of one streamed request."""
+    """(start, first token time, last token time, prompt tokens, completion tokens) of one streamed request
+    (``cache``: the server may reuse what it holds of the prompt)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **GREEDY, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
+            "ignore_eos": True, "stream_options": {"include_usage": True}, "cache_prompt": cache}
     start = time.perf_counter()
     first = last = 0.0
     usage: dict[str, int] = {}
@@ -227,11 +231,21 @@ def calibrate_words(http: httpx.Client, model: str, prompt_tokens: int) -> int:
     return max(1, round(200 * prompt_tokens / max(tokens, 1)))
 
 
-def measure_once(http: httpx.Client, model: str, words: int, gen_tokens: int, result: SpeedResult) -> None:
-    start, first, _, n_prompt, _ = _stream_completion(http, model, prefill_prompt(words), 1)
-    result.prefill.append(n_prompt / (first - start))
-    result.prompt_tokens.append(n_prompt)
-    _, first, last, _, n_generated = _stream_completion(http, model, f"{random.getrandbits(32):x}", gen_tokens)
+def measure_once(http: httpx.Client, model: str, words: int, gen_tokens: int, result: SpeedResult,
+                 depth_words: int = 0) -> None:
+    """One prefill and one decode measurement; with ``depth_words``, both after that much context: a fresh context
+    is sent first (the server keeps it), then the prefill's words after it, then a decode after it."""
+    context, n_context = "", 0
+    if depth_words:
+        context = prefill_prompt(depth_words) + "\n"
+        _, _, _, n_context, _ = _stream_completion(http, model, context, 1, cache=True)
+    start, first, _, n_prompt, _ = _stream_completion(http, model, context + prefill_prompt(words), 1,
+                                                      cache=bool(context))
+    result.prefill.append((n_prompt - n_context) / (first - start))
+    result.prompt_tokens.append(n_prompt - n_context)
+    result.depth.append(n_context)
+    _, first, last, _, n_generated = _stream_completion(http, model, context + f"{random.getrandbits(32):x}",
+                                                        gen_tokens, cache=bool(context))
     if n_generated > 1 and last > first:
         result.decode.append((n_generated - 1) / (last - first))
 
@@ -243,10 +257,11 @@ def _llama_bench_rows(binary: str, *args: str) -> list[dict[str, Any]]:
     return rows
 
 
-def llama_bench(binary: str, model_path: str, threads: int, prompt_tokens: int, gen_tokens: int) -> tuple[float, float]:
-    """(pp, tg) tokens/s from one llama-bench run (``-r 1``)."""
+def llama_bench(binary: str, model_path: str, threads: int, prompt_tokens: int, gen_tokens: int,
+                depth: int = 0) -> tuple[float, float]:
+    """(pp, tg) tokens/s from one llama-bench run (``-r 1``), after ``depth`` tokens of context."""
     rows = _llama_bench_rows(binary, "-m", model_path, "-t", str(threads), "-p", str(prompt_tokens),
-                             "-n", str(gen_tokens), "-r", "1")
+                             "-n", str(gen_tokens), "-d", str(depth), "-r", "1")
     rates = {("pp" if row["n_prompt"] else "tg"): float(row["avg_ts"]) for row in rows}
     return rates["pp"], rates["tg"]
 

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 @click.option("--edit", "edit_tokens", default=0, show_default=True, metavar="TOKENS",
               help="Also the edit workload (a file in the prompt, 'rewrite it with one change') up to TOKENS tokens: "
                    "localai with speculative decoding off and on, the anchor as started.")
+@click.option("--depth", default=0, show_default=True, metavar="TOKENS",
+              help="Measure prefill and decode after about TOKENS tokens of context (kept by each server).")
 @click.option("--llama-server-arg", "llama_server_args", multiple=True, metavar="ARG",
               help="An extra argument for llama-server (repeatable), e.g. --llama-server-arg=--spec-type "
                    "--llama-server-arg=ngram-mod.")
@@ -41,7 +43,8 @@ if TYPE_CHECKING:
 @fail_cleanly
 def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: int, gen_tokens: int,
           repetitions: int, llama_bench_path: str | None, with_mlx_lm: bool, threads: int | None,
-          llama_server_path: str | None, streams: int, edit_tokens: int, llama_server_args: tuple[str, ...]) -> None:
+          llama_server_path: str | None, streams: int, edit_tokens: int, depth: int,
+          llama_server_args: tuple[str, ...]) -> None:
     """Measure prefill (pp), decode (tg), concurrent streams and an edit workload through the API."""
     if ctx.invoked_subcommand is not None:
         return
@@ -68,7 +71,8 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
     our_edit, our_edit_spec, their_edit = measure.EditResult(), measure.EditResult(), measure.EditResult()
     server = None
     if llama_server_path and model_path:
-        server = LlamaServer(llama_server_path, model_path, threads=threads, parallel=max(1, streams),
+        server = LlamaServer(llama_server_path, model_path, max(4096, depth + prompt_tokens + gen_tokens + 512),
+                             threads=threads, parallel=max(1, streams),
                              extra=llama_server_args)
     # With llama-server, only one of the two holds the model at a time: localai's is unloaded while llama-server
     # runs, and llama-server is stopped while localai runs (two resident servers' threads contend on a small CPU:
@@ -76,10 +80,11 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
     with http:
         anchor_http = httpx.Client(base_url=server.base_url, timeout=600) if server else None
         words = measure.calibrate_words(http, model, prompt_tokens)  # also loads the model
+        depth_words = round(words * depth / prompt_tokens) if depth else 0
         for index in range(repetitions):
             if index and server is not None:
                 measure.calibrate_words(http, model, prompt_tokens)  # loads it again, outside the measurement
-            measure.measure_once(http, model, words, gen_tokens, ours)
+            measure.measure_once(http, model, words, gen_tokens, ours, depth_words)
             if streams > 1:
                 measure.measure_streams(http, model, streams, gen_tokens, our_streams)
             if edit_tokens:
@@ -90,7 +95,7 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
                 server.start()
                 try:
                     measure.calibrate_words(anchor_http, model, prompt_tokens)  # warms it up the same way
-                    measure.measure_once(anchor_http, model, words, gen_tokens, theirs)
+                    measure.measure_once(anchor_http, model, words, gen_tokens, theirs, depth_words)
                     if streams > 1:
                         measure.measure_streams(anchor_http, model, streams, gen_tokens, their_streams)
                     if edit_tokens:
@@ -104,7 +109,8 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
                 finally:
                     server.stop()
             elif llama_bench_path and model_path:
-                pp, tg = measure.llama_bench(llama_bench_path, model_path, threads, prompt_tokens, gen_tokens)
+                pp, tg = measure.llama_bench(llama_bench_path, model_path, threads, prompt_tokens, gen_tokens,
+                                             ours.depth[-1])
                 theirs.prefill.append(pp)
                 theirs.decode.append(tg)
             elif with_mlx_lm and model_path:
@@ -119,7 +125,8 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
             server.__exit__()
     anchor = "llama-server" if server else "llama-bench" if llama_bench_path else "mlx-lm" if with_mlx_lm else ""
     click.echo(f"model {model}  threads {threads}  prompt {ours.prompt_tokens[-1]} tokens  output {gen_tokens} tokens"
-               f"  repetitions {repetitions} (median, min-max)")
+               + (f"  after {ours.depth[-1]} tokens of context" if depth else "")
+               + f"  repetitions {repetitions} (median, min-max)")
     columns = [("prefill (pp) tok/s", ours.prefill, theirs.prefill), ("decode (tg) tok/s", ours.decode, theirs.decode)]
     if streams > 1:
         columns.append((f"{streams} streams, tok/s in all", our_streams.aggregate, their_streams.aggregate))
