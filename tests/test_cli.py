@@ -157,11 +157,15 @@ def test_bench_agents_rejects_a_restart_outside_the_trace() -> None:
 
 
 def test_bench_streams_and_edit_through_a_real_daemon(fresh_daemon: Any) -> None:
-    """`localai bench` with the streams and edit workloads (speculative decoding off and on) on smollm2."""
+    """`localai bench` with the streams and edit workloads (speculative decoding off and on) on smollm2, prefill and
+    decode measured after some context."""
     result = fresh_daemon.cli("bench", "-m", "smollm2", "-p", "48", "-n", "8", "-r", "1", "--streams", "2",
-                              "--edit", "24", timeout=600)
+                              "--edit", "24", "--depth", "200", timeout=600)
     assert result.returncode == 0, result.stderr
     out = result.stdout
+    header = re.search(r"prompt (\d+) tokens .* after (\d+) tokens of context", out)
+    assert header, out  # the context went first, and the prefill counted only what came after it
+    assert int(header.group(1)) < 100 and 150 <= int(header.group(2)) <= 260, out
     assert "2 streams, tok/s in all" in out and "edit, speculative on" in out and "inter-token latency" in out
     assert re.search(r"localai, speculative on: edit answer \d+ tokens", out), out
     assert "guessed" in out  # the answer copies its prompt: some tokens are guessed
