@@ -188,14 +188,36 @@ def _anchor_died(server: Any, exc: Exception) -> Exception:
               help="With --long-turns: llama.cpp's llama-bench prefills the long session's new tokens at its second "
               "and last turn's depth (-d), the compute no cache removes, for comparison.")
 @click.option("--seed", default=7, show_default=True)
+@click.option("--slo", is_flag=True,
+              help="Instead of the trace: how many agents at once keep their service level (--ttft-p95, --speed-p50),"
+              " each replaying --turns turns with ~1 s of thinking between them; beside llama-server -np N "
+              "(--llama-server) and llama-cpp-python's server (--llama-cpp-python) in the same run.")
+@click.option("--ttft-p95", default=4.0, show_default=True, help="--slo: bound on the p95 time to first token (s).")
+@click.option("--speed-p50", default=15.0, show_default=True,
+              help="--slo: bound on the p50 output speed of one agent's reply (tokens/s).")
+@click.option("--max-agents", default=32, show_default=True, help="--slo: the most agents tried.")
+@click.option("--think-median", default=1.0, show_default=True, help="--slo: median seconds between an agent's turns.")
+@click.option("--slo-reply-tokens", default=48, show_default=True, help="--slo: tokens of each reply (a tool call).")
+@click.option("--llama-server", "llama_server_path", default=None, metavar="PATH",
+              help="--slo: also llama.cpp's llama-server, restarted with N slots for N agents.")
 @fail_cleanly
 def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think_time: float, restart_at: int,
                  with_llama_cpp_python: bool, with_mlx_lm_server: bool, compare: tuple[str, ...], source: str | None,
-                 long_turns: int, subagents: int, llama_bench_path: str | None, seed: int) -> None:
-    """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume."""
+                 long_turns: int, subagents: int, llama_bench_path: str | None, seed: int, slo: bool,
+                 ttft_p95: float, speed_p50: float, max_agents: int, think_median: float, slo_reply_tokens: int,
+                 llama_server_path: str | None) -> None:
+    """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume; or, with
+    --slo, how many agents at once keep a service level."""
     import tempfile
     from pathlib import Path
 
+    if slo:
+        from localai.bench.slo import Bounds
+
+        agents_at_service_level(model, source, Bounds(ttft_p95, speed_p50), max_agents=max_agents, turns=turns,
+                                reply_tokens=slo_reply_tokens, think_median=think_median, seed=seed,
+                                llama_server_path=llama_server_path, with_llama_cpp_python=with_llama_cpp_python)
+        return
     if turns < 2 or sessions < 1:
         raise click.BadParameter("needs at least 2 turns and 1 session", param_hint="--turns/--sessions")
     if not 0 < restart_at < turns:
@@ -299,6 +321,64 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
     for other in results[2:]:
         click.echo(f"localai vs {other.name}: median TTFT turns 1-{turns - 1} "
                    f"{ours.median_ttft(later) / other.median_ttft(later):.2f}x")
+
+
+def agents_at_service_level(model: str, source: str | None, bounds: Any, *, max_agents: int, turns: int,
+                            reply_tokens: int, think_median: float, seed: int, llama_server_path: str | None,
+                            with_llama_cpp_python: bool) -> None:
+    """``bench agents --slo``: each server's largest number of agents at once within the bounds, one server
+    holding the model at a time."""
+    import tempfile
+
+    from localai.bench import slo
+    from localai.bench.servers import LlamaCppPythonServer, LlamaServer, ManagedDaemon
+    from localai.settings import Settings
+
+    if turns < 2:
+        raise click.BadParameter("needs at least 2 turns", param_hint="--turns")
+    settings = Settings()
+    click.echo(f"bounds: TTFT p95 <= {bounds.ttft_p95:g} s, output p50 >= {bounds.speed_p50:g} tok/s per agent; "
+               f"{turns} turns of {reply_tokens} tokens, thinking ~{think_median:g} s (median) between them; "
+               f"{settings.threads()} threads")
+    options: dict[str, Any] = {"max_agents": max_agents, "turns": turns, "reply_tokens": reply_tokens,
+                               "think_median": think_median, "seed": seed, "report": click.echo}
+    results = []
+    with tempfile.TemporaryDirectory(prefix="localai-bench-slo-") as scratch:
+        daemon = ManagedDaemon(scratch + "/home", source)
+        with daemon:
+            daemon.warm_up(model)
+            model_path = daemon.model_path(model)
+            results.append(slo.search(f"localai ({settings.num_parallel} sequences)", lambda _: daemon.base_url,
+                                      model, bounds, **options))
+        if llama_server_path:
+            held: list[LlamaServer] = []
+
+            def with_slots(agents: int) -> str:
+                for server in held:
+                    server.__exit__()
+                held[:] = [LlamaServer(llama_server_path, model_path, 4096, threads=settings.threads(),
+                                       parallel=agents)]
+                held[0].start()
+                held[0].warm_up()
+                return held[0].base_url
+
+            try:
+                results.append(slo.search("llama-server -np N", with_slots, model, bounds, **options))
+            finally:
+                for server in held:
+                    server.__exit__()
+        if with_llama_cpp_python:
+            with LlamaCppPythonServer(model_path, 8192) as reference:
+                reference.warm_up()
+                results.append(slo.search("llama-cpp-python server", lambda _: reference.base_url, model, bounds,
+                                          **options))
+    counts = {result.name: result.agents(bounds) for result in results}
+    for name, count in counts.items():
+        click.echo(f"{name}: {count} agents at once within the bounds")
+    ours = counts[results[0].name]
+    for name, count in list(counts.items())[1:]:
+        ratio = f"{ours / count:.2f}x" if count else "more (it served none)"
+        click.echo(f"localai vs {name}: {ratio} the agents")
 
 
 def depth_reference(binary: str, model_path: str, second: Sample, last: Sample) -> str:
