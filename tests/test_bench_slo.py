@@ -1,5 +1,6 @@
 """``localai bench agents --slo``: the capacity search's rules, real agents against a real daemon (smollm2), a
-server that is not there, and the command's refusals."""
+server that is not there, and the command's refusals; and the benchmarks' client against a server that closed a
+kept-alive connection."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import subprocess
 import sys
 from typing import Any
 
+import httpx
+import pytest
+
 from localai.bench import slo
+from localai.bench.api import sse_events
 from localai.bench.slo import Bounds, Capacity, Level
 from tests.conftest import free_port
 
@@ -60,3 +65,26 @@ def test_the_command_refuses_too_few_turns() -> None:
     result = subprocess.run([sys.executable, "-m", "localai", "bench", "agents", "--slo", "--turns", "1"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "--turns" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_connection_the_server_closed_before_reuse_is_asked_again_once() -> None:
+    """llama-server closes idle kept-alive connections; a request that meets one got no answer, so the benchmarks'
+    client asks once more (a second failure is the server's, and raised)."""
+    calls: list[int] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) % 2:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        return httpx.Response(200, content=b'data: {"choices": [{"text": "hi"}]}\n\ndata: [DONE]\n\n')
+
+    with httpx.Client(transport=httpx.MockTransport(server), base_url="http://anchor.test/v1") as http:
+        assert list(sse_events(http, "/completions", {})) == [{"choices": [{"text": "hi"}]}]
+        assert len(calls) == 2
+
+    def always(request: httpx.Request) -> httpx.Response:
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+
+    with (httpx.Client(transport=httpx.MockTransport(always), base_url="http://anchor.test/v1") as http,
+          pytest.raises(httpx.RemoteProtocolError)):
+        list(sse_events(http, "/completions", {}))

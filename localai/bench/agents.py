@@ -133,19 +133,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
             reply_tokens: int, received: dict[str, str] | None = None) -> Reply:
-    """Stream one chat request; ``received`` gets the response's headers.
-
-    A keep-alive connection that the server closed just before reuse is retried once (nothing was sent
-    back, so nothing was processed); llama-server closes idle connections that way.
-    """
-    try:
-        return _request(http, model, messages, session, reply_tokens, received)
-    except httpx.RemoteProtocolError:
-        return _request(http, model, messages, session, reply_tokens, received)
-
-
-def _request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
-             reply_tokens: int, received: dict[str, str] | None) -> Reply:
+    """Stream one chat request; ``received`` gets the response's headers."""
     body = {"model": model, "messages": messages, "max_tokens": reply_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "prompt_cache_key": session}
     started = time.perf_counter()

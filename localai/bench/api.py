@@ -51,8 +51,17 @@ GREEDY: dict[str, Any] = {"temperature": 0, "repeat_penalty": 1.0}
 def sse_events(http: httpx.Client, path: str, body: dict[str, Any], headers: dict[str, str] | None = None,
                received: dict[str, str] | None = None) -> Iterator[dict[str, Any]]:
     """The JSON events of a streamed OpenAI-style response (``data: [DONE]`` ends it); ``received`` gets the
-    response's headers."""
-    with http.stream("POST", path, json=body, headers=headers) as response:
+    response's headers.
+
+    A kept-alive connection that the server closed just before reuse is asked again once (no answer came back, so
+    nothing was processed): llama-server closes idle connections that way, and a benchmark must not die of it.
+    """
+    request = http.build_request("POST", path, json=body, headers=headers)
+    try:
+        response = http.send(request, stream=True)
+    except httpx.RemoteProtocolError:
+        response = http.send(request, stream=True)
+    try:
         if response.status_code >= 400:
             raise RuntimeError(f"HTTP {response.status_code}: {response.read().decode(errors='replace')[:300]}")
         if received is not None:
@@ -60,6 +69,8 @@ def sse_events(http: httpx.Client, path: str, body: dict[str, Any], headers: dic
         for line in response.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 yield json.loads(line[6:])
+    finally:
+        response.close()
 
 
 def _stream_completion(
