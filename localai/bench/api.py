@@ -242,6 +242,12 @@ def calibrate_words(http: httpx.Client, model: str, prompt_tokens: int) -> int:
     return max(1, round(200 * prompt_tokens / max(tokens, 1)))
 
 
+def warm_up(http: httpx.Client, model: str, words: int) -> None:
+    """One prefill of the measured size, not measured: the first one after a load is slower (Gemma 3 270M here:
+    ~595 tok/s, then ~690), and the servers are reloaded between repetitions."""
+    _stream_completion(http, model, prefill_prompt(words), 1)
+
+
 def measure_once(http: httpx.Client, model: str, words: int, gen_tokens: int, result: SpeedResult,
                  depth_words: int = 0) -> None:
     """One prefill and one decode measurement; with ``depth_words``, both after that much context: a fresh context

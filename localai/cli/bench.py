@@ -80,10 +80,11 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
     with http:
         anchor_http = httpx.Client(base_url=server.base_url, timeout=600) if server else None
         words = measure.calibrate_words(http, model, prompt_tokens)  # also loads the model
+        measure.warm_up(http, model, words)
         depth_words = round(words * depth / prompt_tokens) if depth else 0
         for index in range(repetitions):
             if index and server is not None:
-                measure.calibrate_words(http, model, prompt_tokens)  # loads it again, outside the measurement
+                measure.warm_up(http, model, words)  # loads it again, outside the measurement
             measure.measure_once(http, model, words, gen_tokens, ours, depth_words)
             if streams > 1:
                 measure.measure_streams(http, model, streams, gen_tokens, our_streams)
@@ -94,7 +95,7 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
                 client.request("POST", "/api/generate", {"model": model, "keep_alive": 0})  # unload
                 server.start()
                 try:
-                    measure.calibrate_words(anchor_http, model, prompt_tokens)  # warms it up the same way
+                    measure.warm_up(anchor_http, model, words)  # the same way
                     measure.measure_once(anchor_http, model, words, gen_tokens, theirs, depth_words)
                     if streams > 1:
                         measure.measure_streams(anchor_http, model, streams, gen_tokens, their_streams)
