@@ -79,7 +79,14 @@ class Reply(NamedTuple):
     text: str
     prompt_tokens: int
     cached_tokens: int | None  # None: the server does not report them
-    completion_tokens: int
+    completion_tokens: int  # the usage's, else the chunks with text (servers that report no usage while streaming)
+    output_seconds: float = 0.0  # from the first chunk with text to the last
+
+    def speed(self) -> float | None:
+        """Output tokens/s after the first token; None for a reply too short to time."""
+        if self.completion_tokens <= 4 or self.output_seconds <= 0:
+            return None
+        return (self.completion_tokens - 1) / self.output_seconds
 
     def sample(self, session: int, turn: int, headers: dict[str, str] | None = None,
                new_tokens: int | None = None) -> Sample:
@@ -132,12 +139,12 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
-            reply_tokens: int, received: dict[str, str] | None = None) -> Reply:
-    """Stream one chat request; ``received`` gets the response's headers."""
+            reply_tokens: int, received: dict[str, str] | None = None, **extra: Any) -> Reply:
+    """Stream one chat request; ``received`` gets the response's headers, ``extra`` goes into the body."""
     body = {"model": model, "messages": messages, "max_tokens": reply_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}, "prompt_cache_key": session}
+            "stream_options": {"include_usage": True}, "prompt_cache_key": session, **extra}
     started = time.perf_counter()
-    first: float | None = None
+    first = last = 0.0
     parts: list[str] = []
     usage: dict[str, Any] = {}
     for payload in sse_events(http, "/chat/completions", body, headers={"X-Session-Id": session},
@@ -147,13 +154,14 @@ def request(http: httpx.Client, model: str, messages: list[dict[str, str]], sess
         for choice in payload.get("choices") or []:
             text = (choice.get("delta") or {}).get("content")
             if text:
-                first = first or time.perf_counter()
+                last = time.perf_counter()
+                first = first or last
                 parts.append(text)
     ttft = (first or time.perf_counter()) - started
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens")
     return Reply(ttft, "".join(parts), int(usage.get("prompt_tokens", 0)), int(cached) if cached is not None else None,
-                 int(usage.get("completion_tokens", 0)))
+                 int(usage.get("completion_tokens", 0)) or len(parts), last - first)
 
 
 def token_counter(model_path: str) -> Callable[[str], int] | None:

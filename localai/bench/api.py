@@ -73,13 +73,18 @@ def sse_events(http: httpx.Client, path: str, body: dict[str, Any], headers: dic
         response.close()
 
 
+def completion_body(model: str, prompt: str, max_tokens: int, *, cache: bool = False) -> dict[str, Any]:
+    """A streamed greedy completion of exactly ``max_tokens`` tokens (``cache``: the server may reuse what it holds
+    of the prompt)."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, **GREEDY, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}, "cache_prompt": cache}
+
+
 def _stream_completion(
     http: httpx.Client, model: str, prompt: str, max_tokens: int, *, cache: bool = False
 ) -> tuple[float, float, float, int, int]:
-    """(start, first token time, last token time, prompt tokens, completion tokens) of one streamed request
-    (``cache``: the server may reuse what it holds of the prompt)."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **GREEDY, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}, "cache_prompt": cache}
+    """(start, first token time, last token time, prompt tokens, completion tokens) of one streamed request."""
+    body = completion_body(model, prompt, max_tokens, cache=cache)
     start = time.perf_counter()
     first = last = 0.0
     usage: dict[str, int] = {}
@@ -102,8 +107,7 @@ class StreamsResult:
 
 def _timed_stream(http: httpx.Client, model: str, prompt: str, max_tokens: int) -> tuple[float, list[float], int]:
     """(start, arrival time of each chunk with text, completion tokens) of one streamed ``ignore_eos`` completion."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **GREEDY, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
+    body = completion_body(model, prompt, max_tokens)
     start = time.perf_counter()
     arrivals: list[float] = []
     tokens = 0

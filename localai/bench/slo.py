@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from localai.bench.agents import percentile, system_prompt, tool_result
-from localai.bench.api import GREEDY, sse_events
+from localai.bench.agents import Reply, percentile, request, system_prompt, tool_result
+from localai.bench.api import GREEDY
 
 # The counts tried in turn: every N up to 4, then growing by about a third.
 LADDER = (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
@@ -75,29 +75,13 @@ class Capacity:
         return count
 
 
-def agent_request(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
-                  reply_tokens: int) -> tuple[float, float | None, str]:
-    """One streamed turn: (time to first token, output tokens/s or None when too short to time, the text)."""
-    body = {"model": model, "messages": messages, "max_tokens": reply_tokens, **GREEDY, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}, "prompt_cache_key": session}
-    started = time.perf_counter()
-    first = last = 0.0
-    parts: list[str] = []
-    tokens = 0
-    for payload in sse_events(http, "/chat/completions", body, headers={"X-Session-Id": session}):
-        if payload.get("usage"):
-            tokens = int(payload["usage"].get("completion_tokens") or 0)
-        for choice in payload.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content")
-            if text:
-                last = time.perf_counter()
-                first = first or last
-                parts.append(text)
-    if not first:
+def agent_turn(http: httpx.Client, model: str, messages: list[dict[str, str]], session: str,
+               reply_tokens: int) -> Reply:
+    """One streamed turn of exactly ``reply_tokens`` tokens, sampled the same way on every server."""
+    reply = request(http, model, messages, session, reply_tokens, **GREEDY, ignore_eos=True)
+    if not reply.text:
         raise RuntimeError("the reply had no text")
-    tokens = tokens or len(parts)  # servers that report no usage while streaming send a token a chunk
-    speed = (tokens - 1) / (last - first) if tokens > 4 and last > first else None
-    return first - started, speed, "".join(parts)
+    return reply
 
 
 def run_level(base_url: str, model: str, agents: int, *, turns: int, reply_tokens: int, think_median: float,
@@ -118,16 +102,17 @@ def run_level(base_url: str, model: str, agents: int, *, turns: int, reply_token
         with httpx.Client(base_url=base_url.rstrip("/"), timeout=deadline) as http:
             for turn in range(turns):
                 try:
-                    ttft, speed, text = agent_request(http, model, messages, session, reply_tokens)
+                    reply = agent_turn(http, model, messages, session, reply_tokens)
                 except (httpx.HTTPError, RuntimeError) as exc:
                     with lock:
                         level.errors.append(f"agent {index} turn {turn}: {type(exc).__name__}: {exc}")
                     return
+                speed = reply.speed()
                 with lock:
-                    level.ttfts.append(ttft)
+                    level.ttfts.append(reply.ttft)
                     if speed is not None:
                         level.speeds.append(speed)
-                messages.append({"role": "assistant", "content": text})
+                messages.append({"role": "assistant", "content": reply.text})
                 messages.append({"role": "user", "content": tool_result(rng, turn + 1)})
                 if turn + 1 < turns:  # thinking: log-normal around the median, as tool calls and agents vary
                     time.sleep(think_median * math.exp(rng.gauss(0, 0.5)))
@@ -147,8 +132,8 @@ def run_level(base_url: str, model: str, agents: int, *, turns: int, reply_token
 def warm(base_url: str, model: str) -> None:
     """What a server in use has already seen: the agents' shared system-and-tools prompt, once (not measured)."""
     with httpx.Client(base_url=base_url.rstrip("/"), timeout=600) as http:
-        agent_request(http, model, [{"role": "system", "content": system_prompt()},
-                                    {"role": "user", "content": "Ready?"}], "slo-warm", 2)
+        agent_turn(http, model, [{"role": "system", "content": system_prompt()},
+                                 {"role": "user", "content": "Ready?"}], "slo-warm", 2)
 
 
 def search(name: str, serve: Callable[[int], str], model: str, bounds: Bounds, *, max_agents: int, turns: int,

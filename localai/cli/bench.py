@@ -11,6 +11,7 @@ from localai.cli import cli, fail_cleanly
 
 if TYPE_CHECKING:
     from localai.bench.agents import Sample
+    from localai.bench.slo import Bounds
 
 
 @cli.group(invoke_without_command=True)
@@ -324,7 +325,7 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
                    f"{ours.median_ttft(later) / other.median_ttft(later):.2f}x")
 
 
-def agents_at_service_level(model: str, source: str | None, bounds: Any, *, max_agents: int, turns: int,
+def agents_at_service_level(model: str, source: str | None, bounds: Bounds, *, max_agents: int, turns: int,
                             reply_tokens: int, think_median: float, seed: int, llama_server_path: str | None,
                             with_llama_cpp_python: bool) -> None:
     """``bench agents --slo``: each server's largest number of agents at once within the bounds, one server

@@ -203,7 +203,7 @@ class LlamaCppEngine:
             n_ctx=self.n_ctx,
             n_ctx_train=self.n_ctx_train,
             n_parallel=self.options.n_parallel,
-            n_vocab=int(L.llama_vocab_n_tokens(self.vocab)),
+            n_vocab=self.n_vocab,
             bos_token=self._token_text(self.bos_id),
             eos_token=self._token_text(int(L.llama_vocab_eos(self.vocab))),
             chat_template=template.decode() if template else None,
@@ -273,7 +273,7 @@ class LlamaCppEngine:
                     and not L.llama_vocab_get_add_eos(self.vocab) and not L.llama_vocab_get_add_sep(self.vocab))
         control: dict[int, str] = {}
         special: dict[int, set[str]] = {}
-        for token in range(int(L.llama_vocab_n_tokens(self.vocab))):
+        for token in range(self.n_vocab):
             attr = int(L.llama_vocab_get_attr(self.vocab, token))
             if not attr & (L.LLAMA_TOKEN_ATTR_CONTROL | L.LLAMA_TOKEN_ATTR_USER_DEFINED | L.LLAMA_TOKEN_ATTR_UNKNOWN):
                 continue
@@ -324,7 +324,7 @@ class LlamaCppEngine:
         if penalties:
             last_n = int(options["repeat_last_n"])
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-                int(L.llama_vocab_n_tokens(self.vocab)), self.n_ctx if last_n < 0 else min(last_n, self.n_ctx),
+                self.n_vocab, self.n_ctx if last_n < 0 else min(last_n, self.n_ctx),
                 float(options["repeat_penalty"]),
                 float(options["frequency_penalty"]), float(options["presence_penalty"])))
         temperature = float(options["temperature"])
