@@ -161,9 +161,10 @@ TEST_DEFAULTS = {"num_thread": "2", "num_parallel": "2", "context_length": "4096
                  "discover": ""}  # the machine's own Ollama/LM Studio/HF models stay out of tests
 
 
-def start_daemon(home: Path, **settings: str) -> Daemon:
+def start_daemon(home: Path, *, own_group: bool = False, **settings: str) -> Daemon:
     """A daemon on a free port. Test daemons load models small (2 sequences of 4096 tokens) unless a test asks
-    for more: the KV cache of 4 x 8192 tokens that users get costs every model load in the suite."""
+    for more: the KV cache of 4 x 8192 tokens that users get costs every model load in the suite. ``own_group``:
+    in a process group of its own with its workers (as in a terminal), so a signal can reach them all at once."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
     env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{port}"})
@@ -171,7 +172,8 @@ def start_daemon(home: Path, **settings: str) -> Daemon:
     env.update({f"LOCALAI_{k.upper()}": v for k, v in settings.items()})
     home.mkdir(parents=True, exist_ok=True)
     with open(home / "daemon.log", "wb") as log:  # the child has its own copy of the descriptor
-        process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log)
+        process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log,
+                                   start_new_session=own_group)
     daemon = Daemon(home=home, port=port, process=process, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -66,6 +66,7 @@ class Slot:
     last_used: float = 0.0
     busy: bool = False
     session: str | None = None  # whose conversation it holds: its own session may cut it back
+    deferred: Request | None = None  # its last request left the save to a follow-up that has not come yet
     checkpoints: list[Checkpoint] = field(default_factory=list)  # where it can return to (checkpoint engines)
 
 
@@ -129,6 +130,8 @@ class Serving:
         stopping = False
         while True:
             if stopping and not self.requests and not self.waiting:
+                for slot in self.slots:  # replies whose follow-ups will not come now: saved as generated
+                    self._save_deferred(slot)
                 if self.cache is not None:
                     self.cache.close()
                 return
@@ -223,6 +226,10 @@ class Serving:
         session = op.get("session")
         sampler = engine.new_sampler(op.get("sampling") or {}, op.get("constraint"))  # may refuse: before any slot
         slot, common = self._choose_slot(free, prompt, warm=warm, session=session)
+        if slot.deferred is not None and (warm or common < len(slot.tokens)):
+            if not warm:  # its reply's follow-up never came, and its state is about to go: keep it
+                self._save_deferred(slot)
+            slot.deferred = None
         limit = len(prompt) if warm else len(prompt) - 1  # else the last token is replayed for fresh logits
         common = self._reachable(slot, min(common, limit))
         source = "live" if common else "miss"
@@ -400,6 +407,16 @@ class Serving:
                         held=len(slot.tokens), end=end)
         else:
             self._store(list(slot.tokens), state, request, request.session, "history", kept)
+
+    def _save_deferred(self, slot: Slot) -> None:
+        """Save a sequence whose reply's follow-up will not come (the worker stops, or the slot is needed): as
+        generated, with every checkpoint it has."""
+        if slot.deferred is None:
+            return
+        for checkpoint in slot.checkpoints:
+            checkpoint.persist = True
+        self._save(slot.deferred)
+        slot.deferred = None
 
     def _snapshot_system(self, request: Request) -> None:
         request.snapshot_at = None
@@ -588,6 +605,8 @@ class Serving:
         })
         if reason != "cancelled" and not request.follow_up:
             self._save(request)
+        elif reason != "cancelled":
+            request.slot.deferred = request
         self._release(request)
         if self.cache is not None:
             emit({"ev": "stats", "cache": self.cache.stats_snapshot()})
