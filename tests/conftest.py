@@ -56,6 +56,18 @@ def gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def arch_fixtures() -> Path:
+    """The random-weight models of the architectures agents run on (``make fixtures``; tests/archfixtures.py)."""
+    from tests.archfixtures import FIXTURES, fixtures_dir
+
+    folder = fixtures_dir()
+    missing = [f.name for f in FIXTURES if not (folder / f"{f.name}.gguf").exists()]
+    if missing:  # a failure, not a skip: `make test` writes them, so CI always runs these
+        pytest.fail(f"the architecture fixtures {missing} are not in {folder}: run `make fixtures`")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def mlx_model_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
     """SmolLM2-135M-Instruct's own weights as an MLX folder (float16; about 7 s to write)."""
     from localai.models.loading import mlx_importable
@@ -224,7 +236,7 @@ def llama_servers(smollm2_path: Path) -> Iterator[list[LlamaCppPythonServer]]:
 # coding agents. Set here from what each test uses, so no test can forget its marker: `make test-fast` runs
 # `-m "not model and not agents"` (no model load at all), `make test` runs everything.
 MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "daemon", "fresh_daemon", "mlx_model_path", "mlx_daemon",
-                            "llama_servers"})
+                            "llama_servers", "arch_fixtures"})
 AGENT_FIXTURES = frozenset({"agent_daemon", "pinned_agents"})
 
 

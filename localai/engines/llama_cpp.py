@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import re
 import struct
 from typing import Any, ClassVar
 
@@ -70,6 +71,15 @@ def repacks_weights(setting: str, system_info: str | None = None) -> bool:
 GREEDY = object()
 
 
+def load_failure(path: str, error: str | None) -> str:
+    """What to tell about a model llama.cpp would not load, from what it said."""
+    unknown = re.search(r"unknown model architecture: '([^']*)'", error or "")
+    if unknown:
+        return (f"the llama.cpp in llama-cpp-python {L.__version__} does not know the architecture "
+                f"'{unknown[1]}' of {path}: a newer llama-cpp-python may (pip install -U llama-cpp-python)")
+    return f"llama.cpp (llama-cpp-python {L.__version__}) could not load {path}" + (f": {error}" if error else "")
+
+
 class LlamaCppEngine:
     """A loaded GGUF model with ``n_parallel`` sequences."""
 
@@ -95,7 +105,7 @@ class LlamaCppEngine:
         try:
             self.model = L.llama_model_load_from_file(options.model_path.encode(), model_params)
             if not self.model:
-                raise RuntimeError(f"llama.cpp could not load {options.model_path}")
+                raise RuntimeError(load_failure(options.model_path, report.error))
             self._create_context(options)
         finally:
             _LOAD_REPORT = None

@@ -425,9 +425,11 @@ class PromptStore:
                         if split is None:
                             return None
                         split = (split[0], split[1], end[8:] if end and split[2] else b"")
+                    tail_pieces = split[1][len(missing):] if split is not None else []
+                    if split is not None:
+                        split = (split[0], split[1][:len(missing)], split[2])
                     head = self._index(tokens, chunks, missing, split, state, session, kind)
                     if head is not None and split is not None and split[2]:
-                        tail_pieces = split[1][len(missing):]
                         self._index_checkpoints(tails, dict(zip([t.key for t in cut], tail_pieces, strict=True)),
                                                 session, kind == "system")
                     return head

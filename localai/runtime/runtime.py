@@ -412,9 +412,10 @@ class Runtime:
             return None
         template = self.template(record, loaded)
         style = self.tool_format(record, loaded)
-        # Some templates refuse a conversation without a user message (Qwen3's "No user query found"): then the
-        # segment runs up to where a first user message's content starts
-        for following in ([], [Message(role="user", content=[TextBlock(NEXT_TURN)])]):
+        # The segment runs up to where a first user message's content starts: its header is shared too (a model whose
+        # state returns only to checkpoints keeps one there), and some templates refuse a conversation without a
+        # user message (Qwen3's "No user query found"); else (an assistant message first) the system part alone
+        for following in ([Message(role="user", content=[TextBlock(NEXT_TURN)])], []):
             shaped = prompting.template_messages([*leading, *following], template, request.tools,
                                                  default_system=record.system, style=style)
             try:

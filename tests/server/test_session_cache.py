@@ -378,18 +378,19 @@ def test_a_stop_signalled_to_the_whole_process_group_keeps_the_last_turn(tmp_pat
         return {"text": text, "usage": usage}
 
     def second(first: dict[str, Any], session: int) -> list[dict[str, str]]:
-        return [*turn1(session), {"role": "assistant", "content": first["text"]}, {"role": "user", "content": "A queue?"}]
+        return [*turn1(session), {"role": "assistant", "content": first["text"]},
+                {"role": "user", "content": "A queue?"}]
 
     def third(first: dict[str, Any], reply: dict[str, Any], session: int) -> list[dict[str, str]]:
         return [*second(first, session), {"role": "assistant", "content": reply["text"]},
                 {"role": "user", "content": "And a stack?"}]
 
     with start_daemon(tmp_path / "steady") as daemon:
-        s1, s2 = ask(daemon, turn1(1), 1), ask(daemon, turn1(2), 2)
+        s1, _ = ask(daemon, turn1(1), 1), ask(daemon, turn1(2), 2)
         t2 = ask(daemon, second(s1, 1), 1)
         steady = ask(daemon, third(s1, t2, 1), 1)
     daemon = start_daemon(tmp_path / "home", own_group=True)
-    s1, s2 = ask(daemon, turn1(1), 1), ask(daemon, turn1(2), 2)
+    s1, _ = ask(daemon, turn1(1), 1), ask(daemon, turn1(2), 2)
     t2 = ask(daemon, second(s1, 1), 1, stop=True)
     assert daemon.process.wait(timeout=60) == 0
     with start_daemon(tmp_path / "home") as daemon:
