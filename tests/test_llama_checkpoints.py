@@ -232,3 +232,21 @@ def test_a_state_with_an_unexpected_tail_is_refused_not_cut(arch_fixtures: Path)
                                           tail=len(engine.seq_checkpoint(0)) - 8)
     with pytest.raises(llama_state.StateFormatError):
         llama_state.join(layout, pieces, [64, 36], b"")  # a checkpoint's state without its checkpoint
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_memory_estimate_is_what_llama_cpp_allocates(arch_fixtures: Path, name: str) -> None:
+    """The window rule's and the placement's estimate from the GGUF header (attention layers' KV per token, a
+    sliding window's cells, latent attention's K alone, recurrent layers' state per sequence) against the KV and
+    recurrent-state buffers llama.cpp reports as it loads the model: within 5%."""
+    from localai.models.gguf_meta import read_metadata
+    from localai.models.loading import kv_bytes
+
+    shape = read_metadata(arch_fixtures / f"{name}.gguf").attention
+    engine = load(arch_fixtures, name, num_ctx=4096, n_parallel=2)
+    reported = sum(size for key, size in engine.load_report.buffers.items() if key.split()[1] in ("KV", "RS"))
+    estimate = kv_bytes(shape, 4096, 2, "f16")
+    print(f"{name}: estimate {estimate / 2**20:.3f} MiB, llama.cpp {reported / 2**20:.3f} MiB")
+    assert reported > 0 and abs(estimate - reported) <= 0.05 * reported
+    if BY_NAME[name].kind == "recurrent":
+        assert shape is not None and shape.recurrent_bytes > 0

@@ -104,7 +104,7 @@ def test_latent_attention_keeps_no_values_and_sliding_layers_keep_their_window(t
                         head_dim=64, extra={"gpt-oss.attention.sliding_window": 128})
     shape = attention_of(gguf_record(oss))
     assert shape is not None and shape.sliding_share == 0.5
-    assert shape.kv_bytes(131072) == 24 * 8 * 128 * 2 * (131072 / 2 + 64)
+    assert shape.kv_bytes(131072) == 24 * 8 * 128 * 2 * (131072 / 2 + 768 / 2)  # the window and a micro-batch
     own = metadata_gguf(tmp_path / "own.gguf", arch="gpt-oss", context_length=131072, layers=24, kv_heads=8,
                         head_dim=64, extra={"gpt-oss.attention.sliding_window": 128,
                                             "gpt-oss.attention.sliding_window_pattern": 4})

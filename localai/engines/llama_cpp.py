@@ -109,6 +109,7 @@ class LlamaCppEngine:
             self._create_context(options)
         finally:
             _LOAD_REPORT = None
+        self.load_report = report  # what llama.cpp said of its buffers (tests compare the estimates with it)
         self._reported(report)
         self.batch = L.llama_batch_init(options.n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
@@ -170,7 +171,7 @@ class LlamaCppEngine:
         if report.buffers:
             placement.device_bytes = measured
             placement.total_bytes = max(placement.total_bytes, sum(
-                size for key, size in report.buffers.items() if key.split()[1] in ("model", "KV")))
+                size for key, size in report.buffers.items() if key.split()[1] in ("model", "KV", "RS")))
         if not placement.layers:
             placement.devices, placement.device_bytes = [], 0
 

@@ -74,7 +74,7 @@ def devices() -> list[Device]:
 
 
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
-_BUFFER = re.compile(r"^\w+: +(\S+) (model|KV|compute) buffer size = +([\d.]+) MiB")
+_BUFFER = re.compile(r"^\w+: +(\S+) (model|KV|RS|compute) buffer size = +([\d.]+) MiB")
 
 
 _LOAD_ERROR = re.compile(r"error loading model: (.+)")
@@ -100,7 +100,7 @@ class LoadReport:
                 key = f"{match[1]} {match[2]}"
                 self.buffers[key] = self.buffers.get(key, 0) + int(float(match[3]) * (1 << 20))
 
-    def device_bytes(self, kinds: tuple[str, ...] = ("model", "KV")) -> int:
+    def device_bytes(self, kinds: tuple[str, ...] = ("model", "KV", "RS")) -> int:
         """Bytes in buffers that are not the CPU's (host buffers are named CPU, CPU_Mapped, CUDA_Host, ...)."""
         return sum(size for key, size in self.buffers.items()
                    if key.split()[1] in kinds and not key.startswith("CPU") and "_Host" not in key.split()[0])

@@ -58,48 +58,65 @@ _WANTED = ("general.alignment", "split.count", "general.architecture", "general.
 # The attention shape, read per architecture (``{arch}.<key>``): what the KV cache holds per token.
 _SHAPE_KEYS = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
                "attention.key_length", "attention.value_length", "attention.sliding_window",
-               "attention.sliding_window_pattern", "attention.key_length_mla", "attention.value_length_mla")
+               "attention.sliding_window_pattern", "attention.key_length_mla", "attention.value_length_mla",
+               "attention.recurrent_layers", "full_attention_interval", "feed_forward_length", "ssm.conv_kernel",
+               "ssm.inner_size", "ssm.state_size", "ssm.group_count", "shortconv.l_cache")
 # Every n-th layer attends to the whole context and the others slide, unless the file gives its own pattern
 # (llama.cpp's load_swa_pattern defaults per architecture)
 SLIDING_PATTERN = {"gemma3": 6, "gemma-embedding": 6, "gemma3n": 5, "gemma2": 2, "gpt-oss": 2, "cohere2": 4,
                    "llama4": 4, "exaone4": 4, "olmo2": 4}
 MAX_DIMS = 8  # GGML_MAX_DIMS is 4; a larger count is a damaged file
+MAX_KEPT_ITEMS = 4096  # a per-layer array kept (longer ones are skipped: no model has that many layers)
 MAX_NESTING = 4  # arrays of arrays (llama.cpp writes none); deeper is a damaged or hostile file
+
+
+UBATCH = 512  # llama.cpp's micro-batch at localai's n_batch: a sliding window's cache holds it beside the window
+CELL_PAD = 256  # llama.cpp rounds a KV cache's cells up to this
 
 
 @dataclass
 class AttentionShape:
-    """What one token costs the KV cache: per layer, ``kv_heads`` heads of keys and of values."""
+    """What one token costs the KV cache: per layer, ``kv_heads`` heads of keys and of values (0 for a layer without
+    attention: a recurrent one); plus, for hybrid models, the recurrent layers' fixed state per sequence."""
 
     layers: int
     kv_heads: list[int]  # per layer (a single count repeated when the file gives one)
     key_length: int
     value_length: int
     sliding_window: int = 0  # layers with a window keep at most this many tokens (0: none)
-    sliding_share: float = 0.0  # the share of layers that slide (llama.cpp's pattern for the architecture)
+    sliding_share: float = 0.0  # the share of the KV per token in sliding layers
     values: bool = True  # False for multi-head latent attention (DeepSeek-V2/V3, GLM-4.7-Flash): K holds it all
+    recurrent_bytes: int = 0  # recurrent layers' state (Mamba-2, Gated DeltaNet, short convolutions) per sequence
 
     def bytes_per_token(self, kv_type: str = "f16") -> float:
-        """K and V of every layer for one token, at the KV cache's element type."""
+        """K and V of every attention layer for one token, at the KV cache's element type."""
         per_element = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "f32": 4.0}[kv_type]
         return sum(self.kv_heads) * (self.key_length + (self.value_length if self.values else 0)) * per_element
 
+    def window_cells(self, num_ctx: int) -> int:
+        """The cells a sliding layer's cache holds per sequence (llama.cpp keeps a micro-batch beside the window)."""
+        return min(num_ctx, -(-(self.sliding_window + UBATCH) // CELL_PAD) * CELL_PAD)
+
     def kv_bytes(self, num_ctx: int, kv_type: str = "f16") -> float:
-        """One sequence's KV cache at ``num_ctx`` tokens: sliding layers hold at most their window."""
+        """One sequence's KV cache at ``num_ctx`` tokens (sliding layers hold their window) and recurrent state."""
         per_token = self.bytes_per_token(kv_type)
         if not self.sliding_window or self.sliding_window >= num_ctx:
-            return per_token * num_ctx
-        return per_token * ((1 - self.sliding_share) * num_ctx + self.sliding_share * self.sliding_window)
+            return per_token * num_ctx + self.recurrent_bytes
+        sliding = self.sliding_share * self.window_cells(num_ctx)
+        return per_token * ((1 - self.sliding_share) * num_ctx + sliding) + self.recurrent_bytes
 
     def tokens_within(self, budget: float, kv_type: str = "f16") -> int:
-        """The most tokens whose KV cache (one sequence) fits ``budget`` bytes."""
+        """The most tokens whose KV cache and recurrent state (one sequence) fit ``budget`` bytes."""
         per_token = self.bytes_per_token(kv_type)
-        if per_token <= 0 or budget <= 0:
+        budget -= self.recurrent_bytes
+        if budget <= 0:
             return 0
+        if per_token <= 0:
+            return 1 << 30  # no attention layer: a longer context costs nothing more
         plain = int(budget // per_token)
         if not self.sliding_window or plain <= self.sliding_window or self.sliding_share >= 1:
             return plain
-        fixed = per_token * self.sliding_share * self.sliding_window
+        fixed = per_token * self.sliding_share * self.window_cells(plain)
         return max(plain, int((budget - fixed) // (per_token * (1 - self.sliding_share))))
 
 
@@ -201,7 +218,10 @@ class _Header:
                 raise ValueError(f"{self.path}: GGUF arrays nested more than {MAX_NESTING} deep")
             if item in _SCALARS:
                 size = _SCALARS[item].size
-                self.skip(self.count(size) * size)
+                count = self.count(size)
+                if keep and count <= MAX_KEPT_ITEMS:  # per-layer values (head counts, recurrent layers)
+                    return [self.take(_SCALARS[item]) for _ in range(count)]
+                self.skip(count * size)
             elif item == GGUFValueType.STRING:
                 self.skip_strings(self.count(8))
             elif item == GGUFValueType.ARRAY:
@@ -313,28 +333,81 @@ def _attention(fields: dict[str, Any], arch: str) -> AttentionShape | None:
         value = fields.get(f"{arch}.{key}")
         return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
+    def per_layer(key: str, default: int) -> list[int]:
+        value = fields.get(f"{arch}.{key}")
+        if isinstance(value, list):  # per layer (some architectures vary it)
+            return [int(item) for item in value if isinstance(item, int)][:layers]
+        return [int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default] \
+            * layers
+
     layers = number("block_count")
     heads = number("attention.head_count")
-    kv = fields.get(f"{arch}.attention.head_count_kv")
-    if isinstance(kv, list):  # per layer (some architectures vary it)
-        kv_heads = [int(item) for item in kv if isinstance(item, int)][:layers]
-    else:
-        kv_heads = [int(kv) if isinstance(kv, int) and kv > 0 else heads] * layers
+    kv_heads = per_layer("attention.head_count_kv", heads)
+    feed_forward = per_layer("feed_forward_length", 1)
+    recurrent = _recurrent_layers(fields, arch, layers, kv_heads, feed_forward)
+    # Nemotron-H's feed-forward layers have neither attention nor a state (whatever head count the file gives)
+    mlp_only = [arch.startswith("nemotron_h") and feed_forward[il] > 0 for il in range(layers)]
+    kv_heads = [0 if recurrent[il] or mlp_only[il] else heads_kv for il, heads_kv in enumerate(kv_heads)]
     key_length = number("attention.key_length") or (number("embedding_length") // heads if heads else 0)
     value_length = number("attention.value_length") or key_length
-    if not layers or not any(kv_heads) or not key_length:
+    if not layers or not key_length or not (any(kv_heads) or any(recurrent)):
         return None
     window = number("attention.sliding_window")
     pattern = fields.get(f"{arch}.attention.sliding_window_pattern")
-    if isinstance(pattern, list) and pattern:  # per layer: True where it slides
-        share = sum(1 for item in pattern if item is True) / len(pattern)
+    if isinstance(pattern, list) and pattern:  # per layer: true where it slides
+        slides = [bool(item) for item in pattern][:layers]
     else:
         every = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0 \
             else SLIDING_PATTERN.get(arch, 2)
-        share = (every - 1) / every
+        slides = [il % every < every - 1 for il in range(layers)]
+    slides += [False] * (layers - len(slides))
+    attending = sum(kv_heads)
+    share = sum(heads_kv for heads_kv, slide in zip(kv_heads, slides, strict=True) if slide) / attending \
+        if attending else 0.0
     mla = bool(number("attention.key_length_mla") and number("attention.value_length_mla"))
     return AttentionShape(layers, kv_heads, key_length, value_length, window, share if window else 0.0,
-                          values=not mla)
+                          values=not mla, recurrent_bytes=sum(recurrent) * _recurrent_state(fields, arch))
+
+
+# Architectures whose recurrent layers are those without attention heads (llama.cpp's models/<arch>.cpp)
+_RECURRENT_WHERE_NO_HEADS = {"granitehybrid", "jamba", "lfm2", "lfm2moe", "kimi-linear", "bailingmoe3", "plamo2"}
+_ALL_RECURRENT = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "falcon-h1"}
+
+
+def _recurrent_layers(fields: dict[str, Any], arch: str, layers: int, kv_heads: list[int],
+                      feed_forward: list[int]) -> list[bool]:
+    """Which layers keep a recurrent state instead of a KV cache: as the file lists them, else as llama.cpp decides
+    for the architecture."""
+    listed = fields.get(f"{arch}.attention.recurrent_layers")
+    if isinstance(listed, list) and listed:
+        return ([bool(item) for item in listed] + [False] * layers)[:layers]
+    if arch in _ALL_RECURRENT:
+        return [True] * layers
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):  # Gated DeltaNet, every n-th layer attention
+        interval = fields.get(f"{arch}.full_attention_interval")
+        every = interval if isinstance(interval, int) and interval > 0 else 4
+        return [(il + 1) % every != 0 for il in range(layers)]
+    if arch in ("nemotron_h", "nemotron_h_moe"):  # Mamba-2 layers have neither attention nor a feed-forward
+        return [kv_heads[il] == 0 and feed_forward[il] == 0 for il in range(layers)]
+    if arch in _RECURRENT_WHERE_NO_HEADS:
+        return [heads == 0 for heads in kv_heads]
+    return [False] * layers
+
+
+def _recurrent_state(fields: dict[str, Any], arch: str) -> int:
+    """One recurrent layer's state for one sequence, in bytes (llama.cpp keeps it in f32): the convolution's last
+    columns and the SSM state (llama_hparams::n_embd_r and n_embd_s)."""
+    def number(key: str) -> int:
+        value = fields.get(f"{arch}.{key}")
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    l_cache = number("shortconv.l_cache")
+    if l_cache:  # LFM2's short convolutions
+        conv = number("embedding_length") * (l_cache - 1)
+    else:
+        conv = max(0, number("ssm.conv_kernel") - 1) * (number("ssm.inner_size")
+                                                        + 2 * number("ssm.group_count") * number("ssm.state_size"))
+    return 4 * (conv + number("ssm.state_size") * number("ssm.inner_size"))
 
 
 def _human_count(count: int) -> str:
