@@ -97,12 +97,15 @@ def ps() -> None:
     running = client.is_running()
     models = client.request("GET", "/api/ps")["models"] if running else []
     _table(
-        ["NAME", "ENGINE", "SIZE", "PROCESSOR", "PID", "CONTEXT", "ACTIVE", "QUEUED", "UNTIL"],
+        ["NAME", "ENGINE", "SIZE", "PROCESSOR", "WORKER", "CONTEXT", "ACTIVE", "QUEUED", "UNTIL"],
         [[m["name"], m.get("engine", ""), human_size(m["size"]) if m.get("size") else "-", m.get("processor", ""),
-          str(m["pid"] or "-"), str(m["context_length"] or "-"), str(m["active_requests"]), str(m.get("queued", 0)),
+          _worker(m), str(m["context_length"] or "-"), str(m["active_requests"]), str(m.get("queued", 0)),
           _until(m)]
          for m in models],
     )
+    shared = [m for m in models if m.get("shared_with")]
+    if shared:
+        click.echo("\nModels on one worker share its memory (one copy of the weights) and its prompt cache.")
     broken = _broken_modelfiles(client) if running else []
     if broken:
         click.echo("\nBroken Modelfiles (a model created from one earlier keeps that version):")
@@ -148,6 +151,14 @@ def info(model: str | None, as_json: bool) -> None:
                 click.echo(f"  {label:<12} {placement['processor']}: {placement['layers']}/{placement['layers_total']} "
                            f"layers, {placement['device_bytes'] / 2**30:.2f} GiB on the GPU of "
                            f"{placement['total_bytes'] / 2**30:.2f} GiB; {placement['reason']}")
+
+
+def _worker(model: dict[str, Any]) -> str:
+    """The worker process serving a model: its pid, and the other models it serves."""
+    if not model.get("pid"):
+        return "-"
+    others = model.get("shared_with") or []
+    return f"pid {model['pid']}" + (f", shared with {', '.join(others)}" if others else "")
 
 
 def _until(model: dict[str, Any]) -> str:
