@@ -174,7 +174,7 @@ def _until(model: dict[str, Any]) -> str:
 @click.argument("model")
 @fail_cleanly
 def stop(model: str) -> None:
-    """Unload a model now."""
+    """Unload a model now (`localai daemon stop` stops the daemon)."""
     client = _client(start=False)
     if not client.is_running():
         return
