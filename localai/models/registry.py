@@ -19,7 +19,7 @@ import sqlite_utils
 
 from localai import paths
 from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
-from localai.models import hub, weights
+from localai.models import hub, library, weights
 from localai.models.db import now, open_database
 from localai.models.gguf_meta import read_metadata
 from localai.models.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file
@@ -158,7 +158,7 @@ class Registry:
             row = self._row(row["alias_of"])
         if row is None:
             raise ModelNotFound(
-                f"model '{name}' is not installed; run: localai pull {name}  (installed: "
+                f"model '{name}' is not installed; {library.how_to_get(name)}  (installed: "
                 f"{', '.join(self.names()) or 'none'})",
                 param="model",
             )

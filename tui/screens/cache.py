@@ -164,7 +164,7 @@ class CacheScreen(LocalAIScreen):
                 self.pin(entry, ttl)
 
         what = f"session {entry.session[:8]}" if entry.session else f"entry {entry.id[:12]}"
-        self.app.push_screen(AskScreen(f"Pin {what} for how long? (30m, 2h, 7d=168h)", value="1h"), answered)
+        self.app.push_screen(AskScreen(f"Pin {what} for how long? (30m, 2h, 7d)", value="1h"), answered)
 
     @work(group="pin", exit_on_error=False)
     async def pin(self, entry: CacheEntry, ttl: str) -> None:
