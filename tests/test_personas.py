@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.conftest import Daemon, cached, chat
+from tests.conftest import Daemon, cached, chat, start_daemon
 
 # A system prompt the personas share (well over one 64-token cache block), then each one's own line.
 HOUSE_RULES = ("You work for a small software shop. Answer in plain English, keep answers short, never invent "
@@ -80,3 +80,29 @@ def test_a_persona_that_changes_the_load_gets_its_own_worker_and_unloads_alone(f
     assert set(models) == {"pirate:latest", "small:latest"} and models["pirate:latest"]["shared_with"] == []
     chat(fresh_daemon, [{"role": "user", "content": "Hi"}], model="pirate", max_tokens=2)
     assert loaded(fresh_daemon)["pirate:latest"]["pid"] == models["pirate:latest"]["pid"]
+
+
+def test_the_cache_names_each_entry_by_its_model_also_after_a_restart(fresh_daemon: Daemon) -> None:
+    create(fresh_daemon, "pirate", PERSONAS["pirate"])
+    question = [{"role": "user", "content": "Hi"}]
+    chat(fresh_daemon, question, model="pirate", max_tokens=2, prompt_cache_key="pirate-session")
+    chat(fresh_daemon, question, max_tokens=2, prompt_cache_key="base-session")
+    for model in ("pirate", "smollm2"):  # the worker stops with its last model, after writing its queued entries
+        fresh_daemon.request("POST", "/api/generate", json={"model": model, "keep_alive": 0})
+    assert not loaded(fresh_daemon)
+
+    def entries(daemon: Daemon) -> list[dict[str, Any]]:
+        listed: list[dict[str, Any]] = daemon.get("/api/cache").json()["entries"]
+        assert listed and len({e["fingerprint"] for e in listed}) == 1  # one worker, one cache folder
+        return listed
+
+    by_session = {e["session"]: e for e in entries(fresh_daemon)}
+    assert by_session["pirate-session"]["model"] == "pirate:latest"
+    assert by_session["base-session"]["model"] == "smollm2:135m"
+    assert all(e["models"] == ["pirate:latest", "smollm2:135m"] for e in by_session.values())
+
+    fresh_daemon.stop()
+    with start_daemon(fresh_daemon.home) as restarted:  # nothing loaded: the names come from the database
+        listed = entries(restarted)
+        assert all(e["models"] == ["pirate:latest", "smollm2:135m"] for e in listed)
+        assert all(e["model"] is None for e in listed)  # two models share the folder; their sessions are not known

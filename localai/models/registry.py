@@ -166,6 +166,18 @@ class Registry:
         record.name = row["name"]
         return record
 
+    def remember_cache_model(self, fingerprint: str, model: str) -> None:
+        """Note that ``model`` ran on the prompt-cache folder ``fingerprint`` (a worker's, while it serves it)."""
+        self.db["cache_models"].upsert(  # type: ignore[union-attr]
+            {"fingerprint": fingerprint, "model": model, "used_at": now()}, pk=("fingerprint", "model"))
+
+    def cache_models(self) -> dict[str, list[str]]:
+        """The models each prompt-cache folder was used by, by fingerprint (names of models since removed too)."""
+        found: dict[str, list[str]] = {}
+        for row in self.db["cache_models"].rows_where(order_by="model"):
+            found.setdefault(row["fingerprint"], []).append(row["model"])
+        return found
+
     def exists(self, name: str) -> bool:
         return self._row(normalize(name)) is not None
 

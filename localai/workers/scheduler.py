@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from localai import paths
 from localai.errors import ServerBusy
 from localai.metrics import Metrics
 from localai.models.loading import available_memory, load_key, load_options
@@ -45,6 +46,7 @@ class SharedWorker:
     served: set[str] = field(default_factory=set)  # every model it has served (a stop holds back their loads)
     active: int = 0  # requests holding a slot, whatever model they asked for
     last_used: float = field(default_factory=time.monotonic)
+    fingerprint: str | None = None  # its prompt-cache folder (None with the cache off)
 
 
 @dataclass
@@ -179,7 +181,8 @@ class Scheduler:
         worker.on_stats = lambda w, stats: self.metrics.worker_cache_stats(w.name, w.reported_cache_stats, stats)
         await worker.start(self.settings.load_timeout)
         assert worker.info is not None
-        shared = SharedWorker(key=key, worker=worker, slots=asyncio.Semaphore(worker.info["n_parallel"]))
+        shared = SharedWorker(key=key, worker=worker, slots=asyncio.Semaphore(worker.info["n_parallel"]),
+                              fingerprint=cache_folder_of(worker.pid))
         self.workers[key] = shared
         return shared
 
@@ -260,3 +263,14 @@ class Scheduler:
 
     async def shutdown(self) -> None:
         await asyncio.gather(*(self._stop_worker(w) for w in list(self.workers.values())), return_exceptions=True)
+
+
+def cache_folder_of(pid: int | None) -> str | None:
+    """The prompt-cache folder (its fingerprint) a worker registered in when its store opened, before it said it was
+    ready: ``<cache>/<fingerprint>/owners/<pid>`` (promptcache/blocks.py). None with the cache off."""
+    if pid is None:
+        return None
+    with contextlib.suppress(OSError):
+        for owner in paths.cache_dir().glob(f"*/owners/{pid}"):
+            return owner.parent.parent.name
+    return None

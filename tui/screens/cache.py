@@ -49,17 +49,21 @@ def model_namer(installed: list[InstalledModel], preferred: Iterable[str]) -> Ca
 
 def per_model(entries: list[CacheEntry], session_models: dict[str, str],
               metrics: DaemonMetrics) -> list[ModelCacheRow]:
-    """Group entries by model. The daemon's entries carry a fingerprint, not a model name (unless it sends
-    ``model``); a fingerprint is named after the model of a conversation that used it, else shown as is.
-    ``session_models`` and entries' models must already be named as the metrics name them."""
-    names: dict[str, str] = {}
+    """Group entries by model: the one the daemon names (its session's, or its cache folder's only model), else
+    the model of the conversation that made it, else the models that share its folder (models served by one
+    worker share its cache), else its fingerprint. ``session_models`` and entries' models must already be named
+    as the metrics name them."""
+    def named(entry: CacheEntry) -> str | None:
+        return entry.model or (session_models.get(entry.session) if entry.session else None)
+
+    folder: dict[str, str] = {}  # a folder no daemon names, named after a conversation that used it
     for entry in entries:
-        model = entry.model or (session_models.get(entry.session) if entry.session else None)
-        if model:
-            names.setdefault(entry.fingerprint, model)
+        if not entry.models and (model := named(entry)):
+            folder.setdefault(entry.fingerprint, model)
     rows: dict[str, ModelCacheRow] = {}
     for entry in entries:
-        label = names.get(entry.fingerprint) or f"fingerprint {entry.fingerprint[:10]}"
+        label = (named(entry) or " + ".join(entry.models) or folder.get(entry.fingerprint)
+                 or f"fingerprint {entry.fingerprint[:10]}")
         row = rows.setdefault(label, ModelCacheRow(label))
         row.entries += 1
         row.bytes += entry.bytes
@@ -116,7 +120,8 @@ class CacheScreen(LocalAIScreen):
         name_of = model_namer(await self.api.models(with_details=False), metrics.models)
         conversations = {s.id: s for s in self.tui.store.summaries()}
         session_models = {key: name_of(summary.model) for key, summary in conversations.items() if summary.model}
-        entries = [replace(entry, model=name_of(entry.model)) if entry.model else entry for entry in entries]
+        entries = [replace(entry, model=name_of(entry.model) if entry.model else None,
+                           models=tuple(name_of(model) for model in entry.models)) for entry in entries]
         self.entries = {entry.id: entry for entry in entries}
 
         models = self.query_one("#cache-models", DataTable)

@@ -18,6 +18,8 @@ from ..widgets.pull import PullBar
 from .base import LocalAIScreen, selected_key
 from .dialogs import AskScreen, ConfirmScreen, TextScreen
 
+PULL_QUESTION = "Pull which model? A library name (the Library table lists them), hf.co/OWNER/REPO:QUANT or OWNER/REPO"
+
 
 def library_rows() -> list[tuple[str, str, str, str]]:
     """The library's models: name, FROM, context (num_ctx or the trained context), description."""
@@ -125,8 +127,9 @@ class ModelsScreen(LocalAIScreen):
             if name:
                 self.start_pull(name)
 
-        self.app.push_screen(AskScreen("Pull which model? (a library name, hf.co/OWNER/REPO:QUANT or OWNER/REPO)",
-                                       value=suggestion or "", placeholder="qwen2.5-coder:1.5b"), answered)
+        self.app.push_screen(AskScreen(PULL_QUESTION, value=suggestion or "", placeholder="e.g. qwen2.5-coder:1.5b",
+                                       required="Type a model's name first (a library name, or hf.co/OWNER/REPO)"),
+                             answered)
 
     def start_pull(self, name: str) -> PullBar:
         bar = PullBar(PullProgress(name))
