@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo test test-fast test-gpu llama-server lint typecheck unit install install-test install-agents bench stress clean
+.PHONY: demo newcomer test test-fast test-gpu llama-server lint typecheck unit install install-test install-agents bench stress clean
 
 # pip install that says what it does: each step with how long it usually takes, download and compile progress, a
 # line at least every 20 s; pip's whole output (warnings included) goes to the log named on the first line.
@@ -101,6 +101,12 @@ typecheck: install-test
 	@echo "==> mypy --strict (about a minute the first time, seconds after)"
 	$(BIN)/mypy
 	$(BIN)/mypy packaging/install_progress.py
+
+## newcomer: `make demo` in a fresh clone of this commit with a new HOME, checking what its screen says (the install's
+## progress lines, the stop hint; not timing). Cold pip cache: llama.cpp compiles, about 10 minutes on 2 cores;
+## `make newcomer NEWCOMER_ARGS=--warm-pip-cache` reuses yours (a minute or two). Not part of `make test`.
+newcomer:
+	$(PYTHON) -m tests.newcomer $(NEWCOMER_ARGS)
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet -e '.[bench]'
