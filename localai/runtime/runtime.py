@@ -429,8 +429,8 @@ class Runtime:
             if message.role not in ("system", "developer"):
                 break
             leading.append(message)
-        if not leading and not request.tools:
-            return None
+        if not leading and not request.tools and not record.system:
+            return None  # nothing before the conversation (a Modelfile's SYSTEM is: personas share its blocks)
         template = self.template(record, loaded)
         shaped = prompting.template_messages(leading, template, request.tools, default_system=record.system,
                                              style=self.tool_format(record, loaded))
