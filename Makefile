@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo newcomer test test-fast test-gpu llama-server lint typecheck unit install install-test install-agents bench stress clean
+.PHONY: demo newcomer test test-fast test-gpu llama-server fixtures lint typecheck unit install install-test install-agents bench stress clean
 
 # pip install that says what it does: each step with how long it usually takes, download and compile progress, a
 # line at least every 20 s; pip's whole output (warnings included) goes to the log named on the first line.
@@ -62,7 +62,7 @@ install-agents: $(AGENTS_DIR)/.installed
 endif
 
 ## test: install everything the tests need (agents included), then lint, type-check and run the whole suite
-test: install-test install-agents lint typecheck
+test: install-test install-agents fixtures lint typecheck
 	@echo "==> The whole test suite: about 16 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q --durations=25
 
@@ -113,23 +113,44 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	touch $@
 
 # The speed anchors, built from the llama.cpp that the installed llama-cpp-python vendors (its sdist), with the same
-# flags as the project's build (NO_AMX): llama-server and llama-bench in .bench/llama.cpp/build/bin.
+# flags as the project's build (NO_AMX): llama-server and llama-bench in .bench/llama.cpp/build/bin. The same tree
+# builds llama.cpp's test-llama-archs, which writes the architecture fixtures (tests/archfixtures.py).
 LLAMA_ANCHOR := .bench/llama.cpp
+LLAMA_VENDORED := $(LLAMA_ANCHOR)/vendored
+LLAMA_CONFIGURED := $(LLAMA_ANCHOR)/.configured
 LLAMA_SERVER := $(LLAMA_ANCHOR)/build/bin/llama-server
+LLAMA_ARCHS := $(LLAMA_ANCHOR)/build/bin/test-llama-archs
+FIXTURES := .bench/fixtures
 
-$(LLAMA_SERVER): | $(VENV)/.installed-test
-	rm -rf $(LLAMA_ANCHOR)/src && mkdir -p $(LLAMA_ANCHOR)/src
+$(LLAMA_CONFIGURED): | $(VENV)/.installed-test
+	rm -rf $(LLAMA_ANCHOR)/src $(LLAMA_VENDORED) && mkdir -p $(LLAMA_ANCHOR)/src
 	version=$$($(BIN)/python -c "import llama_cpp; print(llama_cpp.__version__)") && \
 	  $(PIP) download --quiet --no-deps --no-binary :all: --no-cache-dir -d $(LLAMA_ANCHOR)/src \
 	    "llama-cpp-python==$$version" && \
 	  tar -xzf $(LLAMA_ANCHOR)/src/llama_cpp_python-$$version.tar.gz -C $(LLAMA_ANCHOR)/src && \
-	  cmake -S $(LLAMA_ANCHOR)/src/llama_cpp_python-$$version/vendor/llama.cpp -B $(LLAMA_ANCHOR)/build \
+	  ln -s src/llama_cpp_python-$$version/vendor/llama.cpp $(LLAMA_VENDORED)
+	cmake -S $(LLAMA_VENDORED) -B $(LLAMA_ANCHOR)/build \
 	    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-	    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $(NO_AMX)
+	    -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF $(NO_AMX)
+	touch $@
+
+$(LLAMA_SERVER): $(LLAMA_CONFIGURED)
 	cmake --build $(LLAMA_ANCHOR)/build --config Release -j $$(nproc) --target llama-server llama-bench
 
 ## llama-server: build llama.cpp's own server and llama-bench (the speed anchors) from the vendored source
 llama-server: $(LLAMA_SERVER)
+
+$(LLAMA_ARCHS): $(LLAMA_CONFIGURED)
+	@echo "building llama.cpp's test-llama-archs (the architecture fixtures' writer; about 4 minutes on 2 cores)"
+	cmake --build $(LLAMA_ANCHOR)/build --config Release -j $$(nproc) --target test-llama-archs
+
+$(FIXTURES)/.written: tests/archfixtures.py | $(LLAMA_ARCHS)
+	TQDM_DISABLE=1 $(BIN)/python -m tests.archfixtures --tool $(LLAMA_ARCHS) \
+	  --templates $(LLAMA_VENDORED)/models/templates --out $(FIXTURES)
+	touch $@
+
+## fixtures: random-weight models of the architectures agents run on (hybrid, sliding window, MoE, latent attention)
+fixtures: $(FIXTURES)/.written
 
 ## bench: prefill/decode through the API, then the interleaved agent trace against llama-cpp-python's server
 bench: $(VENV)/.installed-bench

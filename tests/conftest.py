@@ -56,6 +56,18 @@ def gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def arch_fixtures() -> Path:
+    """The random-weight models of the architectures agents run on (``make fixtures``; tests/archfixtures.py)."""
+    from tests.archfixtures import FIXTURES, fixtures_dir
+
+    folder = fixtures_dir()
+    missing = [f.name for f in FIXTURES if not (folder / f"{f.name}.gguf").exists()]
+    if missing:  # a failure, not a skip: `make test` writes them, so CI always runs these
+        pytest.fail(f"the architecture fixtures {missing} are not in {folder}: run `make fixtures`")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def mlx_model_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
     """SmolLM2-135M-Instruct's own weights as an MLX folder (float16; about 7 s to write)."""
     from localai.models.loading import mlx_importable
@@ -161,9 +173,10 @@ TEST_DEFAULTS = {"num_thread": "2", "num_parallel": "2", "context_length": "4096
                  "discover": ""}  # the machine's own Ollama/LM Studio/HF models stay out of tests
 
 
-def start_daemon(home: Path, **settings: str) -> Daemon:
+def start_daemon(home: Path, *, own_group: bool = False, **settings: str) -> Daemon:
     """A daemon on a free port. Test daemons load models small (2 sequences of 4096 tokens) unless a test asks
-    for more: the KV cache of 4 x 8192 tokens that users get costs every model load in the suite."""
+    for more: the KV cache of 4 x 8192 tokens that users get costs every model load in the suite. ``own_group``:
+    in a process group of its own with its workers (as in a terminal), so a signal can reach them all at once."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
     env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{port}"})
@@ -171,7 +184,8 @@ def start_daemon(home: Path, **settings: str) -> Daemon:
     env.update({f"LOCALAI_{k.upper()}": v for k, v in settings.items()})
     home.mkdir(parents=True, exist_ok=True)
     with open(home / "daemon.log", "wb") as log:  # the child has its own copy of the descriptor
-        process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log)
+        process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log,
+                                   start_new_session=own_group)
     daemon = Daemon(home=home, port=port, process=process, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -222,7 +236,7 @@ def llama_servers(smollm2_path: Path) -> Iterator[list[LlamaCppPythonServer]]:
 # coding agents. Set here from what each test uses, so no test can forget its marker: `make test-fast` runs
 # `-m "not model and not agents"` (no model load at all), `make test` runs everything.
 MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "daemon", "fresh_daemon", "mlx_model_path", "mlx_daemon",
-                            "llama_servers"})
+                            "llama_servers", "arch_fixtures"})
 AGENT_FIXTURES = frozenset({"agent_daemon", "pinned_agents"})
 
 

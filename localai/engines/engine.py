@@ -72,6 +72,9 @@ class Engine(Protocol):
     n_seq: int  # sequences (sessions live at once)
     n_batch: int  # most tokens in one decode step
     can_trim: bool  # a restored state can be cut back to any shorter prefix (not so for sliding-window caches)
+    # Part of a sequence's state cannot be cut by token (a sliding window, recurrent layers): the sequence returns
+    # only to checkpoints, that part taken at a token (seq_checkpoint) and put back there (seq_rollback)
+    checkpoints: bool
     can_draft: bool  # the last few tokens can always be dropped (speculative decoding's rejected drafts)
     # A position evaluated in a batch after others of its sequence gets bit for bit the logits it gets alone: drafts
     # then change nothing in the output, and speculative decoding is on by default
@@ -87,6 +90,11 @@ class Engine(Protocol):
 
     def tokenize(self, text: str) -> list[int]:
         """Tokens of a rendered prompt: special tokens parsed, BOS added once when the model wants one."""
+        ...
+
+    def stable_prefix(self, text: str, tokens: list[int]) -> int:
+        """How many of ``tokens`` (``text``'s) stay the same whatever text follows: a text's last tokens may merge
+        with what comes next (where a checkpoint engine keeps the end of a kept reply)."""
         ...
 
     def token_bytes(self, token: int) -> bytes:
@@ -116,6 +124,15 @@ class Engine(Protocol):
         ...
 
     def seq_clear(self, seq: int) -> None: ...
+
+    def seq_checkpoint(self, seq: int) -> bytes:
+        """The part of the sequence's state that cannot be cut by token, as it is now (``checkpoints`` engines)."""
+        ...
+
+    def seq_rollback(self, seq: int, checkpoint: bytes, n_tokens: int) -> bool:
+        """Return the sequence to a checkpoint taken when it held ``n_tokens`` tokens (the rest of its KV cut
+        there); False, the sequence cleared, when the engine refuses it."""
+        ...
 
     def seq_state(self, seq: int) -> StateBytes:
         """One sequence's KV state, serialized (empty when the engine could not write it)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import re
+import struct
 from typing import Any, ClassVar
 
 import llama_cpp as L
@@ -25,6 +27,7 @@ from localai.engines.llama_tokens import PrefixTokenizer, Vocabulary
 from localai.engines.placement import ModelSizes, Placement, cpu_only, place
 from localai.promptcache.store import StateBytes
 from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
+from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.worker")
 
@@ -68,6 +71,15 @@ def repacks_weights(setting: str, system_info: str | None = None) -> bool:
 GREEDY = object()
 
 
+def load_failure(path: str, error: str | None) -> str:
+    """What to tell about a model llama.cpp would not load, from what it said."""
+    unknown = re.search(r"unknown model architecture: '([^']*)'", error or "")
+    if unknown:
+        return (f"the llama.cpp in llama-cpp-python {L.__version__} does not know the architecture "
+                f"'{unknown[1]}' of {path}: a newer llama-cpp-python may (pip install -U llama-cpp-python)")
+    return f"llama.cpp (llama-cpp-python {L.__version__}) could not load {path}" + (f": {error}" if error else "")
+
+
 class LlamaCppEngine:
     """A loaded GGUF model with ``n_parallel`` sequences."""
 
@@ -93,7 +105,7 @@ class LlamaCppEngine:
         try:
             self.model = L.llama_model_load_from_file(options.model_path.encode(), model_params)
             if not self.model:
-                raise RuntimeError(f"llama.cpp could not load {options.model_path}")
+                raise RuntimeError(load_failure(options.model_path, report.error))
             self._create_context(options)
         finally:
             _LOAD_REPORT = None
@@ -105,8 +117,17 @@ class LlamaCppEngine:
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.embedder: EmbeddingContext | None = None  # created on the first embedding request
         self.n_swa = int(L.llama_model_n_swa(self.model))  # sliding window (Gemma 3): its KV holds only the window
-        # Rejected drafts are dropped from the end of the KV; a sliding window's cells past it may be gone already
-        self.can_draft = not self.n_swa
+        self.recurrent = bool(L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model))
+        # A sliding window or recurrent layers (Qwen3.5, Nemotron-H, Mamba) cannot be cut back to any earlier
+        # token: such a sequence returns only to checkpoints, the part llama.cpp writes with PARTIAL_ONLY
+        self.checkpoints = bool(self.n_swa) or self.recurrent
+        # Latent attention (DeepSeek's MLA: GLM-4.7-Flash, Kimi) caches K alone: its state has no V section
+        arch = self._meta("general.architecture") or ""
+        self.latent_attention = all(int(self._meta(f"{arch}.attention.{key}") or 0) > 0
+                                    for key in ("key_length_mla", "value_length_mla"))
+        # Rejected drafts are dropped from the end of the KV; a window's cells past it, or a recurrent state's
+        # earlier values, may be gone already: no speculative decoding on such models
+        self.can_draft = not self.checkpoints
         # A batch's rows are not bit-identical to the same tokens one at a time (up to ~1 logit on SmolLM2 on a
         # CPU, with flash attention or without, once the context is a few hundred tokens): greedy text could differ
         # at a near tie, so drafts are used only when asked for (PARAMETER speculative on)
@@ -191,6 +212,8 @@ class LlamaCppEngine:
             "type_v": self.options.kv_type, "flash_attention": self.options.flash_attention,
             "chat_template": hashlib.sha256(template.encode()).hexdigest(),
             **({"swa_full": False} if self.n_swa else {}),  # the window's cells only: another state layout
+            # cut into blocks plus a checkpoint tail (before, a recurrent model's states were kept whole)
+            **({"state_layout": 2} if self.checkpoints else {}),
         }
 
     # -- model facts -----------------------------------------------------------------------------
@@ -242,6 +265,11 @@ class LlamaCppEngine:
         text is BOS alone, so there is always something to evaluate. A prompt that extends a recent one reuses its
         tokens up to their last turn marker (``llama_tokens``)."""
         return self.prompt_tokens.tokenize(text)
+
+    def stable_prefix(self, text: str, tokens: list[int]) -> int:
+        # Probes of what follows a kept reply (a message's content): a letter, a space, a newline, a digit
+        probes = [self.prompt_tokens.tokenize(text + probe, remember=False) for probe in ("x", " x", "\n", "1")]
+        return min(common_prefix_length(tokens, probe) for probe in probes)
 
     def _tokenize_whole(self, text: str) -> list[int]:
         tokens = self._tokens(text, self.add_bos)
@@ -406,10 +434,46 @@ class LlamaCppEngine:
             buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         return bool(L.llama_state_seq_set_data(self.ctx, buffer, len(state), seq))
 
+    def seq_checkpoint(self, seq: int) -> bytes:
+        """The part of the sequence's state that cannot be cut by token (window, recurrent layers), as it is now: with
+        the attention KV up to the same token, all a sequence needs to return here (empty when llama.cpp failed)."""
+        size = L.llama_state_seq_get_size_ext(self.ctx, seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        buffer = (ctypes.c_uint8 * size)()
+        written = L.llama_state_seq_get_data_ext(self.ctx, buffer, size, seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        return bytes(buffer)[:written]
+
+    def seq_rollback(self, seq: int, checkpoint: bytes, n_tokens: int) -> bool:
+        """Return a sequence to a checkpoint taken when it held ``n_tokens`` tokens: the partial state put back, the
+        attention KV past it dropped. False (the sequence then cleared) when llama.cpp refuses either."""
+        buffer = (ctypes.c_uint8 * len(checkpoint)).from_buffer_copy(checkpoint)
+        if not L.llama_state_seq_set_data_ext(self.ctx, buffer, len(checkpoint), seq,
+                                              L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
+            self.seq_clear(seq)
+            return False
+        if not L.llama_memory_seq_rm(self.memory, seq, n_tokens, -1) \
+                or int(L.llama_memory_seq_pos_max(self.memory, seq)) != n_tokens - 1:
+            self.seq_clear(seq)
+            return False
+        return True
+
+    def _tail_bytes(self, state: StateBytes) -> int:
+        """How many bytes at the end of ``state`` are the part that cannot be cut (0 for plain attention): what
+        llama.cpp writes with PARTIAL_ONLY for the same sequence now, less its 8-byte header. ``state`` is the one
+        ``seq_state`` just wrote (the store cuts it before the sequence moves on)."""
+        if not self.checkpoints:
+            return 0
+        if len(state) < 8:
+            raise ValueError("state too short")
+        (seq,) = struct.unpack_from("<i", state, 4)
+        if not 0 <= seq < self.n_seq:
+            raise ValueError(f"a state of sequence {seq}, which this engine does not have")
+        return int(L.llama_state_seq_get_size_ext(self.ctx, seq, L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)) - 8
+
     def state_split(self, state: StateBytes, n_tokens: int,
                     ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
         try:
-            layout, pieces, rest = llama_state.split(state, n_tokens, ranges, {1} if self.n_swa else set())
+            layout, pieces, rest = llama_state.split(state, n_tokens, ranges, self._tail_bytes(state),
+                                                     has_v=not self.latent_attention)
         except llama_state.StateFormatError as exc:
             raise ValueError(str(exc)) from exc
         return llama_state.layout_to_json(layout), pieces, rest

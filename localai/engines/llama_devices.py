@@ -77,6 +77,9 @@ _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 _BUFFER = re.compile(r"^\w+: +(\S+) (model|KV|compute) buffer size = +([\d.]+) MiB")
 
 
+_LOAD_ERROR = re.compile(r"error loading model: (.+)")
+
+
 @dataclass
 class LoadReport:
     """What llama.cpp said while loading a model: the layers it offloaded and each buffer it allocated (its own
@@ -85,10 +88,13 @@ class LoadReport:
     offloaded: int | None = None
     layers_total: int | None = None
     buffers: dict[str, int] = field(default_factory=dict)  # "Vulkan0 model" -> bytes
+    error: str | None = None  # why a load failed, in llama.cpp's words
 
     def feed(self, text: str) -> None:
         for line in text.splitlines():
-            if (match := _OFFLOADED.search(line)) is not None:
+            if (match := _LOAD_ERROR.search(line)) is not None:
+                self.error = match[1].strip()
+            elif (match := _OFFLOADED.search(line)) is not None:
                 self.offloaded, self.layers_total = int(match[1]), int(match[2])
             elif (match := _BUFFER.match(line.strip())) is not None:
                 key = f"{match[1]} {match[2]}"

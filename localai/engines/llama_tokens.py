@@ -54,7 +54,8 @@ class PrefixTokenizer:
             self._vocabulary = self._load_vocabulary()
         return self._vocabulary
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, *, remember: bool = True) -> list[int]:
+        """``remember``: keep the text among the recent prompts (not for a probe of how text would continue)."""
         if len(text) < MIN_CHARS or not self.vocabulary.cuttable:
             return self.whole(text)
         tokens = self._extend(text)
@@ -62,6 +63,8 @@ class PrefixTokenizer:
             tokens = self.whole(text)
         else:
             self.reused += 1
+        if not remember:
+            return tokens
         self.recent[text] = array("i", tokens)
         self.recent.move_to_end(text)
         while len(self.recent) > RECENT:

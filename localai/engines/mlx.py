@@ -108,6 +108,7 @@ class MlxEngine:
         self.caches = [mlx_cache.make_prompt_cache(self.model) for _ in range(self.n_seq)]
         self.can_trim = not any(isinstance(layer, _UNTRIMMABLE) for layer in self.caches[0])
         self.can_draft = self.can_trim  # a rotating or recurrent cache cannot drop a rejected draft
+        self.checkpoints = False  # such caches are kept as whole states per entry (state_split gives None)
         self.drafts_exact = False  # a forward pass of several tokens is not bit-identical to one of each
         self.n_vocab = int(self.config.get("vocab_size") or len(self.hf))
         self._rows: dict[int, Any] = {}  # batch position -> logits of the last decode
@@ -285,6 +286,15 @@ class MlxEngine:
         for layer in cache:
             layer.trim(current - n_tokens)
         return True
+
+    def stable_prefix(self, text: str, tokens: list[int]) -> int:
+        return len(tokens)
+
+    def seq_checkpoint(self, seq: int) -> bytes:
+        raise NotImplementedError("this engine keeps no checkpoints")
+
+    def seq_rollback(self, seq: int, checkpoint: bytes, n_tokens: int) -> bool:
+        return False
 
     def seq_clear(self, seq: int) -> None:
         self.caches[seq] = mlx_cache.make_prompt_cache(self.model)

@@ -99,6 +99,7 @@ class ScriptedEngine:
 
     backend: ClassVar[str] = "scripted"
     can_trim = True
+    checkpoints = False
     can_draft = True
     drafts_exact = True
 
@@ -192,6 +193,15 @@ class ScriptedEngine:
     def seq_keep(self, seq: int, n_tokens: int) -> bool:
         del self.sequences[seq][n_tokens:]
         return True
+
+    def stable_prefix(self, text: str, tokens: list[int]) -> int:
+        return len(tokens)
+
+    def seq_checkpoint(self, seq: int) -> bytes:
+        raise NotImplementedError("this engine keeps no checkpoints")
+
+    def seq_rollback(self, seq: int, checkpoint: bytes, n_tokens: int) -> bool:
+        return False
 
     def seq_clear(self, seq: int) -> None:
         self.sequences[seq] = []

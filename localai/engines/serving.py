@@ -34,6 +34,27 @@ Emit = Callable[[dict[str, Any]], None]
 # when the next one is due within the interval: with steps as long as the interval (4 streams on a CPU) every token
 # goes at once, instead of every so often two at once a step late (a 52 ms p99 gap at 26 ms a step).
 FLUSH_INTERVAL = 0.025
+# An engine whose state cannot be cut by token (recurrent layers, a sliding window) takes a checkpoint every this many
+# tokens of a long prefill, beside the one before each prompt's last token. On the hybrid models agents run, 2048
+# tokens of the attention layers' KV weigh about one recurrent state (Qwen3-Next: ~25 KB a token against ~75 MB;
+# Nemotron-3-Nano: ~6 KB against ~48 MB; gpt-oss's window state is smaller still), so periodic checkpoints at most
+# about double a long prefill's bytes, and a prompt that parts from a long prefill recomputes at most 2048 tokens.
+CHECKPOINT_EVERY = 2048
+# ...and this many tokens before a prompt's end, as llama-server does: the last tokens of a prompt may be tokenized
+# otherwise once the next turn extends it, and a reply as the history renders it may part from the generation prompt
+# right after the assistant's header (a thinking model's "<think>", a tool call's wrapper).
+CHECKPOINT_MARGIN = 4
+LIVE_CHECKPOINTS = 4  # kept in RAM per sequence (the newest); older ones are in the prompt cache once saved
+
+
+@dataclass
+class Checkpoint:
+    """A sequence's uncuttable state (``Engine.seq_checkpoint``) when it held ``n_tokens`` tokens."""
+
+    n_tokens: int
+    data: bytes
+    persist: bool  # saved with the sequence (else only the live sequence returns to it: a reply's follow-up will)
+    saved: bool = False
 
 
 @dataclass
@@ -44,6 +65,9 @@ class Slot:
     tokens: list[int] = field(default_factory=list)
     last_used: float = 0.0
     busy: bool = False
+    session: str | None = None  # whose conversation it holds: its own session may cut it back
+    deferred: Request | None = None  # its last request left the save to a follow-up that has not come yet
+    checkpoints: list[Checkpoint] = field(default_factory=list)  # where it can return to (checkpoint engines)
 
 
 @dataclass
@@ -67,6 +91,8 @@ class Request:
     unsent: str = ""
     sent_at: float = 0.0
     snapshot_at: int | None = None  # prompt length of the system segment, to save as a shared entry
+    checkpoint_at: int | None = None  # the next prompt length at which to take a checkpoint
+    stable: int = 0  # a follow-up's tokens that no next turn tokenizes otherwise: its last checkpoint
     warm: bool = False  # a follow-up prefill (the reply as the next turn renders it): no output, then saved
     follow_up: bool = False  # a warm request follows this one and saves the sequence: do not save it here
     source: str = "miss"  # where the reused prefix came from: live, ram, disk or miss
@@ -104,6 +130,8 @@ class Serving:
         stopping = False
         while True:
             if stopping and not self.requests and not self.waiting:
+                for slot in self.slots:  # replies whose follow-ups will not come now: saved as generated
+                    self._save_deferred(slot)
                 if self.cache is not None:
                     self.cache.close()
                 return
@@ -195,24 +223,27 @@ class Serving:
             })
             return
         warm = bool(op.get("warm"))
+        session = op.get("session")
         sampler = engine.new_sampler(op.get("sampling") or {}, op.get("constraint"))  # may refuse: before any slot
-        slot, common = self._choose_slot(free, prompt, warm=warm)
+        slot, common = self._choose_slot(free, prompt, warm=warm, session=session)
+        if slot.deferred is not None and (warm or common < len(slot.tokens)):
+            if not warm:  # its reply's follow-up never came, and its state is about to go: keep it
+                self._save_deferred(slot)
+            slot.deferred = None
+        limit = len(prompt) if warm else len(prompt) - 1  # else the last token is replayed for fresh logits
+        common = self._reachable(slot, min(common, limit))
         source = "live" if common else "miss"
-        slot, common, restored = self._restore_if_better(prompt, slot, common)
+        slot, common, restored = self._restore_if_better(prompt, slot, common, limit)
         if restored is not None:
             source = restored.tier
-        if common >= len(prompt) and not warm:
-            common = len(prompt) - 1  # replay the last token to get fresh logits
-        if not engine.seq_keep(slot.seq, common):
-            engine.seq_clear(slot.seq)
-            common = 0
-        slot.tokens = slot.tokens[:common]
+        common = self._cut(slot, min(common, limit))
         slot.last_used = time.monotonic()
+        slot.session = session
         room = engine.n_ctx - len(prompt)
         requested = op.get("max_tokens")
         max_tokens = room if requested is None or requested < 0 else min(requested, room)
         request = Request(
-            id=op["id"], slot=slot, session=op.get("session"), prompt=prompt, next_prompt=common, cached=common,
+            id=op["id"], slot=slot, session=session, prompt=prompt, next_prompt=common, cached=common,
             max_tokens=max_tokens, sampler=sampler, matcher=StopMatcher(op.get("stop") or []),
             ignore_eos=bool(op.get("ignore_eos")), started=started, warm=warm,
             follow_up=bool(op.get("follow_up")) and self.cache is not None, source=source if common else "miss",
@@ -221,7 +252,11 @@ class Serving:
         )
         prefix_text = op.get("system_prefix")
         system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []
+        system = prompt[:common_prefix_length(system, prompt)]  # its last tokens may merge with what follows
         request.snapshot_at = self._system_boundary(system, prompt, common)
+        if warm and engine.checkpoints:
+            request.stable = engine.stable_prefix(op["prompt"], prompt)
+        request.checkpoint_at = self._next_checkpoint(request)
         speculative = op.get("speculative")  # None: where drafts change nothing (engine.drafts_exact)
         if engine.can_draft and not warm and (speculative or (speculative is None and engine.drafts_exact)):
             request.drafter = Drafter()
@@ -241,19 +276,21 @@ class Serving:
         elif max_tokens <= 0 and not warm:
             self._finish(request, "length", emit)
 
-    def _choose_slot(self, free: list[Slot], prompt: list[int], *, warm: bool = False) -> tuple[Slot, int]:
+    def _choose_slot(self, free: list[Slot], prompt: list[int], *, warm: bool = False,
+                     session: str | None = None) -> tuple[Slot, int]:
         """The slot for a prompt, and how many of its tokens it already holds.
 
         With a cache, a slot is reused only when all it holds is a prefix of the prompt (the same
-        conversation continuing, or an empty slot), so another session's live state is never trimmed;
-        otherwise the least recently used slot is taken (its state was saved after its last request).
-        Without a cache, the slot sharing the longest prefix wins.
+        conversation continuing, or an empty slot) or it holds the same session (a retried or edited turn),
+        so another session's live state is never trimmed; otherwise the least recently used slot is taken (its
+        state was saved after its last request). Without a cache, the slot sharing the longest prefix wins.
         """
         scored = [(slot, common_prefix_length(slot.tokens, prompt)) for slot in free]
         if warm:  # the conversation's own slot: its reply's tokens give way to the reply as the template renders it
             return max(scored, key=lambda item: (item[1], -item[0].last_used))
         if self.cache is not None:
-            keeping = [(slot, common) for slot, common in scored if common == len(slot.tokens)]
+            keeping = [(slot, common) for slot, common in scored
+                       if common == len(slot.tokens) or (session is not None and slot.session == session)]
             if keeping:
                 return max(keeping, key=lambda item: (item[1], -item[0].last_used))
             lru = min(free, key=lambda slot: slot.last_used)
@@ -262,12 +299,63 @@ class Serving:
 
     # -- the prompt cache ------------------------------------------------------------------------
 
-    def _restore_if_better(self, prompt: list[int], slot: Slot,
-                           live_common: int) -> tuple[Slot, int, Restored | None]:
+    def _reachable(self, slot: Slot, wanted: int) -> int:
+        """How many of its tokens a slot keeps when cut back to ``wanted``: all of them when nothing is cut or the
+        engine cuts anywhere, else the latest checkpoint at or before ``wanted``."""
+        if wanted >= len(slot.tokens) or not self.engine.checkpoints:
+            return min(wanted, len(slot.tokens))
+        return max((c.n_tokens for c in slot.checkpoints if c.n_tokens <= wanted), default=0)
+
+    def _cut(self, slot: Slot, wanted: int) -> int:
+        """Cut a slot back to ``wanted`` tokens, or, where its state cannot be cut there, to the latest checkpoint
+        before it; a sequence is never continued from a point its state cannot return to. Returns what it keeps."""
+        engine = self.engine
+        kept = min(wanted, len(slot.tokens))
+        if kept < len(slot.tokens) and not engine.seq_keep(slot.seq, kept):
+            point = max((c for c in slot.checkpoints if c.n_tokens <= kept), key=lambda c: c.n_tokens, default=None)
+            if engine.checkpoints and point is not None and engine.seq_rollback(slot.seq, point.data, point.n_tokens):
+                kept = point.n_tokens
+            else:
+                engine.seq_clear(slot.seq)
+                kept = 0
+        slot.tokens = slot.tokens[:kept]
+        slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens <= kept]
+        return kept
+
+    def _next_checkpoint(self, request: Request) -> int | None:
+        """The next prompt length at which a checkpoint engine takes a checkpoint: every ``CHECKPOINT_EVERY``
+        tokens, and near the prompt's end: ``CHECKPOINT_MARGIN`` tokens before it (where a retried prompt and a
+        reply's follow-up return), or, for a follow-up (a kept reply), after its last token that no next turn
+        tokenizes otherwise (where the next turn returns)."""
+        if not self.engine.checkpoints:
+            return None
+        at = request.next_prompt
+        targets = [(at // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY]
+        if not request.warm:
+            targets.append(len(request.prompt) - CHECKPOINT_MARGIN)
+        elif request.stable < len(request.prompt):  # else saved whole: its own end is its checkpoint
+            targets.append(request.stable)
+        return min((n for n in targets if at < n < len(request.prompt) and n >= MIN_TOKENS), default=None)
+
+    def _take_checkpoint(self, request: Request) -> None:
+        slot = request.slot
+        n_tokens = len(slot.tokens)
+        data = self.engine.seq_checkpoint(slot.seq)
+        if data:
+            # near the end, a request whose reply is prefilled again keeps it in RAM only: the follow-up returns
+            # there and saves the kept reply's (one recurrent state a turn on disk)
+            persist = n_tokens % CHECKPOINT_EVERY == 0 or not request.follow_up
+            slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens != n_tokens]
+            slot.checkpoints.append(Checkpoint(n_tokens, data, persist))
+            del slot.checkpoints[:-LIVE_CHECKPOINTS]
+        request.checkpoint_at = self._next_checkpoint(request)
+
+    def _restore_if_better(self, prompt: list[int], slot: Slot, live_common: int,
+                           limit: int) -> tuple[Slot, int, Restored | None]:
         """Load the longest cached prefix from RAM/disk into the chosen slot when it beats its live KV."""
         if self.cache is None:
             return slot, live_common, None
-        match = self.cache.lookup(prompt)
+        match = self.cache.lookup(prompt, limit)
         if match is None or match.common <= live_common + 16:
             if live_common < MIN_TOKENS:
                 self.cache.count("misses")
@@ -277,6 +365,7 @@ class Serving:
             self.cache.count("misses")
             return slot, live_common, None
         self.engine.seq_clear(slot.seq)
+        slot.checkpoints = []
         if not self.engine.seq_restore(slot.seq, restored.state):
             log.warning("the engine refused a cached state of %d tokens; recomputing", restored.n_tokens)
             self.engine.seq_clear(slot.seq)
@@ -289,8 +378,8 @@ class Serving:
         return slot, restored.common, restored
 
     def _system_boundary(self, prefix: list[int], prompt: list[int], common: int) -> int | None:
-        """Where the system-and-tools segment (``prefix``, tokenized) ends, when prefill will cross it and it is not
-        stored yet."""
+        """Where the system-and-tools segment (``prefix``: the tokens the prompt shares with it tokenized alone) ends,
+        when prefill will cross it and it is not stored yet."""
         if self.cache is None or not prefix:
             return None
         boundary = len(prefix)
@@ -306,8 +395,28 @@ class Serving:
         if self.cache is None or len(slot.tokens) < MIN_TOKENS:
             return
         state = self.engine.seq_state(slot.seq)
-        if state:
-            self._store(list(slot.tokens), state, request, request.session, "history")
+        if not state:
+            return
+        kept = [c for c in slot.checkpoints if c.persist and not c.saved and c.n_tokens < len(slot.tokens)]
+        end = max(kept, key=lambda c: c.n_tokens) if request.warm and kept else None
+        if end is not None and end.n_tokens == request.stable:
+            # a kept reply ends where its checkpoint is: the next turn may tokenize the last few tokens otherwise,
+            # and restores there (one recurrent state a turn, no second copy of the reply's tail)
+            kept.remove(end)
+            self._store(slot.tokens[:end.n_tokens], state, request, request.session, "history", kept,
+                        held=len(slot.tokens), end=end)
+        else:
+            self._store(list(slot.tokens), state, request, request.session, "history", kept)
+
+    def _save_deferred(self, slot: Slot) -> None:
+        """Save a sequence whose reply's follow-up will not come (the worker stops, or the slot is needed): as
+        generated, with every checkpoint it has."""
+        if slot.deferred is None:
+            return
+        for checkpoint in slot.checkpoints:
+            checkpoint.persist = True
+        self._save(slot.deferred)
+        slot.deferred = None
 
     def _snapshot_system(self, request: Request) -> None:
         request.snapshot_at = None
@@ -318,12 +427,18 @@ class Serving:
         if state:
             self._store(list(slot.tokens), state, request, None, "system")
 
-    def _store(self, tokens: list[int], state: StateBytes, request: Request, session: str | None, kind: str) -> None:
+    def _store(self, tokens: list[int], state: StateBytes, request: Request, session: str | None, kind: str,
+               checkpoints: list[Checkpoint] | None = None, *, held: int | None = None,
+               end: Checkpoint | None = None) -> None:
         """Save (and pin) a state. The cache only saves work: a disk that is full or gone costs the cache an entry,
         never the request or the worker."""
         assert self.cache is not None
         try:
-            head = self.cache.save(tokens, state, session, kind=kind)
+            head = self.cache.save(tokens, state, session, kind=kind,
+                                   checkpoints=[(c.n_tokens, c.data) for c in checkpoints or []], held=held,
+                                   end=end.data if end else None)
+            for checkpoint in [*(checkpoints or []), *([end] if end else [])]:
+                checkpoint.saved = True
             if head is not None and request.pin_ttl > 0:
                 self.cache.pin(head.id, request.pin_ttl)
         except OSError as exc:
@@ -368,6 +483,8 @@ class Serving:
             end = last_index if start < last_index else len(request.prompt)
             if request.snapshot_at is not None and start < request.snapshot_at:
                 end = min(end, request.snapshot_at)  # stop at the system segment's end to snapshot it
+            if request.checkpoint_at is not None and start < request.checkpoint_at:
+                end = min(end, request.checkpoint_at)  # stop where a checkpoint is taken
             chunk = request.prompt[start:min(start + room, end)]
             base = len(request.slot.tokens)
             for offset, token in enumerate(chunk):
@@ -401,6 +518,8 @@ class Serving:
                 request.next_prompt += 1
                 if request.next_prompt == request.snapshot_at:
                     self._snapshot_system(request)
+                if request.next_prompt == request.checkpoint_at:
+                    self._take_checkpoint(request)
                 if request.warm and request.next_prompt >= len(request.prompt):
                     self._finish(request, "stop", emit)
                     continue
@@ -486,6 +605,8 @@ class Serving:
         })
         if reason != "cancelled" and not request.follow_up:
             self._save(request)
+        elif reason != "cancelled":
+            request.slot.deferred = request
         self._release(request)
         if self.cache is not None:
             emit({"ev": "stats", "cache": self.cache.stats_snapshot()})
@@ -501,14 +622,14 @@ class Serving:
         idle = sorted((slot for slot in self.slots if not slot.busy and slot.tokens), key=lambda s: s.last_used)
         for slot in idle:
             self.engine.seq_clear(slot.seq)
-            slot.tokens = []
+            slot.tokens, slot.checkpoints = [], []
         return bool(idle)
 
     def _fail_batch(self, owners: list[Request], message: str, emit: Emit) -> None:
         for request in {id(r): r for r in owners}.values():
             if request.id in self.requests:
                 self.engine.seq_clear(request.slot.seq)
-                request.slot.tokens = []
+                request.slot.tokens, request.slot.checkpoints = [], []
                 emit({"ev": "error", "id": request.id, "kind": "engine", "message": message})
                 self._release(request)
 

@@ -93,7 +93,7 @@ class Head:
     key: str  # its last block
     n_tokens: int
     session: str | None
-    kind: str  # "history" or "system"
+    kind: str  # "history", "system", or "checkpoint" (a snapshot where a state that cannot be cut returns)
     last_used: float
     owner: int  # the pid of the worker that saved it
     snapshot: bool = False  # a boundary snapshot exists at ``key``
@@ -436,7 +436,7 @@ class Folder:
             if head.key != key:
                 continue
             changed.append(head)
-            if block.parent == self.fingerprint:
+            if block.parent == self.fingerprint or head.kind == "checkpoint":  # a checkpoint is only its snapshot
                 del self.heads[head.id]
                 self.head_path(head.id).unlink(missing_ok=True)
             else:

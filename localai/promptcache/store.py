@@ -48,6 +48,10 @@ log = logging.getLogger("localai.cache")
 # engine's reused buffer when saved (valid until the engine's next save: the store copies what it keeps).
 StateBytes = bytes | bytearray | memoryview
 MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
+# Checkpoints kept per session on disk (the states of engines with recurrent or sliding-window layers can only be
+# restored where one was taken). A recurrent state is 10-70 MB on real hybrid models: 8 is ~0.6 GB a session at
+# most, and covers the turns an agent edits or retries (the latest turns), beside each session's own end.
+CHECKPOINTS_PER_SESSION = 8
 
 
 class Codec(Protocol):
@@ -70,6 +74,18 @@ class Match:
     lengths: list[int]
     common: int  # prompt tokens the restored state shares (the last block may be cut back to it)
     snapshot: str | None = None
+
+
+@dataclass
+class _Tail:
+    """Where a checkpoint is stored: the block ending at it, which may be a tail block beside the chain."""
+
+    key: str
+    parent: str
+    start: int
+    end: int
+    tokens: list[int]
+    snapshot: bytes
 
 
 @dataclass
@@ -142,36 +158,30 @@ class PromptStore:
 
     # -- lookup and restore ----------------------------------------------------------------------
 
-    def lookup(self, prompt: list[int]) -> Match | None:
-        """The longest stored prefix of ``prompt`` that can be restored."""
+    def lookup(self, prompt: list[int], limit: int | None = None) -> Match | None:
+        """The longest stored prefix of ``prompt`` that can be restored. ``limit``: the most tokens the restored
+        state may hold, for states that can only be restored where a snapshot was taken (a request that needs fresh
+        logits evaluates at least its last token: ``len(prompt) - 1``)."""
         self._notice_deletions()
+        limit = len(prompt) if limit is None else min(limit, len(prompt))
         with self._lock:
             if self.whole:
-                return self._lookup_whole(prompt)
+                return self._lookup_whole(prompt, limit)
+            if self._needs_snapshot():
+                return self._lookup_checkpoint(prompt, limit)
             folder = self.folder
             keys: list[str] = []
             lengths: list[int] = []
             parent = self.fingerprint
             position = 0
-            snapshot: str | None = None
-            windowed = self._needs_snapshot()
-            tail: tuple[list[str], list[int], str] | None = None  # windowed: a shorter tail with a snapshot
             while position < len(prompt):
                 chunk = prompt[position:position + BLOCK_TOKENS]
                 key = chain_key(parent, chunk) if len(chunk) == BLOCK_TOKENS else None
-                if windowed:
-                    for child in folder.children.get(parent, ()):
-                        block = folder.blocks.get(child)
-                        if block is not None and child in folder.snapshots and child != key \
-                                and common_prefix_length(block.tokens, prompt[position:]) == len(block.tokens) \
-                                and (tail is None or position + len(block.tokens) > sum(tail[1])):
-                            tail = ([*keys, child], [*lengths, len(block.tokens)], child)
                 if key is not None and key in folder.blocks:
                     keys.append(key)
                     lengths.append(len(chunk))
                     position += len(chunk)
                     parent = key
-                    snapshot = key if key in folder.snapshots else snapshot
                     continue
                 best, best_common = None, 0  # a partial tail, or a block the prompt leaves part way
                 for child in folder.children.get(parent, ()):
@@ -179,31 +189,50 @@ class PromptStore:
                     if block is None:
                         continue
                     common = common_prefix_length(block.tokens, prompt[position:])
-                    if windowed and (common < len(block.tokens) or child not in folder.snapshots):
-                        continue  # a window cannot be cut: only a tail ending where a snapshot was taken helps
                     if common > best_common and (common == len(block.tokens) or self.trims):
                         best, best_common = block, common
                 if best is not None:
                     keys.append(best.key)
                     lengths.append(len(best.tokens))
-                    if best_common == len(best.tokens) and best.key in folder.snapshots:
-                        snapshot = best.key
                     position += best_common
                 break
-        if windowed:  # sliding-window layers: only where a snapshot was taken, never cut below it
-            if snapshot is not None:
-                cut = keys.index(snapshot) + 1
-                keys, lengths = keys[:cut], lengths[:cut]
-            if tail is not None and (snapshot is None or sum(tail[1]) > sum(lengths)):
-                keys, lengths, snapshot = tail  # e.g. a shared system entry ending inside a block others filled
-            if snapshot is None:
-                return None
-            position = sum(lengths)
         if not keys or position < MIN_TOKENS:
             return None
-        return Match(keys, lengths, position, snapshot if self._needs_snapshot() else None)
+        return Match(keys, lengths, position)
 
-    def _lookup_whole(self, prompt: list[int]) -> Match | None:
+    def _lookup_checkpoint(self, prompt: list[int], limit: int) -> Match | None:
+        """For states with a part that cannot be cut (sliding window, recurrent layers): the deepest snapshot on
+        the prompt's path within ``limit`` tokens, at the end of a full block or of a shorter tail block (a
+        checkpoint taken inside a block). Caller holds the lock."""
+        folder = self.folder
+        keys: list[str] = []
+        parent = self.fingerprint
+        position = 0
+        best: tuple[list[str], list[int]] | None = None
+        while True:
+            for child in folder.children.get(parent, ()):
+                block = folder.blocks.get(child)
+                if block is None or child not in folder.snapshots:
+                    continue
+                end = position + len(block.tokens)
+                if end > limit or (best is not None and end <= sum(best[1])):
+                    continue
+                if prompt[position:end] == block.tokens:
+                    best = ([*keys, child], [BLOCK_TOKENS] * len(keys) + [len(block.tokens)])
+            chunk = prompt[position:position + BLOCK_TOKENS]
+            if len(chunk) < BLOCK_TOKENS:
+                break
+            key = chain_key(parent, chunk)
+            if key not in folder.blocks:
+                break
+            keys.append(key)
+            position += BLOCK_TOKENS
+            parent = key
+        if best is None or sum(best[1]) < MIN_TOKENS:
+            return None
+        return Match(best[0], best[1], sum(best[1]), best[0][-1])
+
+    def _lookup_whole(self, prompt: list[int], limit: int) -> Match | None:
         """For engines whose state cannot be cut: the entry sharing the longest prefix (caller holds the lock)."""
         best: Match | None = None
         matched: dict[str, int] = {}  # a block whose whole chain matches the prompt -> the tokens matched through it
@@ -212,7 +241,7 @@ class PromptStore:
                 continue
             keys = self.folder.chain(head.key)
             common, whole = self._common_with(keys, prompt, matched)
-            if not whole and not self.trims:
+            if not self.trims and (not whole or common > limit):
                 continue
             if common >= MIN_TOKENS and (best is None or common > best.common):
                 best = Match(keys, [len(self.folder.blocks[key].tokens) for key in keys], common, head.key)
@@ -363,26 +392,101 @@ class PromptStore:
         for head_id in found:
             self.pin(head_id, ttl)
 
-    def save(self, tokens: list[int], state: StateBytes, session: str | None, kind: str = "history") -> Head | None:
-        """Store a sequence: its new blocks, its snapshot and its head, queued for the disk (never waited on)."""
-        if len(tokens) < MIN_TOKENS or not state:
+    def save(self, tokens: list[int], state: StateBytes, session: str | None, kind: str = "history",
+             checkpoints: list[tuple[int, bytes]] | None = None, *, held: int | None = None,
+             end: bytes | None = None) -> Head | None:
+        """Store a sequence: its new blocks, its snapshot and its head, queued for the disk (never waited on).
+
+        ``checkpoints``: (tokens held, ``seq_checkpoint``'s bytes) taken earlier on the way to ``state``, for an
+        engine whose state can only be restored where one was taken; each becomes an entry of kind "checkpoint"
+        (with a tail block when it falls inside a block), at most ``CHECKPOINTS_PER_SESSION`` a session.
+        ``held``: the tokens ``state`` holds when it holds more than ``tokens`` (the entry then ends before the
+        state does, and ``end``, the checkpoint taken at its last token, is its snapshot)."""
+        held = len(tokens) if held is None else held
+        if len(tokens) < MIN_TOKENS or not state or held < len(tokens):
             return None
         self._notice_deletions()
         tokens = list(tokens)
         chunks = self._keys(tokens)
+        tails = self._checkpoint_tails(tokens, checkpoints or [])
         for _ in range(3):
             with self._lock:
                 missing = [(index, key) for index, (key, _, _) in enumerate(chunks) if key not in self.folder.blocks]
-            split = self._split(state, len(tokens), [(chunks[index][1], chunks[index][2]) for index, _ in missing])
+                cut = [tail for tail in tails if tail.key not in self.folder.blocks]
+            ranges = [(chunks[index][1], chunks[index][2]) for index, _ in missing] + [(t.start, t.end) for t in cut]
+            split = self._split(state, held, ranges)
             with self._lock:
                 # The state is cut outside the lock, so the writer's eviction may have dropped a block counted as
                 # stored meanwhile (its payload was not cut): cut again for the new set; after three tries, give up.
                 new = {index for index, _ in missing}
-                if all(key in self.folder.blocks for index, (key, _, _) in enumerate(chunks) if index not in new):
-                    return self._index(tokens, chunks, missing, split, state, session, kind)
+                if all(key in self.folder.blocks for index, (key, _, _) in enumerate(chunks) if index not in new) \
+                        and all(t.key in self.folder.blocks for t in tails if t not in cut):
+                    if held != len(tokens):  # the state's own tail is past the entry's end: ``end`` is its snapshot
+                        if split is None:
+                            return None
+                        split = (split[0], split[1], end[8:] if end and split[2] else b"")
+                    tail_pieces = split[1][len(missing):] if split is not None else []
+                    if split is not None:
+                        split = (split[0], split[1][:len(missing)], split[2])
+                    head = self._index(tokens, chunks, missing, split, state, session, kind)
+                    if head is not None and split is not None and split[2]:
+                        self._index_checkpoints(tails, dict(zip([t.key for t in cut], tail_pieces, strict=True)),
+                                                session, kind == "system")
+                    return head
                 self.stats["save_races"] += 1
         log.info("not saving %d tokens: their blocks kept being evicted while the state was cut", len(tokens))
         return None
+
+    def _checkpoint_tails(self, tokens: list[int], checkpoints: list[tuple[int, bytes]]) -> list[_Tail]:
+        """Where each checkpoint goes: the block ending at it (a tail block of its own beside the chain when it
+        falls inside a block) and its snapshot."""
+        tails = []
+        for n_tokens, data in checkpoints:
+            if not MIN_TOKENS <= n_tokens < len(tokens) or len(data) <= 8:
+                continue
+            start = n_tokens - (n_tokens % BLOCK_TOKENS or BLOCK_TOKENS)
+            parent = self._keys(tokens[:start])[-1][0] if start else self.fingerprint
+            piece = tokens[start:n_tokens]
+            tails.append(_Tail(chain_key(parent, piece), parent, start, n_tokens, piece, data[8:]))
+        return tails
+
+    def _index_checkpoints(self, tails: list[_Tail], payloads: dict[str, bytes], session: str | None,
+                           system: bool) -> None:
+        """The checkpoints' tail blocks, snapshots and entries, under the lock; then the session's oldest
+        checkpoints beyond ``CHECKPOINTS_PER_SESSION`` go."""
+        for tail in tails:
+            if tail.key not in self.folder.blocks:
+                payload = payloads.get(tail.key)
+                if payload is None:
+                    continue
+                block = Block(tail.key, tail.parent, tail.tokens, len(payload), system=system, mine=True)
+                self.folder.add_block(block)
+                self._enqueue("block", block, payload)
+            self._add_checkpoint(tail.key, tail.end, tail.snapshot, session)
+        self._bound_checkpoints(session)
+
+    def _add_checkpoint(self, key: str, n_tokens: int, snapshot: bytes | None, session: str | None) -> None:
+        """An entry of kind "checkpoint" ending at block ``key`` with its snapshot (None: stored already); caller
+        holds the lock."""
+        if snapshot is not None and key not in self.folder.snapshots:
+            self.folder.snapshots[key] = len(snapshot)
+            self._enqueue("snapshot", key, snapshot)
+        if any(h.key == key and h.kind == "checkpoint" for h in self.folder.heads.values()):
+            return
+        head = Head(uuid.uuid4().hex, key, n_tokens, session, "checkpoint", time.time(), os.getpid(),
+                    snapshot=True, written=False)
+        self.folder.heads[head.id] = head
+        self._enqueue("head", head, b"")
+
+    def _bound_checkpoints(self, session: str | None) -> None:
+        mine = sorted((h for h in self.folder.heads.values() if h.kind == "checkpoint" and h.session == session),
+                      key=lambda h: (h.last_used, h.n_tokens))
+        for head in mine[:max(0, len(mine) - CHECKPOINTS_PER_SESSION)]:
+            del self.folder.heads[head.id]
+            self.folder.head_path(head.id).unlink(missing_ok=True)
+            if not any(h.key == head.key and h.snapshot for h in self.folder.heads.values()):
+                self._queued_bytes -= len(self._pending.pop("s:" + head.key, b""))
+                self.folder.drop_snapshot(head.key)
 
     def _notice_deletions(self) -> None:
         """Another process (``localai cache rm``/``prune``, a second worker's eviction) deleted files here: forget
@@ -421,7 +525,8 @@ class PromptStore:
             self.whole = True
             self._save_layout({"whole": True})
         elif split is not None and json.loads(json.dumps(layout)) != (self.layout or {}).get("layout"):
-            self._save_layout({"layout": json.loads(json.dumps(layout)), "rest": bool(rest)})
+            tail = bool(rest) or bool(isinstance(layout, dict) and layout.get("tail"))
+            self._save_layout({"layout": json.loads(json.dumps(layout)), "rest": tail})
         system = kind == "system"
         parent = self.fingerprint
         new_pieces = {index: piece for (index, _), piece in zip(missing, pieces, strict=True)}
@@ -440,7 +545,11 @@ class PromptStore:
         head = self._head_for(tokens, session, kind, last)
         if rest:
             if head.snapshot and head.key != last:
-                self._enqueue("drop_snapshot", head.key, b"")
+                if self.whole or head.kind != "history":
+                    self._enqueue("drop_snapshot", head.key, b"")
+                else:  # the turn before stays restorable: an agent that edits or retries a turn returns there
+                    self._add_checkpoint(head.key, head.n_tokens, None, head.session)
+                    self._bound_checkpoints(head.session)
             head.snapshot = True
             self.folder.snapshots[last] = len(rest)
             self._enqueue("snapshot", last, rest)

@@ -432,14 +432,23 @@ class Runtime:
         if not leading and not request.tools and not record.system:
             return None  # nothing before the conversation (a Modelfile's SYSTEM is: personas share its blocks)
         template = self.template(record, loaded)
-        shaped = prompting.template_messages(leading, template, request.tools, default_system=record.system,
-                                             style=self.tool_format(record, loaded))
-        try:
-            text = prompting.render(template, shaped, request.tools, add_generation_prompt=False,
-                                    reasoning=request.reasoning, effort=request.reasoning_effort)
-        except LocalAIError:
-            return None
-        return text if text and prompt.startswith(text) else None
+        style = self.tool_format(record, loaded)
+        # The segment runs up to where a first user message's content starts: its header is shared too (a model whose
+        # state returns only to checkpoints keeps one there), and some templates refuse a conversation without a
+        # user message (Qwen3's "No user query found"); else (an assistant message first) the system part alone
+        for following in ([Message(role="user", content=[TextBlock(NEXT_TURN)])], []):
+            shaped = prompting.template_messages([*leading, *following], template, request.tools,
+                                                 default_system=record.system, style=style)
+            try:
+                text = prompting.render(template, shaped, request.tools, add_generation_prompt=False,
+                                        reasoning=request.reasoning, effort=request.reasoning_effort)
+            except LocalAIError:
+                continue
+            if following:
+                text = text[:max(0, text.find(NEXT_TURN))]
+            if text and prompt.startswith(text):
+                return text
+        return None
 
     def _parser(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
                 prompt: str | None = None) -> Parser | None:

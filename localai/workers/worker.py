@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -26,6 +27,11 @@ from localai.protocol import FrameSocket, FrameTooLarge
 log = logging.getLogger("localai.worker")
 EXIT_ENGINE_FAILED = 70
 SHUTDOWN_TIMEOUT = 60.0
+# A SIGTERM or SIGINT sent to the whole process group (Ctrl-C in a terminal, `kill -- -PGID`, a service manager
+# that signals every process) reaches the worker beside the daemon, which is stopping too: its shutdown first sends
+# the replies still to be prefilled, then the shutdown op. The worker waits that long for it, then stops itself
+# the same way (requests being prefilled finish, queued cache writes reach the disk).
+SIGNAL_GRACE = 12.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engine_thread = threading.Thread(target=run_engine, name="engine", daemon=True)
     engine_thread.start()
+    stop_on_signals(inbox, engine_thread)
     channel.send({"ev": "ready", "info": dict(engine.info())})
     while True:
         try:
@@ -83,6 +90,30 @@ def main(argv: list[str] | None = None) -> int:
         inbox.put(message)
     engine_thread.join(timeout=SHUTDOWN_TIMEOUT)  # the engine flushes queued cache writes before it returns
     return 0
+
+
+def stop_on_signals(inbox: queue.Queue[dict[str, Any] | None], engine_thread: threading.Thread,
+                    grace: float = SIGNAL_GRACE) -> None:
+    """On SIGTERM or SIGINT, give the daemon ``grace`` seconds to stop this worker as it stops itself, then stop
+    gracefully: the engine finishes what it is prefilling and flushes its cache writes, then the process exits."""
+    signalled = threading.Event()
+
+    def stop_later() -> None:
+        if engine_thread.is_alive():
+            engine_thread.join(timeout=grace)  # the daemon's shutdown op ends it first, when it comes
+        if engine_thread.is_alive():
+            log.info("stopping on a signal: finishing requests being prefilled and cache writes")
+            inbox.put(None)
+            engine_thread.join(timeout=SHUTDOWN_TIMEOUT)
+        os._exit(0)
+
+    def handler(signum: int, _frame: Any) -> None:
+        if not signalled.is_set():
+            signalled.set()
+            threading.Thread(target=stop_later, name="signal-stop", daemon=True).start()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
 
 
 def load_engine(backend: str, options: dict[str, Any], *, debug: bool) -> Serving:

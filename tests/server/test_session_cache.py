@@ -344,3 +344,59 @@ def test_a_stop_right_after_the_replies_keeps_every_sessions_kept_reply(tmp_path
 def turn_tokens(reply: dict[str, Any]) -> int:
     """A first turn's prompt and reply tokens."""
     return int(reply["usage"]["prompt_tokens"]) + int(reply["usage"]["completion_tokens"]) - 8
+
+
+def test_a_stop_signalled_to_the_whole_process_group_keeps_the_last_turn(tmp_path: Path, smollm2_path: Path) -> None:
+    """SIGTERM to the daemon and its workers together (Ctrl-C in a terminal, ``kill -- -PGID``) within 50 ms of
+    the last reply's final byte, sessions one after another: the last turn's save (its prompt and kept reply) still
+    reaches the disk, so after a restart the next turn reuses as much as without the stop. Before, the workers died
+    on the signal with the turn's save queued, and the session fell back to the turn before."""
+    import os
+    import signal
+
+    import httpx
+
+    def turn1(session: int) -> list[dict[str, str]]:
+        return [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"Session {session}: what is a linked list? " + "Be brief. " * 20}]
+
+    def ask(daemon: Daemon, messages: list[dict[str, str]], session: int, *, stop: bool = False) -> dict[str, Any]:
+        body = {"model": "smollm2", "messages": messages, "max_tokens": 40, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, "prompt_cache_key": f"s{session}"}
+        text, usage = "", {}
+        with httpx.Client(base_url=daemon.base_url, timeout=300) as http, \
+                http.stream("POST", "/v1/chat/completions", json=body) as response:
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    if stop:  # the final byte is in: signal the whole group at once
+                        os.killpg(daemon.process.pid, signal.SIGTERM)
+                    break
+                if line.startswith("data: "):
+                    chunk = json.loads(line[6:])
+                    usage = chunk.get("usage") or usage
+                    text += "".join(c["delta"].get("content") or "" for c in chunk.get("choices", []))
+        return {"text": text, "usage": usage}
+
+    def second(first: dict[str, Any], session: int) -> list[dict[str, str]]:
+        return [*turn1(session), {"role": "assistant", "content": first["text"]},
+                {"role": "user", "content": "A queue?"}]
+
+    def third(first: dict[str, Any], reply: dict[str, Any], session: int) -> list[dict[str, str]]:
+        return [*second(first, session), {"role": "assistant", "content": reply["text"]},
+                {"role": "user", "content": "And a stack?"}]
+
+    with start_daemon(tmp_path / "steady") as daemon:
+        s1, _ = ask(daemon, turn1(1), 1), ask(daemon, turn1(2), 2)
+        t2 = ask(daemon, second(s1, 1), 1)
+        steady = ask(daemon, third(s1, t2, 1), 1)
+    daemon = start_daemon(tmp_path / "home", own_group=True)
+    s1, _ = ask(daemon, turn1(1), 1), ask(daemon, turn1(2), 2)
+    t2 = ask(daemon, second(s1, 1), 1, stop=True)
+    assert daemon.process.wait(timeout=60) == 0
+    with start_daemon(tmp_path / "home") as daemon:
+        resumed = ask(daemon, third(s1, t2, 1), 1)
+    assert resumed["text"] == steady["text"]  # greedy: the same conversation
+    turn2_tokens = t2["usage"]["prompt_tokens"]
+    reused = resumed["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert reused > turn2_tokens  # the kept reply is part of what is reused, not only the turn before's state
+    assert reused >= steady["usage"]["prompt_tokens_details"]["cached_tokens"] - 1, (resumed, steady)

@@ -1,0 +1,205 @@
+"""The prompt cache through a real daemon on the architectures agents run on (random-weight fixtures of llama.cpp's
+own: tests/archfixtures.py). Every reuse path (a live sequence, the RAM tier, the disk after a restart, a
+sub-agent sharing the system prompt, a branch from a turn of the history, an edited history, a conversation fitted
+past the window) answers exactly as
+a cold daemon does, and reuses at least 95% of what the dense control (llama's fixture with the same chat template,
+so the same tokenizer and prompts) reuses on the same conversation; an edit reuses up to the last checkpoint
+before it. Plus what a file llama.cpp cannot load gets: a clear error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import httpx
+import llama_cpp
+import pytest
+
+from tests.archfixtures import BY_NAME, FIXTURES, rewrite
+from tests.conftest import Daemon, start_daemon
+
+NAMES = [fixture.name for fixture in FIXTURES]
+SYSTEM = ("You are a careful coding agent working in a Python repository. Follow its conventions, run the tests "
+          "before you answer, keep every change small and explain it in a sentence or two. ") * 2
+TASK = "Please look at main.py and tell me what the function parse_args does."
+EDITED = "Please look at util.py and tell me what the helper load_config does, and whether it caches."
+FOLLOW_UPS = ["Now change it to accept a --verbose flag.", "Run the tests and report what fails.",
+              "Fix the first failure.", "Show me the diff."]
+
+
+class Conversation:
+    """One session's turns against one model: each request, its answer, cached tokens and cache source."""
+
+    def __init__(self, daemon: Daemon, model: str, session: str, first: str = TASK) -> None:
+        self.daemon, self.model, self.session = daemon, model, session
+        self.messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM},
+                                               {"role": "user", "content": first}]
+
+    def ask(self) -> dict[str, Any]:
+        result = ask(self.daemon, self.model, self.messages, self.session)
+        result["messages"] = list(self.messages)
+        return result
+
+    def answer(self, result: dict[str, Any], follow_up: str) -> None:
+        self.messages += [{"role": "assistant", "content": result["text"]}, {"role": "user", "content": follow_up}]
+
+
+def ask(daemon: Daemon, model: str, messages: list[dict[str, str]], session: str) -> dict[str, Any]:
+    body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0, "prompt_cache_key": session}
+    with daemon.http(timeout=300) as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    usage = data["usage"]
+    return {"text": data["choices"][0]["message"]["content"] or "", "prompt": usage["prompt_tokens"],
+            "cached": usage["prompt_tokens_details"]["cached_tokens"],
+            "source": response.headers.get("x-localai-cache", "miss"),
+            "fitted": response.headers.get("x-localai-context-fitted")}
+
+
+def create(daemon: Daemon, name: str, path: Path, extra: str = "") -> None:
+    with daemon.http() as http:
+        created = http.post("/api/create", json={"model": name, "modelfile": f"FROM {path}\n{extra}"})
+    assert created.status_code == 200, created.text
+
+
+def paths(daemon: Daemon, model: str) -> dict[str, dict[str, Any]]:
+    """The reuse paths in the order an agent meets them, on ``model`` (two sequences: the third session takes
+    the first one's, which then comes back from the RAM tier)."""
+    s1 = Conversation(daemon, model, "s1")
+    sub = Conversation(daemon, model, "sub", first="Find where the configuration file is read, without editing.")
+    other = Conversation(daemon, model, "s3", first="Summarise the README in three lines.")
+    seen = {"t1": s1.ask()}
+    s1.answer(seen["t1"], FOLLOW_UPS[0])
+    seen["t2 live"] = s1.ask()
+    seen["sub-agent"] = sub.ask()  # the parent's system prompt and tools, a task of its own
+    branch = Conversation(daemon, model, "branch")  # the parent's history after its first turn, another request
+    branch.messages = [*s1.messages[:-1], {"role": "user", "content": "Instead, list the tests for it."}]
+    seen["branch"] = branch.ask()
+    seen["other"] = other.ask()  # both sequences taken: s1's goes
+    s1.answer(seen["t2 live"], FOLLOW_UPS[1])
+    seen["t3 ram"] = s1.ask()
+    edited = Conversation(daemon, model, "s1", first=EDITED)
+    edited.messages += s1.messages[2:]
+    seen["edited"] = edited.ask()
+    s1.answer(seen["t3 ram"], FOLLOW_UPS[2])
+    seen["t4 before restart"] = s1.ask()
+    s1.answer(seen["t4 before restart"], FOLLOW_UPS[3])
+    seen["next"] = {"messages": list(s1.messages)}  # asked after the restart
+    return seen
+
+
+def fitted(daemon: Daemon, model: str) -> dict[str, dict[str, Any]]:
+    """A conversation longer than a 512-token window: fitted (old turns dropped), then its next turn."""
+    long = Conversation(daemon, model, "long")
+    for turn in range(10):
+        long.messages += [{"role": "assistant", "content": f"Step {turn}: " + "read the module and noted it. " * 6},
+                          {"role": "user", "content": FOLLOW_UPS[turn % 4] + " Keep going. " * 4}]
+    first = long.ask()
+    long.answer(first, "And then?")
+    return {"fitted": first, "after fitting": long.ask()}
+
+
+def cold_answers(home: Path, runs: list[tuple[str, Path, str, list[dict[str, str]]]]) -> list[str]:
+    """Each prompt answered by a daemon without a cache, the model unloaded before each (no live state either)."""
+    with start_daemon(home, cache_max_bytes="0") as daemon:
+        created: set[str] = set()
+        answers = []
+        for model, path, extra, messages in runs:
+            if model not in created:
+                create(daemon, model, path, extra)
+                created.add(model)
+            with daemon.http() as http:
+                http.post("/api/generate", json={"model": model, "keep_alive": 0})
+            answers.append(ask(daemon, model, messages, "cold")["text"])
+        return answers
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_reuse_path_answers_as_a_cold_daemon_and_reuses_as_the_dense_control(
+        arch_fixtures: Path, name: str, tmp_path: Path) -> None:
+    fixture = BY_NAME[name]
+    model = arch_fixtures / f"{name}.gguf"
+    control = tmp_path / "control.gguf"  # llama's weights, this family's template: the same prompts, dense
+    rewrite(arch_fixtures / "llama.gguf", control, _template(model))
+    small = "PARAMETER num_ctx 512\n"
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for which, path in ((name, model), ("control", control)):  # homes of their own: the llama fixture is its control
+        with start_daemon(tmp_path / which) as daemon:
+            create(daemon, which, path)
+            create(daemon, f"{which}-512", path, small)
+            results[which] = paths(daemon, which)
+            results[which].update(fitted(daemon, f"{which}-512"))
+        with start_daemon(tmp_path / which) as daemon:  # a restart: only the disk remembers
+            results[which]["after restart"] = ask(daemon, which, results[which]["next"]["messages"], "s1")
+            results[which]["after restart"]["messages"] = results[which].pop("next")["messages"]
+
+    mine, dense = results[name], results["control"]
+    runs = [(name if "fit" not in key else f"{name}-512", model, small if "fit" in key else "", seen["messages"])
+            for key, seen in mine.items() if "messages" in seen]
+    cold = cold_answers(tmp_path / "cold", runs)
+    keys = [key for key, seen in mine.items() if "messages" in seen]
+    for key, expected in zip(keys, cold, strict=True):
+        assert mine[key]["text"] == expected, (name, key)  # every path: the cold daemon's answer
+
+    table = {key: (mine[key]["cached"], mine[key]["prompt"], dense[key]["cached"], dense[key]["prompt"])
+             for key in keys}
+    print(f"{name} ({fixture.kind}): " + ", ".join(f"{k} {a}/{b} (control {c}/{d})" for k, (a, b, c, d) in
+                                                   table.items()))
+    assert {mine[key]["source"] for key in keys} >= {"live", "ram", "disk"}
+    for key in ("t2 live", "t3 ram", "t4 before restart", "sub-agent", "branch", "after restart", "after fitting"):
+        share, control_share = mine[key]["cached"] / mine[key]["prompt"], dense[key]["cached"] / dense[key]["prompt"]
+        assert share >= 0.95 * control_share, (name, key, table[key])
+    assert mine["fitted"]["fitted"] and "dropped_messages=0" not in mine["fitted"]["fitted"]
+    # an edit of the first task: back to the last checkpoint before it (the shared system segment)
+    assert mine["edited"]["cached"] <= dense["edited"]["cached"]
+    assert mine["edited"]["cached"] >= min(mine["sub-agent"]["cached"], dense["edited"]["cached"]) > 0
+
+
+def _template(path: Path) -> str:
+    reader = gguf.GGUFReader(path)
+    return str(reader.get_field(gguf.Keys.Tokenizer.CHAT_TEMPLATE).contents())
+
+
+def test_an_architecture_llama_cpp_does_not_know_is_a_clear_error(arch_fixtures: Path, tmp_path: Path) -> None:
+    """A GGUF of an architecture this llama.cpp does not know (a newer model): the error names the architecture
+    and the llama-cpp-python that would need an upgrade; the daemon and other models go on."""
+    future = tmp_path / "future.gguf"
+    _copy_with_architecture(arch_fixtures / "llama.gguf", future, "futurenet")
+    truncated = tmp_path / "truncated.gguf"
+    data = (arch_fixtures / "qwen35.gguf").read_bytes()
+    truncated.write_bytes(data[:len(data) * 2 // 3])
+    with start_daemon(tmp_path / "home") as daemon:
+        create(daemon, "future", future)
+        with daemon.http() as http:
+            refused = http.post("/v1/chat/completions", json={"model": "future", "max_tokens": 4,
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+            assert refused.status_code in (400, 422, 500, 503), refused.text
+            message = refused.text
+            assert "futurenet" in message and f"llama-cpp-python {llama_cpp.__version__}" in message, message
+            create_truncated = http.post("/api/create", json={"model": "cut", "modelfile": f"FROM {truncated}\n"})
+            if create_truncated.status_code == 200:  # taken at create: then loading it says what is wrong
+                cut = http.post("/v1/chat/completions", json={"model": "cut", "max_tokens": 4,
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+                assert cut.status_code >= 400 and ("truncated" in cut.text or "incomplete" in cut.text), cut.text
+            else:
+                assert create_truncated.status_code == 400, create_truncated.text
+                assert "truncated" in create_truncated.text or "incomplete" in create_truncated.text
+            create(daemon, "llama", arch_fixtures / "llama.gguf")
+            fine = http.post("/v1/chat/completions", json={"model": "llama", "max_tokens": 4,
+                                                          "messages": [{"role": "user", "content": "hi"}]})
+            assert fine.status_code == 200, fine.text
+        assert httpx.get(f"{daemon.base_url}/health").status_code == 200
+
+
+def _copy_with_architecture(source: Path, target: Path, arch: str) -> None:
+    from gguf.scripts.gguf_new_metadata import copy_with_new_metadata
+
+    reader = gguf.GGUFReader(source)
+    old = str(reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    writer = gguf.GGUFWriter(target, arch=arch)
+    renamed = [field.name for field in reader.fields.values() if field.name.startswith(f"{old}.")]
+    empty = [field.name for field in reader.fields.values()
+             if field.types and field.types[0] == gguf.GGUFValueType.ARRAY and not field.data]
+    copy_with_new_metadata(reader, writer, {}, [*renamed, *empty])
