@@ -20,6 +20,11 @@ def localai(home: Path, *args: str, port: int | None = None, timeout: float = 12
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def test_stop_without_a_model_points_at_the_daemon_stop(tmp_path: Path) -> None:
+    result = localai(tmp_path, "stop")
+    assert result.returncode == 2 and "localai ps" in result.stderr and "localai daemon stop" in result.stderr
+
+
 def test_status_and_stop_without_a_daemon(tmp_path: Path) -> None:
     status = localai(tmp_path, "status")
     assert status.returncode == 3 and f"localai is not running (home {tmp_path})" in status.stdout

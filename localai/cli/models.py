@@ -191,10 +191,13 @@ def _until(model: dict[str, Any]) -> str:
 
 
 @cli.command()
-@click.argument("model")
+@click.argument("model", required=False)
 @fail_cleanly
-def stop(model: str) -> None:
+def stop(model: str | None) -> None:
     """Unload a model now (`localai daemon stop` stops the daemon)."""
+    if not model:  # what `ollama stop` users type, and what someone looking for the daemon's stop types
+        raise click.UsageError("name the model to unload (`localai ps` lists them); to stop the daemon itself: "
+                               "localai daemon stop")
     client = _client(start=False)
     if not client.is_running():
         return
