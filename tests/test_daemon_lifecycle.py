@@ -105,3 +105,26 @@ def test_a_stale_pid_file_is_not_a_daemon(tmp_path: Path) -> None:
     (tmp_path / "localai.pid").write_text(str(os.getpid()))  # a live process, but not a localai serve
     stop = localai(tmp_path, "daemon", "stop")
     assert stop.returncode == 0 and "localai is not running" in stop.stdout
+
+
+def test_a_daemon_open_to_the_network_tells_its_pid_and_home_only_over_its_socket(tmp_path: Path) -> None:
+    import httpx
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
+    env.update(LOCALAI_HOME=str(tmp_path), LOCALAI_DISCOVER="", LOCALAI_HOST=f"0.0.0.0:{port}", LOCALAI_API_KEY="k")
+    started = subprocess.run([sys.executable, "-m", "localai", "daemon", "start"], env=env, capture_output=True,
+                             text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert started.returncode == 0, started.stderr
+    try:
+        over_tcp = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+        assert over_tcp["status"] == "ok" and not {"pid", "home", "url"} & set(over_tcp)
+        socket_client = httpx.HTTPTransport(uds=str(tmp_path / "localai.sock"))
+        with httpx.Client(transport=socket_client, base_url="http://localhost", timeout=10) as http:
+            over_socket = http.get("/health").json()
+        assert over_socket["pid"] == int((tmp_path / "localai.pid").read_text())
+        assert over_socket["home"] == str(tmp_path)
+    finally:
+        stopped = subprocess.run([sys.executable, "-m", "localai", "daemon", "stop"], env=env, capture_output=True,
+                                 text=True, timeout=120)
+    assert "stopped localai" in stopped.stdout  # the stop works through the socket too
