@@ -16,7 +16,7 @@ from localai.tui.screens.dialogs import AskScreen
 from localai.tui.screens.models import ModelsScreen
 from localai.tui.screens.settings import SettingsScreen
 from tests.tui.conftest import settle
-from tests.tui.fakedaemon import FINGERPRINT, NOW, FakeDaemon
+from tests.tui.fakedaemon import FINGERPRINT, NOW, SMOLLM2_DIGEST, FakeDaemon, tag
 
 pytestmark = pytest.mark.anyio
 SIZE = (120, 36)
@@ -138,3 +138,27 @@ async def test_the_cache_screen_names_entries_by_the_model_the_daemon_reports(
         assert not any(name.startswith("fingerprint") for name in rows), rows
         assert str(rows["smollm2:135m"][1]) == "1"  # its entry, under its name
         assert str(rows["critic:latest + pirate:latest"][1]) == "1"
+
+
+async def test_personas_sharing_a_digest_keep_their_own_names_on_the_cache_screen(
+        build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    """pirate FROM smollm2 has smollm2's digest: it is not an alias of smollm2, and neither is smollm2 of it."""
+    fake.models.append(tag("pirate:latest", SMOLLM2_DIGEST, 98_362_432, "Q4_1", "135M", "llama", 8192))
+    fake.metrics = ('localai_prompt_tokens_computed_total{model="pirate:latest"} 20.0\n'
+                    'localai_prompt_tokens_computed_total{model="smollm2:135m"} 31.0\n')
+    both = ["pirate:latest", "smollm2:135m"]
+    fake.entries = [
+        {"id": "51fafa3e7c2b000000000001", "fingerprint": FINGERPRINT, "tokens": 45, "bytes": 1_000_000,
+         "session": "run-1", "kind": "history", "last_used": NOW.timestamp(), "pinned_until": None,
+         "model": "smollm2:135m", "models": both},
+        {"id": "7445bd489052000000000002", "fingerprint": FINGERPRINT, "tokens": 68, "bytes": 1_600_000,
+         "session": None, "kind": "history", "last_used": NOW.timestamp(), "pinned_until": None,
+         "model": None, "models": both},
+    ]
+    app = build(fake.client())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f5")
+        await settle(pilot)
+        table = app.screen.query_one("#cache-models", DataTable)
+        rows = {str(table.get_row_at(i)[0]): str(table.get_row_at(i)[1]) for i in range(table.row_count)}
+    assert rows == {"pirate:latest": "0", "pirate:latest + smollm2:135m": "1", "smollm2:135m": "1"}

@@ -33,14 +33,18 @@ def model_namer(installed: list[InstalledModel], preferred: Iterable[str]) -> Ca
     """Names the same model one way: ``smollm2`` and its alias ``smollm2:latest`` become ``smollm2:135m``
     when that is the name the daemon's metrics use (aliases share the model's digest)."""
     by_name = {model.name: model.digest for model in installed}
+    ordered = list(preferred)
+    preferred_names = set(ordered)
     by_digest: dict[str, str] = {}
-    for name in preferred:
+    for name in ordered:
         if by_name.get(name):
             by_digest.setdefault(by_name[name], name)
 
     def name_of(model: str) -> str:
         last = model.rsplit("/", 1)[-1]
         full = model if ":" in last else f"{model}:latest"
+        if full in preferred_names:  # a model of its own (a persona shares its base's digest): its own name
+            return full
         digest = by_name.get(full)
         return by_digest.get(digest, full) if digest else model
 
@@ -120,8 +124,10 @@ class CacheScreen(LocalAIScreen):
         name_of = model_namer(await self.api.models(with_details=False), metrics.models)
         conversations = {s.id: s for s in self.tui.store.summaries()}
         session_models = {key: name_of(summary.model) for key, summary in conversations.items() if summary.model}
-        entries = [replace(entry, model=name_of(entry.model) if entry.model else None,
-                           models=tuple(name_of(model) for model in entry.models)) for entry in entries]
+        # the daemon names entries by their models' own names, as its metrics do: only conversations' names (an alias
+        # the user picked, `smollm2`) go through name_of; two models with one digest (personas) stay two
+        entries = [replace(entry, model=name_of(entry.model)) if entry.model and not entry.models else entry
+                   for entry in entries]
         self.entries = {entry.id: entry for entry in entries}
 
         models = self.query_one("#cache-models", DataTable)
