@@ -36,19 +36,23 @@ def test_status_and_stop_without_a_daemon(tmp_path: Path) -> None:
 def test_start_status_and_stop_the_background_daemon(tmp_path: Path) -> None:
     port = free_port()
     started = localai(tmp_path, "daemon", "start", port=port)
-    assert started.returncode == 0, started.stderr
-    assert "started localai in the background (pid " in started.stdout and "localai daemon stop" in started.stdout
-    pid = int((tmp_path / "localai.pid").read_text())
-    assert f"(pid {pid})" in started.stdout
-    again = localai(tmp_path, "daemon", "start", port=port)
-    assert again.returncode == 0 and f"localai is already running (pid {pid})" in again.stdout
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "started localai in the background (pid " in started.stdout and "localai daemon stop" in started.stdout
+        pid = int((tmp_path / "localai.pid").read_text())
+        assert f"(pid {pid})" in started.stdout
+        again = localai(tmp_path, "daemon", "start", port=port)
+        assert again.returncode == 0 and f"localai is already running (pid {pid})" in again.stdout
 
-    status = localai(tmp_path, "status", port=port)
-    assert status.returncode == 0, status.stderr
-    assert f"is running (pid {pid}, up " in status.stdout and f"home    {tmp_path}" in status.stdout
-    assert f"http://127.0.0.1:{port}" in status.stdout and "stop it with: localai daemon stop" in status.stdout
-    same = localai(tmp_path, "daemon", "status", port=port).stdout  # the same report (its uptime moves on)
-    assert same.splitlines()[1:] == status.stdout.splitlines()[1:] and f"(pid {pid}, up " in same
+        status = localai(tmp_path, "status", port=port)
+        assert status.returncode == 0, status.stderr
+        assert f"is running (pid {pid}, up " in status.stdout and f"home    {tmp_path}" in status.stdout
+        assert f"http://127.0.0.1:{port}" in status.stdout and "stop it with: localai daemon stop" in status.stdout
+        same = localai(tmp_path, "daemon", "status", port=port).stdout  # the same report (its uptime moves on)
+        assert same.splitlines()[1:] == status.stdout.splitlines()[1:] and f"(pid {pid}, up " in same
+    except BaseException:  # a daemon left behind by a failed check would outlive the test
+        localai(tmp_path, "daemon", "stop", port=port)
+        raise
 
     stopped = localai(tmp_path, "daemon", "stop", port=port)
     assert stopped.returncode == 0, stopped.stderr
