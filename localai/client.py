@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Generator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +23,7 @@ from localai import paths
 from localai.errors import DaemonUnavailable, LocalAIError, ModelNotFound
 
 START_TIMEOUT = 60.0
+STOP_TIMEOUT = 90.0  # the daemon gives its workers up to 60 s each to write their queued cache entries
 
 
 def human_size(size: int) -> str:
@@ -62,6 +65,48 @@ class Client:
                 return http.get("/health").status_code == 200
         except httpx.HTTPError:
             return False
+
+    def health(self) -> dict[str, Any] | None:
+        """The daemon's ``/health`` (its pid, home, URL and start time among it), or None when none answers."""
+        if self.transport is None and not paths.socket_path().exists():
+            return None
+        try:
+            with self._http(timeout=2.0) as http:
+                response = http.get("/health")
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    def stop_daemon(self, timeout: float = STOP_TIMEOUT) -> int | None:
+        """Stop the daemon of this home as a service manager does (SIGTERM: it unloads its workers, which write
+        their queued cache entries first), and wait until it has exited. Returns its pid; None when none ran."""
+        health = self.health()
+        pid = health.get("pid") if health is not None else _unanswering_daemon()
+        if health is None and pid is None:
+            return None
+        if not isinstance(pid, int) or pid <= 0:
+            raise DaemonUnavailable("the daemon did not say its pid (a localai older than this one?); stop it "
+                                    f"where it runs, or: kill $(cat {paths.pid_path()})")
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return pid  # it exited just now
+        except PermissionError as exc:
+            raise DaemonUnavailable(f"the daemon (pid {pid}) belongs to another user; stop it as that user") from exc
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not _process_exists(pid):
+                return pid
+            time.sleep(0.1)
+        raise DaemonUnavailable(f"the daemon (pid {pid}) is still stopping after {timeout:.0f} s (its workers "
+                                f"write their prompt caches first); see {paths.server_log_path()}, or end it "
+                                f"at once: kill -9 {pid}")
 
     def ensure_running(self) -> None:
         """Start ``localai serve`` in the background unless a daemon already answers."""
@@ -212,6 +257,44 @@ def spawn_daemon() -> subprocess.Popen[bytes]:
             [sys.executable, "-m", "localai", "serve"], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, env=os.environ.copy(),
         )
+
+
+def _unanswering_daemon() -> int | None:
+    """The pid in this home's pid file when it is a live ``localai serve`` that does not answer (stopped, or stuck);
+    None otherwise (no file, a stale one, or a pid reused by another program; Linux only, where /proc tells)."""
+    try:
+        pid = int(paths.pid_path().read_text().strip())
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    is_daemon = b"localai" in b" ".join(command) and b"serve" in command
+    return pid if is_daemon and _process_exists(pid) else None
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if sys.platform.startswith("linux"):  # a zombie (exited, its parent has not reaped it yet) is gone for us
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                return stat.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+        except OSError:
+            return False
+    return True
+
+
+def probe(url: str) -> dict[str, Any] | None:
+    """What answers ``/health`` at a daemon URL (``http://HOST:PORT``): a localai's health body, or None."""
+    try:
+        response = httpx.get(f"{url.rstrip('/')}/health", timeout=2.0)
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) and body.get("status") == "ok" and "version" in body else None
 
 
 def _check_alive(process: subprocess.Popen[bytes]) -> None:

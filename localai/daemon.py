@@ -18,6 +18,7 @@ import uvicorn.config
 
 from localai import paths
 from localai.api.app import create_app
+from localai.client import probe
 from localai.errors import DaemonUnavailable
 from localai.models.registry import Registry
 from localai.runtime.runtime import Runtime
@@ -62,13 +63,59 @@ def bind_tcp(host: str, port: int) -> socket.socket:
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
-            raise DaemonUnavailable(
-                f"{host}:{port} is already in use; is another localai running? set LOCALAI_HOST to another port"
-            ) from exc
+            raise DaemonUnavailable(port_taken(host, port)) from exc
         raise DaemonUnavailable(f"cannot listen on {host}:{port}: {exc}") from exc
     sock.listen(128)
     sock.setblocking(False)
     return sock
+
+
+def port_taken(host: str, port: int) -> str:
+    """Who holds ``host:port``, said so that the user knows what to stop: a localai (its pid and home, which its
+    ``/health`` tells loopback clients) or another program (its name and pid, where this system shows it)."""
+    other_port = f"or run this one on another port: LOCALAI_HOST=127.0.0.1:{port + 1} localai serve"
+    probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    health = probe(f"http://[{probe_host}]:{port}" if ":" in probe_host else f"http://{probe_host}:{port}")
+    if health is not None:
+        pid, home = health.get("pid"), health.get("home")
+        if not pid or not home:
+            return (f"{host}:{port} is already in use by another localai ({health.get('version', '')}, which did not "
+                    f"say its pid); stop it where it runs, {other_port}")
+        if Path(str(home)) == paths.home():
+            return (f"localai is already running for this home (pid {pid}, {home}) on {host}:{port}; "
+                    "`localai status` shows it, `localai daemon stop` stops it")
+        return (f"{host}:{port} is already in use by another localai (pid {pid}, home {home}); stop it with: "
+                f"LOCALAI_HOME={home} localai daemon stop, {other_port}")
+    holder = listener(port)
+    named = f": {holder[1]} (pid {holder[0]})" if holder else " (not a localai)"
+    return f"{host}:{port} is already in use by another program{named}; stop it, {other_port}"
+
+
+def listener(port: int) -> tuple[int, str] | None:
+    """The process listening on TCP ``port``, with its command, when this system lets us see it (Linux's /proc:
+    our own processes, or all of them as root); None otherwise."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                return int(proc.name), command[:200] or (proc / "comm").read_text().strip()
+        except OSError:  # another user's process, or one that just exited
+            continue
+    return None
 
 
 def _discover(registry: Registry, sources: list[str]) -> None:

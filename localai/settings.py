@@ -12,8 +12,8 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_PORT = 11435
-_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)?")
-_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h|d)?")
+_UNITS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 MAX_DURATION = 10 * 365 * 24 * 3600.0  # ten years: longer is "forever" (-1), and past it datetimes overflow
 
 
@@ -27,7 +27,7 @@ def default_cache_ram_bytes() -> int:
 
 
 def parse_duration(value: str | int | float) -> float:
-    """Seconds from ``"5m"``, ``"1h30m"``, ``"300"``, ``300`` or ``"-1"`` (negative means forever)."""
+    """Seconds from ``"5m"``, ``"1h30m"``, ``"7d"``, ``"300"``, ``300`` or ``"-1"`` (negative means forever)."""
     if isinstance(value, (int, float)):
         try:
             return _bounded(float(value), value)
@@ -45,7 +45,7 @@ def parse_duration(value: str | int | float) -> float:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     if pos != len(text):
-        raise ValueError(f"invalid duration {str(value)[:40]!r}: use seconds or a number with ms, s, m or h")
+        raise ValueError(f"invalid duration {str(value)[:40]!r}: use seconds or a number with ms, s, m, h or d")
     return _bounded(sign * total, value)
 
 

@@ -56,3 +56,23 @@ def test_bad_input(isolated_home: Path) -> None:
     (paths.cache_dir()).mkdir(parents=True, exist_ok=True)
     (paths.cache_dir() / "pins.json").write_text("{not json")
     assert cli("ls").returncode == 0  # a broken pins file is ignored, not fatal
+
+
+def test_durations_in_days_unknown_entries_and_option_help(isolated_home: Path) -> None:
+    fill(isolated_home)
+    pinned = cli("pin", "--session", "alpha", "--ttl", "7d")
+    assert pinned.returncode == 0, pinned.stderr
+    pruned = cli("prune", "--older-than", "7d")  # what its help says it takes
+    assert pruned.returncode == 0, pruned.stderr
+    assert len(json.loads(cli("ls", "--json").stdout)) == 3  # all used just now
+
+    for args in (("rm", "nosuch"), ("rm", "--session", "nosuch")):
+        missing = cli(*args)
+        assert missing.returncode == 1 and "removed" not in missing.stdout
+        assert "no cache entry has the" in missing.stderr and "nosuch" in missing.stderr
+        assert "localai cache ls" in missing.stderr
+    assert len(json.loads(cli("ls", "--json").stdout)) == 3
+
+    unpin_help = cli("unpin", "--help").stdout
+    assert "Unpin this session id" in unpin_help and "Unpin one entry" in unpin_help
+    assert "7d=168h" not in cli("prune", "--help").stdout

@@ -37,7 +37,12 @@ def test_run_one_shot_and_from_stdin(daemon: Daemon) -> None:
 def test_run_unknown_model(daemon: Daemon) -> None:
     result = daemon.cli("run", "nothing-here", "hi")
     assert result.returncode == 1
-    assert "not installed" in result.stderr and "localai pull nothing-here" in result.stderr
+    assert "not installed" in result.stderr and "not in the library either" in result.stderr
+    assert "localai pull nothing-here" not in result.stderr  # it would fail: pull does not know the name
+    shown = daemon.cli("show", "nosuch")
+    assert shown.returncode == 1 and "localai list --library" in shown.stderr and "pull nosuch" not in shown.stderr
+    sized = daemon.cli("show", "qwen3")  # a library family: pick a size
+    assert "qwen3 comes in" in sized.stderr and "localai pull qwen3:" in sized.stderr
 
 
 def test_list_show_create_cp_rm_ps_stop(daemon: Daemon, tmp_path: Path) -> None:
@@ -175,3 +180,54 @@ def test_bench_names_a_missing_llama_server(fresh_daemon: Any) -> None:
     result = fresh_daemon.cli("bench", "-m", "smollm2", "-r", "1", "--llama-server", "/nonexistent/llama-server")
     assert result.returncode != 0 and "could not start /nonexistent/llama-server" in result.stderr
     assert "make llama-server" in result.stderr and "Traceback" not in result.stderr
+
+
+def in_terminal(*args: str, columns: int) -> str:
+    """The command's output in a pseudo-terminal ``columns`` wide (what a person sees)."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb", "NO_COLOR": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "localai", *args], stdin=subprocess.DEVNULL, stdout=follower,
+                               stderr=follower, env=env)
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the other end closed: the command is done
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert process.wait(timeout=60) == 0, output
+    return re.sub(r"\x1b\[[0-9;]*m", "", output.decode())
+
+
+def test_list_library_shows_each_context_and_fits_the_terminal() -> None:
+    shown = in_terminal("list", "--library", columns=100)
+    lines = [line.rstrip() for line in shown.splitlines() if line.strip()]
+    assert lines[0].split()[:3] == ["NAME", "CONTEXT", "INSTALLED"]
+    rows = {line.split()[0]: line.split()[1] for line in lines[1:]}
+    assert rows["qwen2.5-coder:1.5b"] == "32768" and rows["smollm2:135m"].isdigit()  # its trained context
+    assert all(value.isdigit() for value in rows.values()), rows
+    assert max(len(line) for line in lines) <= 100
+    assert "…" in shown  # the long columns were cut to fit, not the table widened
+    piped = subprocess.run([sys.executable, "-m", "localai", "list", "--library"], capture_output=True, text=True)
+    assert "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M" in piped.stdout  # a pipe gets it whole
+
+
+def test_show_and_info_say_where_layers_and_memory_are(daemon: Daemon) -> None:
+    assert daemon.cli("run", "smollm2", "Hi").returncode == 0  # loaded: show reports its placement
+    shown = daemon.cli("show", "smollm2")
+    assert shown.returncode == 0, shown.stderr
+    processor = next(line for line in shown.stdout.splitlines() if line.strip().startswith("processor"))
+    assert "100% CPU: none of its" in processor and "layers on a GPU" in processor  # the count is of GPU layers
+    assert "on CPU" not in processor
+    info = daemon.cli("info")
+    assert info.returncode == 0, info.stderr
+    cpu = next(line for line in info.stdout.splitlines() if line.split()[:2] == ["CPU", "cpu"])
+    assert "the system's RAM (see RAM free)" in cpu and "GiB free" not in cpu  # not the total called free
+    assert "RAM free" in info.stdout

@@ -27,7 +27,22 @@ def test_embedded_model_registers_in_place(registry: Registry, smollm2_path: Pat
 def test_unknown_model_names_the_fix(registry: Registry) -> None:
     with pytest.raises(ModelNotFound) as error:
         registry.get("qwen2.5-coder")
-    assert "localai pull qwen2.5-coder" in error.value.message
+    assert "localai pull qwen2.5-coder:1.5b" in error.value.message  # a family: its sizes
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    ("qwen2.5-coder:1.5b", "run: localai pull qwen2.5-coder:1.5b"),
+    ("bartowski/Some-Model-GGUF:Q4_K_M", "run: localai pull bartowski/Some-Model-GGUF:Q4_K_M"),
+    ("qwen3", "qwen3 comes in 1.7b, 4b"),
+    ("qwen2.5-coder:99b", "the library has no qwen2.5-coder:99b; qwen2.5-coder comes in 1.5b"),
+    ("nosuch", "it is not in the library either: `localai list` shows the installed models, `localai list --library`"),
+])
+def test_a_missing_model_is_offered_a_pull_only_when_pull_knows_it(registry: Registry, name: str, said: str) -> None:
+    with pytest.raises(ModelNotFound) as error:
+        registry.get(name)
+    assert said in error.value.message
+    if said.startswith("it is not"):
+        assert f"localai pull {name}" not in error.value.message
 
 
 def test_create_from_model_inherits_and_overrides(registry: Registry) -> None:

@@ -4,6 +4,7 @@ worker's stop can take up to its timeout): the interleavings are forced, not hop
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ class HeldWorker:
 
     def __init__(self, name: str, backend: str, options: dict[str, Any], *, debug: bool = False) -> None:
         self.name = name
+        self.pid = 1000 + len(HeldWorker.instances)
         self.alive = False
         self.info: dict[str, Any] | None = None
         self.on_exit: Any = None
@@ -53,10 +55,16 @@ def held_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(scheduling, "Worker", HeldWorker)
 
 
-def record(name: str) -> ModelRecord:
-    return ModelRecord(name=name, source="test", path=f"/models/{name}.gguf", format="gguf", sha256="0" * 64,
-                       size=1, family="", quantization="", parameter_size="", context_length=4096,
-                       parameters={"engine": "scripted"})
+def record(name: str, *, weights: str | None = None, **parameters: Any) -> ModelRecord:
+    """A model; ``weights`` names another model's file (a Modelfile FROM it), ``parameters`` its own."""
+    return ModelRecord(name=name, source="test", path=f"/models/{weights or name}.gguf", format="gguf",
+                       sha256="0" * 64, size=1, family="", quantization="", parameter_size="", context_length=4096,
+                       parameters={"engine": "scripted", **parameters})
+
+
+def stopping(schedule: Scheduler) -> set[str]:
+    """The models whose worker is stopping."""
+    return {name for stop in schedule.stopping.values() for name in stop.names}
 
 
 def settings(**values: Any) -> Settings:
@@ -75,7 +83,7 @@ def test_a_request_during_keep_alive_expiry_waits_for_the_stop_instead_of_loadin
         model = record("m")
         await use(schedule, model, keep_alive=0)  # expires at once: its stop starts and is held
         await asyncio.sleep(0.05)
-        assert "m" in schedule.stopping and "m" not in schedule.loaded
+        assert stopping(schedule) == {"m"} and "m" not in schedule.loaded
         second = asyncio.create_task(use(schedule, model))
         await asyncio.sleep(0.1)
         assert len(HeldWorker.instances) == 1 and not second.done()  # waiting, not loading beside it
@@ -97,7 +105,7 @@ def test_stop_and_expiry_at_once_stop_the_worker_once() -> None:
         first = asyncio.create_task(schedule.unload("m"))
         await asyncio.sleep(0.01)
         second = asyncio.create_task(schedule._expire(loaded))
-        third = asyncio.create_task(schedule._unload(loaded))
+        third = asyncio.create_task(schedule._detach(loaded))
         await asyncio.sleep(0.01)
         HeldWorker.gate.set()
         assert await first is True
@@ -140,5 +148,126 @@ def test_a_load_that_fails_leaves_no_count_behind_and_the_next_request_loads() -
         assert schedule.waiting == 0 and not schedule.queued and not schedule.loaded and not schedule.stopping
         await use(schedule, record("m"))
         assert "m" in schedule.loaded
+
+    asyncio.run(run())
+
+
+def personas() -> list[ModelRecord]:
+    """Three agent personas FROM one model: their own system prompts and sampling, the same weights and load."""
+    return [record("base"),
+            replace(record("pirate", weights="base", temperature=1.2, stop=["Arr"]), system="You are a pirate."),
+            replace(record("critic", weights="base", num_predict=64), system="You review code.",
+                    template="{{ messages }}")]
+
+
+def test_models_from_the_same_weights_and_load_options_share_one_worker() -> None:
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        schedule = Scheduler(settings(max_loaded_models=1))  # one worker fits: three personas must not evict
+        for model in personas():
+            await use(schedule, model)
+        assert len(HeldWorker.instances) == 1 and len(schedule.workers) == 1
+        worker = HeldWorker.instances[0]
+        assert {name: m.worker for name, m in schedule.loaded.items()} == {
+            "base": worker, "pirate": worker, "critic": worker}
+        assert schedule.loaded["pirate"].sharing_with() == ["base", "critic"]
+
+    asyncio.run(run())
+
+
+def test_options_that_change_the_load_get_their_own_worker() -> None:
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        HeldWorker.gate.set()
+        schedule = Scheduler(settings())
+        await use(schedule, record("base"))
+        await use(schedule, record("long", weights="base", num_ctx=2048))
+        await use(schedule, record("other"))  # other weights
+        async with schedule.lease(record("base"), overrides={"num_gpu": 0}):  # a request's load option
+            pass
+        assert [w.name for w in HeldWorker.instances] == ["base", "long", "other", "base"]
+        assert len({id(m.worker) for m in schedule.loaded.values()}) == 3  # base moved to the num_gpu worker
+
+    asyncio.run(run())
+
+
+def test_a_shared_worker_stops_only_when_its_last_model_goes() -> None:
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        HeldWorker.gate.set()
+        schedule = Scheduler(settings())
+        base, pirate, critic = personas()
+        await use(schedule, base)
+        await use(schedule, pirate, keep_alive=0)  # expires at once: the worker stays for the others
+        await use(schedule, critic)
+        await asyncio.sleep(0.05)
+        worker = HeldWorker.instances[0]
+        assert set(schedule.loaded) == {"base", "critic"} and worker.alive and worker.stops == 0
+        assert await schedule.unload("base") is True
+        assert worker.alive and list(schedule.loaded) == ["critic"]
+        assert await schedule.unload("critic") is True
+        assert not worker.alive and worker.stops == 1 and not schedule.loaded and not schedule.workers
+        await use(schedule, pirate)  # loads one worker again
+        assert len(HeldWorker.instances) == 2 and list(schedule.loaded) == ["pirate"]
+
+    asyncio.run(run())
+
+
+def test_models_sharing_a_worker_share_its_slots() -> None:
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        schedule = Scheduler(settings())
+        release = asyncio.Event()
+        held: list[str] = []
+
+        async def hold(model: ModelRecord) -> None:
+            async with schedule.lease(model):
+                held.append(model.name)
+                await release.wait()
+
+        base, pirate, critic = personas()
+        tasks = [asyncio.create_task(hold(m)) for m in (base, pirate, critic)]
+        await asyncio.sleep(0.1)
+        assert len(held) == 2 and schedule.queued == {"critic": 1}  # the worker has 2 sequences, not 2 per model
+        release.set()
+        await asyncio.gather(*tasks)
+        assert sorted(held) == ["base", "critic", "pirate"] and len(HeldWorker.instances) == 1
+
+    asyncio.run(run())
+
+
+def test_a_shared_worker_that_dies_takes_its_models_with_it_and_loads_once_again() -> None:
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        HeldWorker.gate.set()
+        schedule = Scheduler(settings())
+        base, pirate, critic = personas()
+        for model in (base, pirate):
+            await use(schedule, model)
+        dead = HeldWorker.instances[0]
+        dead.alive = False
+        schedule._worker_exited(dead)  # type: ignore[arg-type]
+        assert not schedule.loaded and not schedule.workers
+        await use(schedule, critic)
+        await use(schedule, base)
+        assert len(HeldWorker.instances) == 2 and schedule.loaded["base"].worker is HeldWorker.instances[1]
+
+    asyncio.run(run())
+
+
+def test_a_persona_waits_for_its_shared_worker_to_stop_before_loading_it_again() -> None:
+    async def run() -> None:
+        HeldWorker.gate = asyncio.Event()
+        schedule = Scheduler(settings())
+        base, pirate, _ = personas()
+        await use(schedule, base, keep_alive=0)  # its stop is held
+        await asyncio.sleep(0.05)
+        assert stopping(schedule) == {"base"}
+        second = asyncio.create_task(use(schedule, pirate))  # the same key: waits, never two copies in memory
+        await asyncio.sleep(0.1)
+        assert not second.done() and len(HeldWorker.instances) == 1
+        HeldWorker.gate.set()
+        await second
+        assert len(HeldWorker.instances) == 2 and list(schedule.loaded) == ["pirate"]
 
     asyncio.run(run())

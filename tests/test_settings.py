@@ -6,13 +6,14 @@ from localai.settings import Settings, parse_duration, parse_host
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("5m", 300), ("300", 300), ("1h30m", 5400), ("-1", -1), ("0", 0), ("250ms", 0.25), (12, 12)],
+    [("5m", 300), ("300", 300), ("1h30m", 5400), ("-1", -1), ("0", 0), ("250ms", 0.25), (12, 12),
+     ("7d", 604800), ("1d12h", 129600)],
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "5 minutes", "m5", "1d", "100000000h", 1e400, 10**400, float("nan"),
+@pytest.mark.parametrize("text", ["", "5 minutes", "m5", "1w", "100000000h", "4000d", 1e400, 10**400, float("nan"),
                                   -(10**12)])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError):

@@ -69,6 +69,7 @@ class LoadedModel:
     engine: str
     processor: str
     size_vram: int = 0
+    shared_with: tuple[str, ...] = ()  # the other models its worker serves (one copy of the weights)
 
     @classmethod
     def from_ps(cls, item: dict[str, Any]) -> LoadedModel:
@@ -78,7 +79,8 @@ class LoadedModel:
                    active=int(item.get("active_requests") or 0), queued=None if queued is None else int(queued),
                    expires_at=dt.datetime.fromisoformat(expires.replace("Z", "+00:00")) if expires else None,
                    keep_alive=float(item.get("keep_alive") or 0), engine=engine_of(item),
-                   processor=str(item.get("processor") or ""), size_vram=int(item.get("size_vram") or 0))
+                   processor=str(item.get("processor") or ""), size_vram=int(item.get("size_vram") or 0),
+                   shared_with=tuple(str(m) for m in item.get("shared_with") or ()))
 
     def until(self, now: dt.datetime) -> str:
         """When the model unloads, as ``localai ps`` says it."""
@@ -99,14 +101,15 @@ class CacheEntry:
     kind: str
     last_used: float
     pinned_until: float | None
-    model: str | None = None
+    model: str | None = None  # the model its session asked for, or its cache folder's only model
+    models: tuple[str, ...] = ()  # every model that used its cache folder (models sharing a worker share one)
 
     @classmethod
     def from_api(cls, item: dict[str, Any]) -> CacheEntry:
         return cls(id=item["id"], fingerprint=item.get("fingerprint", ""), tokens=int(item.get("tokens") or 0),
                    bytes=int(item.get("bytes") or 0), session=item.get("session"), kind=item.get("kind", "history"),
                    last_used=float(item.get("last_used") or 0), pinned_until=item.get("pinned_until"),
-                   model=item.get("model"))
+                   model=item.get("model"), models=tuple(str(m) for m in item.get("models") or ()))
 
 
 @dataclass

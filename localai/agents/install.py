@@ -16,12 +16,18 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 
 from localai import paths
 from localai.agents.base import Integration
 from localai.errors import AgentError, AgentNotInstalled
 
 NPM_FLAGS = ["--no-audit", "--no-fund", "--no-update-notifier", "--save-exact", "--loglevel=error"]
+STILL_EVERY = 20.0  # seconds between "still installing" lines while a package manager works quietly
+USUALLY = {  # said before an install starts (a 2-core machine with a fresh cache is the measure)
+    "npm": "npm downloads it and its dependencies: usually 30 s to 2 minutes (the big agents are 100-300 MB)",
+    "pip": "a virtualenv of its own and pip: usually 1-3 minutes",
+}
 
 
 def node_major(node: str | None = None) -> int:
@@ -72,8 +78,9 @@ def install_commands(integration: Integration) -> list[list[str]]:
         return [["npm", "install", "--prefix", str(root), *NPM_FLAGS, *packages]]
     if package.manager == "pip":
         venv = root / f"{integration.name}-venv"
+        # not --quiet: pip's lines and its progress bars are what moves on screen during the install
         return [[python_for(integration), "-m", "venv", str(venv)],
-                [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", package.spec]]
+                [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", package.spec]]
     return []
 
 
@@ -104,18 +111,46 @@ def install(integration: Integration) -> None:
     root.mkdir(parents=True, exist_ok=True)
     if package.manager == "npm" and not (root / "package.json").exists():
         (root / "package.json").write_text('{"private": true, "description": "agents installed by localai"}\n')
+    say(f"installing {integration.title} ({package.spec}) into {root}; {USUALLY[package.manager]}")
+    started = time.monotonic()
     for command in install_commands(integration):
-        print(f"localai: {shlex.join(command)}", file=sys.stderr, flush=True)
-        try:
-            result = subprocess.run(command, stdin=subprocess.DEVNULL, env=os.environ.copy())
-        except OSError as exc:
-            raise AgentError(f"cannot run {command[0]}: {exc.strerror}") from exc
-        if result.returncode != 0:
+        say(shlex.join(command))
+        returncode = _run_saying_progress(command, f"installing {integration.title}", started)
+        if returncode != 0:
             raise AgentError(f"installing {integration.title} failed ({command[0]} exited with "
-                             f"{result.returncode}); the command was: {shlex.join(command)}")
+                             f"{returncode}); the command was: {shlex.join(command)}")
     if integration.find() is None:
         raise AgentError(f"installed {package.spec} but cannot find its program '{integration.binary}' "
                          f"under {root}")
+    say(f"installed {integration.title} in {_elapsed(time.monotonic() - started)}")
+
+
+def say(text: str) -> None:
+    print(f"localai: {text}", file=sys.stderr, flush=True)
+
+
+def _run_saying_progress(command: list[str], doing: str, started: float) -> int:
+    """Run a package manager in the terminal (its own output and progress bars show as they are), saying every
+    ``STILL_EVERY`` seconds that it is still going; returns its exit status."""
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=os.environ.copy())
+    except OSError as exc:
+        raise AgentError(f"cannot run {command[0]}: {exc.strerror}") from exc
+    try:
+        while True:
+            try:
+                return process.wait(timeout=STILL_EVERY)
+            except subprocess.TimeoutExpired:
+                say(f"still {doing} ({_elapsed(time.monotonic() - started)} so far)")
+    except BaseException:  # Ctrl+C: the package manager goes too
+        process.terminate()
+        process.wait()
+        raise
+
+
+def _elapsed(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
 def main(argv: list[str] | None = None) -> int:

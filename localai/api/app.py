@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -37,10 +40,21 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.state.settings = settings
     install_error_handlers(app)
 
+    started_at = time.time()
+    host, _ = settings.bind
+    loopback = is_loopback_host(host)
+
     @app.get("/health")
-    async def health() -> JSONResponse:
-        return JSONResponse({"status": "ok", "version": __version__,
-                             "loaded_models": list(runtime.scheduler.loaded)})
+    async def health(request: Request) -> JSONResponse:
+        body: dict[str, Any] = {"status": "ok", "version": __version__,
+                                "loaded_models": list(runtime.scheduler.loaded)}
+        server = request.scope.get("server")
+        over_socket = server is None or server[1] is None  # the Unix socket has no port
+        # Who this daemon is, for `localai status`/`stop` and for a second `serve` on its port: told to this
+        # machine only (loopback, or the socket), never to a network the daemon was opened to.
+        if loopback or over_socket:
+            body.update(pid=os.getpid(), home=str(paths.home()), url=settings.base_url, started_at=started_at)
+        return JSONResponse(body)
 
     @app.get("/")
     async def root() -> PlainTextResponse:
@@ -67,7 +81,6 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         )
     app.add_middleware(BodyGuardMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(JsonBodyMiddleware)
-    host, _ = settings.bind
-    app.add_middleware(GuardMiddleware, loopback_only=is_loopback_host(host), api_key=settings.api_key,
+    app.add_middleware(GuardMiddleware, loopback_only=loopback, api_key=settings.api_key,
                        origins=settings.origins)
     return app

@@ -6,6 +6,7 @@ off the event loop that streams everyone's tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -14,6 +15,7 @@ from pydantic import BaseModel, Field
 
 from localai.errors import InvalidRequest
 from localai.promptcache import admin, divergences, pins
+from localai.runtime.runtime import Runtime
 from localai.settings import Settings, parse_duration
 
 router = APIRouter()
@@ -38,10 +40,32 @@ def seconds(value: str | float, field: str) -> float:
 
 
 @router.get("/api/cache")
-def list_cache() -> dict[str, Any]:
+def list_cache(request: Request) -> dict[str, Any]:
     totals, entries = admin.overview()
-    return {"stats": totals, "entries": [asdict(e) for e in entries],
+    namer = model_namer(request.app.state.runtime)
+    return {"stats": totals, "entries": [{**asdict(e), **namer(e.fingerprint, e.session)} for e in entries],
             "divergences": [asdict(d) for d in divergences.read()[-50:]]}
+
+
+def model_namer(runtime: Runtime) -> Callable[[str, str | None], dict[str, Any]]:
+    """Names an entry's model: ``models``, every model that used its cache folder (workers' folders now, and those
+    recorded before); ``model``, the one its session asked for, else the folder's only model (None when models
+    that share a worker share the folder and the session is not known)."""
+    used: dict[str, set[str]] = {}
+    for fingerprint, names in runtime.registry.for_this_thread().cache_models().items():
+        used.setdefault(fingerprint, set()).update(names)
+    for shared in list(runtime.scheduler.workers.values()):
+        if shared.fingerprint is not None:
+            used.setdefault(shared.fingerprint, set()).update(list(shared.models))
+    sessions = dict(runtime.session_models)
+
+    def name(fingerprint: str, session: str | None) -> dict[str, Any]:
+        models = sorted(used.get(fingerprint, ()))
+        asked = sessions.get(session) if session else None
+        model = asked if asked in models else (models[0] if len(models) == 1 else None)
+        return {"model": model, "models": models}
+
+    return name
 
 
 @router.post("/api/cache/pin")

@@ -450,6 +450,8 @@ async def ps(request: Request) -> dict[str, Any]:
             "processor": placed.get("processor", "100% CPU"),
             "placement": placed,  # localai extension: layers on the GPU, the devices, and why
             "pid": loaded.worker.pid, "keep_alive": loaded.keep_alive,
+            # localai extension: the models served by the same worker (one copy of the weights, one prompt cache)
+            "shared_with": loaded.sharing_with(),
             "engine": loaded.worker.backend, "queued": runtime_of(request).scheduler.queued.get(loaded.name, 0),
         })
     for name, pool in runtime_of(request).remotes.pools.items():  # remote models in use: no process here

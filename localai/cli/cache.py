@@ -82,7 +82,7 @@ def stats() -> None:
 @cache.command()
 @click.option("--session", default=None, help="Pin every entry of this session id.")
 @click.option("--entry", default=None, help="Pin one entry (a prefix), by id or id prefix from `cache ls`.")
-@click.option("--ttl", default="1h", show_default=True, help="How long the pin holds (30m, 2h, seconds).")
+@click.option("--ttl", default="1h", show_default=True, help="How long the pin holds (30m, 2h, 7d, or seconds).")
 @fail_cleanly
 def pin(session: str | None, entry: str | None, ttl: str) -> None:
     """Keep a session's entries, or one prefix, out of eviction for a while."""
@@ -100,11 +100,11 @@ def pin(session: str | None, entry: str | None, ttl: str) -> None:
 
 
 @cache.command()
-@click.option("--session", default=None)
-@click.option("--entry", default=None)
+@click.option("--session", default=None, help="Unpin this session id (as pinned with `cache pin --session`).")
+@click.option("--entry", default=None, help="Unpin one entry, by id or id prefix from `cache ls`.")
 @fail_cleanly
 def unpin(session: str | None, entry: str | None) -> None:
-    """Remove a pin."""
+    """Remove a pin (the entries stay, and can be evicted again)."""
     from localai.promptcache import pins
 
     removed = pins.remove_pin(session=session, entry=_full_id(entry))
@@ -120,11 +120,16 @@ def rm(entry: str | None, session: str | None) -> None:
     from localai.promptcache import admin
 
     count = admin.remove_entries(entry=_full_id(entry), session=session)
+    if not count:
+        from localai.errors import NotFound
+
+        what = f"session '{session}'" if session and not entry else f"id '{entry}'"
+        raise NotFound(f"no cache entry has the {what}; `localai cache ls` lists them")
     click.echo(f"removed {count} entr{'y' if count == 1 else 'ies'}")
 
 
 @cache.command()
-@click.option("--older-than", default=None, help="Also remove unpinned entries unused for this long (e.g. 7d=168h).")
+@click.option("--older-than", default=None, help="Also remove unpinned entries unused for this long (30m, 12h, 7d).")
 @click.option("--max-bytes", type=int, default=None, help="Evict down to this size (default: LOCALAI_CACHE_MAX_BYTES).")
 @fail_cleanly
 def prune(older_than: str | None, max_bytes: int | None) -> None:

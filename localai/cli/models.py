@@ -36,16 +36,28 @@ def ago(stamp: str | None) -> str:
     return "just now" if seconds >= 0 else "in a moment"
 
 
-def _table(headers: list[str], rows: list[list[str]]) -> None:
+def _table(headers: list[str], rows: list[list[str]], *, shrink: tuple[str, ...] = ()) -> None:
+    """A table as wide as the terminal (200 columns into a pipe, so nothing is cut for grep); the ``shrink``
+    columns give way, cut with an ellipsis, when the others need the room."""
+    import shutil
+    import sys
+
     from rich.console import Console
     from rich.table import Table
 
+    width = shutil.get_terminal_size((200, 24)).columns if sys.stdout.isatty() else 200
+    widest = [max([len(header), *(len(row[i]) for row in rows)]) for i, header in enumerate(headers)]
+    room = width - sum(w for w, h in zip(widest, headers, strict=True) if h not in shrink) - 2 * (len(headers) - 1)
+    wanted = sum(w for w, h in zip(widest, headers, strict=True) if h in shrink)
+    if shrink and wanted > room:  # each shrinking column gets its share of the room, at least 8 characters
+        widest = [w if h not in shrink else max(8, room * w // wanted) for w, h in zip(widest, headers, strict=True)]
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for header in headers:
-        table.add_column(header, no_wrap=True)
+    for header, column_width in zip(headers, widest, strict=True):
+        table.add_column(header, no_wrap=True, overflow="ellipsis", width=column_width if header in shrink else None)
     for row in rows:
         table.add_row(*row)
-    Console(width=200).print(table)
+    # a height too: rich ignores a width alone on dumb terminals (TERM=dumb: Emacs' shell) and prints 80 wide
+    Console(width=max(width, sum(widest) + 2 * len(headers)), height=24).print(table)
 
 
 @cli.command("list")
@@ -67,17 +79,12 @@ def list_models(show_library: bool) -> None:
 
 def _list_library() -> None:
     from localai.models import library
-    from localai.models.modelfile import parse_file
 
     client = _client(start=False)
     installed = {m["name"] for m in client.request("GET", "/api/tags")["models"]} if client.is_running() else set()
-    rows = []
-    for entry in library.entries():
-        modelfile = parse_file(entry.path)
-        description = entry.description if len(entry.description) <= 72 else entry.description[:71] + "…"
-        rows.append([entry.name, modelfile.from_, str(modelfile.parameters.get("num_ctx", "")),
-                     "yes" if entry.name in installed else "", description])
-    _table(["NAME", "FROM", "CONTEXT", "INSTALLED", "DESCRIPTION"], rows)
+    _table(["NAME", "CONTEXT", "INSTALLED", "FROM", "DESCRIPTION"],
+           [[row.name, row.context, "yes" if row.name in installed else "", row.source.removeprefix("hf.co/"),
+             row.description] for row in library.rows()], shrink=("FROM", "DESCRIPTION"))
 
 
 def _broken_modelfiles(client: Any) -> list[dict[str, Any]]:
@@ -97,12 +104,15 @@ def ps() -> None:
     running = client.is_running()
     models = client.request("GET", "/api/ps")["models"] if running else []
     _table(
-        ["NAME", "ENGINE", "SIZE", "PROCESSOR", "PID", "CONTEXT", "ACTIVE", "QUEUED", "UNTIL"],
+        ["NAME", "ENGINE", "SIZE", "PROCESSOR", "WORKER", "CONTEXT", "ACTIVE", "QUEUED", "UNTIL"],
         [[m["name"], m.get("engine", ""), human_size(m["size"]) if m.get("size") else "-", m.get("processor", ""),
-          str(m["pid"] or "-"), str(m["context_length"] or "-"), str(m["active_requests"]), str(m.get("queued", 0)),
+          _worker(m), str(m["context_length"] or "-"), str(m["active_requests"]), str(m.get("queued", 0)),
           _until(m)]
          for m in models],
     )
+    shared = [m for m in models if m.get("shared_with")]
+    if shared:
+        click.echo("\nModels on one worker share its memory (one copy of the weights) and its prompt cache.")
     broken = _broken_modelfiles(client) if running else []
     if broken:
         click.echo("\nBroken Modelfiles (a model created from one earlier keeps that version):")
@@ -131,8 +141,10 @@ def info(model: str | None, as_json: bool) -> None:
         click.echo(f"llama.cpp      llama-cpp-python {llama['llama_cpp_python']}, backends: "
                    f"{', '.join(llama['backends'])}{'' if llama['gpu_offload'] else ' (no GPU offload)'}")
         for device in llama["devices"]:
-            click.echo(f"  {device['name']:<12} {device['type']:<5} {device['description']}: "
-                       f"{device['free'] / 2**30:.1f} of {device['total'] / 2**30:.1f} GiB free")
+            # llama.cpp reports a CPU device's free memory as its total: what a model gets there is "RAM free"
+            memory = ("the system's RAM (see RAM free)" if device["type"] == "cpu" else
+                      f"{device['free'] / 2**30:.1f} of {device['total'] / 2**30:.1f} GiB free")
+            click.echo(f"  {device['name']:<12} {device['type']:<5} {device['description']}: {memory}")
     mlx = report["mlx"]
     click.echo(f"MLX            {'installed' if mlx['installed'] else 'not installed'}"
                f"{', preferred (Apple Silicon)' if mlx['preferred'] else ''}")
@@ -150,6 +162,25 @@ def info(model: str | None, as_json: bool) -> None:
                            f"{placement['total_bytes'] / 2**30:.2f} GiB; {placement['reason']}")
 
 
+def _worker(model: dict[str, Any]) -> str:
+    """The worker process serving a model: its pid, and the other models it serves."""
+    if not model.get("pid"):
+        return "-"
+    others = model.get("shared_with") or []
+    return f"pid {model['pid']}" + (f", shared with {', '.join(others)}" if others else "")
+
+
+def on_the_gpu(placement: dict[str, Any]) -> str:
+    """Where a loaded model's layers are, said of the GPU (the layers counted are those offloaded to it)."""
+    total = placement["layers_total"]
+    if not placement["layers"]:
+        return f"none of its {total} layers on a GPU"
+    devices = ", ".join(f"{d['name']} ({d['description']})" for d in placement["devices"]) or "the GPU"
+    return (f"{placement['layers']}/{total} layers on {devices}, {placement['device_bytes'] / 2**30:.2f} GiB there; "
+            "the rest on the CPU" if placement["layers"] < total else
+            f"all {total} layers on {devices}, {placement['device_bytes'] / 2**30:.2f} GiB there")
+
+
 def _until(model: dict[str, Any]) -> str:
     if "replicas" in model:  # a remote model: nothing to unload, its replicas' health instead
         up = sum(1 for replica in model["replicas"] if replica["healthy"])
@@ -160,10 +191,13 @@ def _until(model: dict[str, Any]) -> str:
 
 
 @cli.command()
-@click.argument("model")
+@click.argument("model", required=False)
 @fail_cleanly
-def stop(model: str) -> None:
-    """Unload a model now."""
+def stop(model: str | None) -> None:
+    """Unload a model now (`localai daemon stop` stops the daemon)."""
+    if not model:  # what `ollama stop` users type, and what someone looking for the daemon's stop types
+        raise click.UsageError("name the model to unload (`localai ps` lists them); to stop the daemon itself: "
+                               "localai daemon stop")
     client = _client(start=False)
     if not client.is_running():
         return
@@ -216,9 +250,7 @@ def show(model: str, part: str | None) -> None:
             click.echo(f"    {'note':<16}{memory['advice']}")
     placement = info.get("placement")
     if placement:
-        devices = ", ".join(f"{d['name']} ({d['description']})" for d in placement["devices"]) or "CPU"
-        click.echo(f"    {'processor':<16}{placement['processor']}: {placement['layers']}/"
-                   f"{placement['layers_total']} layers on {devices}, {placement['device_bytes'] / 2**30:.2f} GiB")
+        click.echo(f"    {'processor':<16}{placement['processor']}: {on_the_gpu(placement)}")
     remote = info.get("remote")
     if remote:
         click.echo("\n  Remote")

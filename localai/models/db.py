@@ -52,6 +52,15 @@ def m003_responses(db: sqlite_utils.Database) -> None:
     )
 
 
+@migration
+def m004_cache_models(db: sqlite_utils.Database) -> None:
+    """Which models used each prompt-cache folder (its fingerprint), so the cache's entries can be named by model
+    after their workers are gone."""
+    db["cache_models"].create(  # type: ignore[union-attr]
+        {"fingerprint": str, "model": str, "used_at": str}, pk=("fingerprint", "model")
+    )
+
+
 def open_database(path: Path) -> sqlite_utils.Database:
     """Open (creating if needed) the database and bring it to the newest schema."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from localai import paths
 from localai.errors import InvalidRequest, ModelNotFound
+from localai.models.modelfile import parse_file
 
 SUFFIX = ".Modelfile"
+TRAINED = re.compile(r"Trained context:\s*(\d+)")
 # ``family:TAG-mlx`` is the MLX source of ``family:TAG`` (an mlx-community build of the same model): a pull of
 # ``family:TAG`` takes it where the preferred engine is MLX (Apple Silicon, or LOCALAI_ENGINE=mlx).
 MLX_TAG_SUFFIX = "-mlx"
@@ -126,3 +128,53 @@ def source_for(entry: LibraryEntry, engine: str | None, root: Path | None = None
 def is_library_name(name: str) -> bool:
     """Library names have no ``/`` (hub names are ``OWNER/REPO``)."""
     return "/" not in name
+
+
+def how_to_get(name: str) -> str:
+    """How to get a model that is not installed: the pull command when ``localai pull`` knows the name (a library
+    name, or a Hugging Face ``OWNER/REPO``), else where to look."""
+    if not is_library_name(name):
+        return f"run: localai pull {name}"
+    try:
+        entry = resolve(name)
+    except InvalidRequest as exc:  # a family with several sizes: the message names them
+        return exc.message
+    except ModelNotFound as exc:
+        if any(entry.family == name.partition(":")[0].lower() for entry in entries()):
+            return exc.message  # a size the family does not come in: the message names those it does
+        return ("it is not in the library either: `localai list` shows the installed models, `localai list "
+                "--library` those `localai pull NAME` fetches, and `localai create NAME -f Modelfile` makes one")
+    return f"run: localai pull {entry.name}"
+
+
+def trained_context(path: Path) -> str:
+    """The trained context a library Modelfile's comment states (its MLX source's: the GGUF sibling's), else ""."""
+    found = TRAINED.search(path.read_text())
+    if found is None and path.stem.endswith(MLX_TAG_SUFFIX):
+        sibling = path.with_name(path.stem.removesuffix(MLX_TAG_SUFFIX) + path.suffix)
+        found = TRAINED.search(sibling.read_text()) if sibling.exists() else None
+    return found.group(1) if found else ""
+
+
+@dataclass(frozen=True)
+class LibraryRow:
+    """What ``localai list --library`` and the TUI's Models screen show of a library model."""
+
+    name: str
+    source: str  # its FROM
+    context: str  # its num_ctx, else the trained context its comment states ("" when neither)
+    description: str
+
+
+def rows(root: Path | None = None) -> list[LibraryRow]:
+    """The library's models, read from the Modelfiles shipped with localai (the window a model loads with depends
+    on the machine: ``localai show`` says it once installed). A broken library file is skipped."""
+    found = []
+    for entry in entries(root):
+        try:
+            modelfile = parse_file(entry.path)
+        except Exception:  # a broken library file is a packaging bug; the rest of the library still lists
+            continue
+        context = str(modelfile.parameters.get("num_ctx") or trained_context(entry.path))
+        found.append(LibraryRow(entry.name, modelfile.from_, context, entry.description))
+    return found

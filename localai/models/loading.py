@@ -18,6 +18,7 @@ from typing import Any
 from localai import paths
 from localai.errors import EngineUnavailable
 from localai.models.gguf_meta import AttentionShape, GGUFMetadata, read_metadata
+from localai.models.modelfile import LOAD_PARAMETERS
 from localai.models.registry import ModelRecord
 from localai.settings import Settings, default_cache_ram_bytes
 
@@ -158,7 +159,9 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "flash_attention": settings.flash_attention,
         "cpu_repack": settings.cpu_repack,
         "model_sha256": record.sha256,
-        "template": record.template,
+        # No chat template: the worker only hashed it into its cache's fingerprint, and models that share a worker
+        # (``load_key``) may each have their own; prompts are rendered in the daemon, and cached blocks are keyed
+        # by their tokens, so the weights' own template is the one the fingerprint names.
         "cache_dir": str(paths.cache_dir()),
         "cache_max_bytes": settings.cache_max_bytes,
         "cache_ram_bytes": settings.cache_ram_bytes if settings.cache_ram_bytes is not None
@@ -170,6 +173,20 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "kv_bytes": chosen.kv_bytes,
         "gpu_overhead": settings.gpu_overhead,
     }
+
+
+def load_key(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | None = None) -> tuple[Any, ...]:
+    """What decides how a model is loaded; models with the same key share one worker (and its prompt cache).
+
+    The engine, the weights, the adapters and the load parameters as asked (``num_ctx``, ``num_gpu``, ...), from the
+    Modelfile and the request. A model FROM another with only its own SYSTEM, TEMPLATE, MESSAGEs or sampling (an
+    agent persona) has its base's key. The window is in it as asked, not as fitted: a window fitted to the free
+    memory would come out smaller once the first model's worker holds its share, and split them.
+    """
+    params: dict[str, Any] = {**record.parameters, **(overrides or {})}
+    asked = tuple((name, params[name]) for name in sorted(LOAD_PARAMETERS) if params.get(name) is not None)
+    return (engine_for(record, settings.engine), record.format, record.path, record.sha256,
+            tuple(record.adapters), asked)
 
 
 RUNS = {"llama.cpp": ("gguf",), "mlx": ("mlx",), "scripted": ("gguf", "mlx")}  # which weights each engine loads

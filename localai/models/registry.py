@@ -19,7 +19,7 @@ import sqlite_utils
 
 from localai import paths
 from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
-from localai.models import hub, weights
+from localai.models import hub, library, weights
 from localai.models.db import now, open_database
 from localai.models.gguf_meta import read_metadata
 from localai.models.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file
@@ -158,13 +158,25 @@ class Registry:
             row = self._row(row["alias_of"])
         if row is None:
             raise ModelNotFound(
-                f"model '{name}' is not installed; run: localai pull {name}  (installed: "
+                f"model '{name}' is not installed; {library.how_to_get(name)}  (installed: "
                 f"{', '.join(self.names()) or 'none'})",
                 param="model",
             )
         record = self._record(row)
         record.name = row["name"]
         return record
+
+    def remember_cache_model(self, fingerprint: str, model: str) -> None:
+        """Note that ``model`` ran on the prompt-cache folder ``fingerprint`` (a worker's, while it serves it)."""
+        self.db["cache_models"].upsert(  # type: ignore[union-attr]
+            {"fingerprint": fingerprint, "model": model, "used_at": now()}, pk=("fingerprint", "model"))
+
+    def cache_models(self) -> dict[str, list[str]]:
+        """The models each prompt-cache folder was used by, by fingerprint (names of models since removed too)."""
+        found: dict[str, list[str]] = {}
+        for row in self.db["cache_models"].rows_where(order_by="model"):
+            found.setdefault(row["fingerprint"], []).append(row["model"])
+        return found
 
     def exists(self, name: str) -> bool:
         return self._row(normalize(name)) is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -46,6 +47,7 @@ from localai.workers.scheduler import LoadedModel, Scheduler
 log = logging.getLogger("localai.runtime")
 SAMPLING_KEYS = frozenset(Sampling.__annotations__)
 MAX_FIT_ATTEMPTS = 12
+SESSIONS_REMEMBERED = 4096  # sessions whose model /api/cache can name
 NEXT_TURN = "\u2063localai-next-turn\u2063"  # the next message, when rendering a reply as the next turn will
 FollowUp = Callable[[str, list[ToolCallEnd], str], None]
 
@@ -140,6 +142,10 @@ class Runtime:
         self._background: set[asyncio.Task[None]] = set()  # follow-up prefills in flight
         self._reports: set[asyncio.Task[None]] = set()  # divergence reports being written
         self.divergences = divergence.Tracker()
+        # Which model each recent session asked for, and which models each cache folder served: the cache's entries
+        # carry a fingerprint and a session, and /api/cache names their model from these.
+        self.session_models: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._cache_models_noted: set[tuple[str, str]] = set()
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
@@ -330,7 +336,22 @@ class Runtime:
         loaded = await stack.enter_async_context(
             self.scheduler.lease(record, keep_alive=request.keep_alive, overrides=_load_overrides(request))
         )
+        await self._note_cache_use(record.name, loaded.shared.fingerprint, request.session_id)
         return LocalTarget(self, record, loaded)
+
+    async def _note_cache_use(self, model: str, fingerprint: str | None, session: str | None) -> None:
+        if session:
+            self.session_models[session] = model
+            self.session_models.move_to_end(session)
+            while len(self.session_models) > SESSIONS_REMEMBERED:
+                self.session_models.popitem(last=False)
+        if fingerprint is None or (fingerprint, model) in self._cache_models_noted:
+            return
+        self._cache_models_noted.add((fingerprint, model))
+        try:
+            await self.registry.off_loop(lambda registry: registry.remember_cache_model(fingerprint, model))
+        except Exception:  # a name for the cache screen is not worth failing a request over
+            log.warning("could not record that %s uses cache folder %s", model, fingerprint, exc_info=True)
 
     async def _remote_target(self, record: ModelRecord) -> RemoteTarget:
         """A remote model's pool, once a replica has said what it serves (raises when none can)."""
@@ -408,8 +429,8 @@ class Runtime:
             if message.role not in ("system", "developer"):
                 break
             leading.append(message)
-        if not leading and not request.tools:
-            return None
+        if not leading and not request.tools and not record.system:
+            return None  # nothing before the conversation (a Modelfile's SYSTEM is: personas share its blocks)
         template = self.template(record, loaded)
         style = self.tool_format(record, loaded)
         # The segment runs up to where a first user message's content starts: its header is shared too (a model whose

@@ -181,3 +181,36 @@ def test_a_daemon_that_cannot_start(tmp_path: Path, agents_dir: Path) -> None:
 def test_model_limits(parameters: str, trained: int, expected: tuple[int, int]) -> None:
     show = {"parameters": parameters, "model_info": {"general.architecture": "llama", "llama.context_length": trained}}
     assert model_limits(show, 32768) == expected
+
+
+FAKE_NPM = """#!/bin/sh
+# npm install --prefix DIR ...: a slow download, then the agent's program in DIR/node_modules/.bin
+sleep 1.5
+prefix=$3
+mkdir -p "$prefix/node_modules/.bin"
+printf '#!/bin/sh\\necho 0.24.4\\n' > "$prefix/node_modules/.bin/{binary}"
+chmod +x "$prefix/node_modules/.bin/{binary}"
+"""
+
+
+def test_an_install_says_what_it_does_how_long_it_usually_takes_and_that_it_is_still_going(
+        tmp_path: Path, agents_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from localai.agents import get
+    from localai.agents import install as installing
+
+    integration = get("qwen")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "npm").write_text(FAKE_NPM.format(binary=integration.binary))
+    (bin_dir / "npm").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.setenv("LOCALAI_AGENTS_DIR", str(agents_dir))
+    monkeypatch.setattr(installing, "STILL_EVERY", 0.4)  # the pace of the "still" lines, not a timing assertion
+    installing.install(integration)
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == (f"localai: installing Qwen Code ({integration.package.spec}) into {agents_dir}; npm downloads "
+                       "it and its dependencies: usually 30 s to 2 minutes (the big agents are 100-300 MB)")
+    assert said[1].startswith(f"localai: npm install --prefix {agents_dir}")
+    assert any(line.startswith("localai: still installing Qwen Code (") for line in said[2:-1])
+    assert said[-1].startswith("localai: installed Qwen Code in ")
+    assert integration.find() is not None

@@ -94,7 +94,7 @@ def test_models(sdk: openai.OpenAI) -> None:
     assert sdk.models.retrieve("smollm2").id == "smollm2"
     with pytest.raises(openai.NotFoundError) as error:
         sdk.models.retrieve("nope")
-    assert "localai pull nope" in str(error.value)
+    assert "not in the library either" in str(error.value) and "localai pull nope" not in str(error.value)
 
 
 def test_unknown_model_is_404_naming_the_fix(sdk: openai.OpenAI) -> None:
@@ -102,7 +102,7 @@ def test_unknown_model_is_404_naming_the_fix(sdk: openai.OpenAI) -> None:
         sdk.chat.completions.create(model="qwen9:100b", messages=PROMPT)  # type: ignore[arg-type]
     body = error.value.body
     assert isinstance(body, dict) and body["code"] == "model_not_found"
-    assert "localai pull qwen9:100b" in body["message"]
+    assert "'qwen9:100b' is not installed" in body["message"] and "localai list --library" in body["message"]
 
 
 def test_prompt_over_the_context_is_400_with_both_numbers(sdk: openai.OpenAI, daemon: Daemon) -> None:

@@ -49,8 +49,13 @@ class FakeDaemon:
         "name": "smollm2:135m", "model": "smollm2:135m", "size": 98_362_432, "digest": SMOLLM2_DIGEST,
         "details": {"format": "gguf"}, "expires_at": (NOW + dt.timedelta(minutes=4, seconds=10)).isoformat(),
         "size_vram": 51_380_224, "context_length": 8192, "active_requests": 1, "processor": "48%/52% CPU/GPU",
-        "pid": 4242,
+        "pid": 4242, "shared_with": ["pirate:latest"],
         "keep_alive": 300.0,
+    }, {  # a persona FROM smollm2 (its own SYSTEM): the same worker
+        "name": "pirate:latest", "model": "pirate:latest", "size": 98_362_432, "digest": SMOLLM2_DIGEST,
+        "details": {"format": "gguf"}, "expires_at": (NOW + dt.timedelta(minutes=2)).isoformat(),
+        "size_vram": 51_380_224, "context_length": 8192, "active_requests": 0, "processor": "48%/52% CPU/GPU",
+        "pid": 4242, "shared_with": ["smollm2:135m"], "keep_alive": 300.0,
     }])
     entries: list[dict[str, Any]] = field(default_factory=lambda: [
         {"id": "a1b2c3d4e5f60718293a4b5c", "fingerprint": FINGERPRINT, "tokens": 1187, "bytes": 27_410_000,

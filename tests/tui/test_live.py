@@ -135,7 +135,7 @@ async def test_running_shows_the_loaded_model_and_unloads_it(live: Daemon,
         await until(pilot, lambda: table.row_count == 1, "the loaded model")
         row = table.get_row_at(0)
         assert row[0] == "smollm2:135m" and row[1] == "llama.cpp"
-        assert row[2] == str(loaded(live)[0]["pid"]) and row[3] == "4096" and row[8] == "forever"
+        assert row[2] == f"pid {loaded(live)[0]['pid']}" and row[3] == "4096" and row[8] == "forever"
         assert (row[6], row[7]) == ("100% CPU", "-")  # the CPU build: nothing on a GPU
         await pilot.press("u")
         await pilot.pause()

@@ -98,3 +98,51 @@ def test_cache(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDa
 
 def test_agents(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
     assert snap_compare(build(fake.client()), terminal_size=SIZE, press=["f6"], run_before=settle)
+
+
+def test_pull_dialog(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    """The pull question whole (wrapped), an example placeholder, and what Enter on an empty line says."""
+    async def ask(pilot: Pilot[Any]) -> None:
+        await pilot.press("f3")
+        await settle(pilot)
+        await pilot.press("p", "enter")
+        await settle(pilot)
+
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=ask)
+
+
+def test_failed_pull(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    fake.pull_error = "hf.co/nobody/nothing-GGUF: repository not found on the hub"
+
+    async def failed(pilot: Pilot[Any]) -> None:
+        await pilot.press("f3")
+        await settle(pilot)
+        pilot.app.screen.start_pull("hf.co/nobody/nothing-GGUF")  # type: ignore[attr-defined]
+        await settle(pilot)
+        pilot.app.clear_notifications()
+
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=failed)
+
+
+@pytest.mark.parametrize("size", [(160, 45), (80, 24)])
+def test_settings_sizes(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon,
+                        size: tuple[int, int]) -> None:
+    conversation()
+
+    async def open_settings(pilot: Pilot[Any]) -> None:
+        await pilot.press("f2")
+        screen = pilot.app.screen
+        assert isinstance(screen, ChatScreen)
+        screen.resume(SESSION)
+        await pilot.press("ctrl+t")
+        await settle(pilot)
+
+    assert snap_compare(build(fake.client()), terminal_size=size, run_before=open_settings)
+
+
+def test_cache_named_by_the_daemon(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    """Entries of sessions the TUI did not make, under the model the daemon names (not a fingerprint)."""
+    for entry, models in zip(fake.entries, (["smollm2:135m"], ["pirate:latest", "smollm2:135m"]), strict=True):
+        entry.update(session=entry["session"] and "agent-session-1", model=models[0] if len(models) == 1 else None,
+                     models=models)
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, press=["f5"], run_before=settle)

@@ -33,14 +33,18 @@ def model_namer(installed: list[InstalledModel], preferred: Iterable[str]) -> Ca
     """Names the same model one way: ``smollm2`` and its alias ``smollm2:latest`` become ``smollm2:135m``
     when that is the name the daemon's metrics use (aliases share the model's digest)."""
     by_name = {model.name: model.digest for model in installed}
+    ordered = list(preferred)
+    preferred_names = set(ordered)
     by_digest: dict[str, str] = {}
-    for name in preferred:
+    for name in ordered:
         if by_name.get(name):
             by_digest.setdefault(by_name[name], name)
 
     def name_of(model: str) -> str:
         last = model.rsplit("/", 1)[-1]
         full = model if ":" in last else f"{model}:latest"
+        if full in preferred_names:  # a model of its own (a persona shares its base's digest): its own name
+            return full
         digest = by_name.get(full)
         return by_digest.get(digest, full) if digest else model
 
@@ -49,17 +53,21 @@ def model_namer(installed: list[InstalledModel], preferred: Iterable[str]) -> Ca
 
 def per_model(entries: list[CacheEntry], session_models: dict[str, str],
               metrics: DaemonMetrics) -> list[ModelCacheRow]:
-    """Group entries by model. The daemon's entries carry a fingerprint, not a model name (unless it sends
-    ``model``); a fingerprint is named after the model of a conversation that used it, else shown as is.
-    ``session_models`` and entries' models must already be named as the metrics name them."""
-    names: dict[str, str] = {}
+    """Group entries by model: the one the daemon names (its session's, or its cache folder's only model), else
+    the model of the conversation that made it, else the models that share its folder (models served by one
+    worker share its cache), else its fingerprint. ``session_models`` and entries' models must already be named
+    as the metrics name them."""
+    def named(entry: CacheEntry) -> str | None:
+        return entry.model or (session_models.get(entry.session) if entry.session else None)
+
+    folder: dict[str, str] = {}  # a folder no daemon names, named after a conversation that used it
     for entry in entries:
-        model = entry.model or (session_models.get(entry.session) if entry.session else None)
-        if model:
-            names.setdefault(entry.fingerprint, model)
+        if not entry.models and (model := named(entry)):
+            folder.setdefault(entry.fingerprint, model)
     rows: dict[str, ModelCacheRow] = {}
     for entry in entries:
-        label = names.get(entry.fingerprint) or f"fingerprint {entry.fingerprint[:10]}"
+        label = (named(entry) or " + ".join(entry.models) or folder.get(entry.fingerprint)
+                 or f"fingerprint {entry.fingerprint[:10]}")
         row = rows.setdefault(label, ModelCacheRow(label))
         row.entries += 1
         row.bytes += entry.bytes
@@ -116,7 +124,10 @@ class CacheScreen(LocalAIScreen):
         name_of = model_namer(await self.api.models(with_details=False), metrics.models)
         conversations = {s.id: s for s in self.tui.store.summaries()}
         session_models = {key: name_of(summary.model) for key, summary in conversations.items() if summary.model}
-        entries = [replace(entry, model=name_of(entry.model)) if entry.model else entry for entry in entries]
+        # the daemon names entries by their models' own names, as its metrics do: only conversations' names (an alias
+        # the user picked, `smollm2`) go through name_of; two models with one digest (personas) stay two
+        entries = [replace(entry, model=name_of(entry.model)) if entry.model and not entry.models else entry
+                   for entry in entries]
         self.entries = {entry.id: entry for entry in entries}
 
         models = self.query_one("#cache-models", DataTable)
@@ -164,7 +175,7 @@ class CacheScreen(LocalAIScreen):
                 self.pin(entry, ttl)
 
         what = f"session {entry.session[:8]}" if entry.session else f"entry {entry.id[:12]}"
-        self.app.push_screen(AskScreen(f"Pin {what} for how long? (30m, 2h, 7d=168h)", value="1h"), answered)
+        self.app.push_screen(AskScreen(f"Pin {what} for how long? (30m, 2h, 7d)", value="1h"), answered)
 
     @work(group="pin", exit_on_error=False)
     async def pin(self, entry: CacheEntry, ttl: str) -> None:

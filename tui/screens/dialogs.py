@@ -14,24 +14,33 @@ from textual.widgets.option_list import Option
 
 
 class AskScreen(ModalScreen[str | None]):
-    """One line of text (a name, a TTL); Enter answers, Esc cancels (None)."""
+    """One line of text (a name, a TTL); Enter answers, Esc cancels (None). With ``required``, Enter on an empty
+    line says what to type and keeps the dialog open (a placeholder is an example, never an answer)."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel")]
+    HINT = "Enter to confirm · Esc to cancel"
 
-    def __init__(self, title: str, *, value: str = "", placeholder: str = "") -> None:
+    def __init__(self, title: str, *, value: str = "", placeholder: str = "", required: str = "") -> None:
         super().__init__(classes="dialog")
         self.question = title
         self.value = value
         self.placeholder = placeholder
+        self.required = required  # what to say when Enter comes on an empty line ("" lets it answer None)
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog-box"):
             yield Label(self.question, classes="dialog-title")
             yield Input(value=self.value, placeholder=self.placeholder, id="answer")
-            yield Label("Enter to confirm · Esc to cancel", classes="dialog-hint")
+            yield Label(self.HINT, classes="dialog-hint", id="hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(event.value.strip() or None)
+        answer = event.value.strip()
+        if not answer and self.required:
+            hint = self.query_one("#hint", Label)
+            hint.update(f"{self.required} · Esc to cancel")
+            hint.add_class("dialog-error")
+            return
+        self.dismiss(answer or None)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
-from pathlib import Path
 from typing import Any, ClassVar
 
 from textual import work
@@ -20,33 +18,14 @@ from ..widgets.pull import PullBar
 from .base import LocalAIScreen, selected_key
 from .dialogs import AskScreen, ConfirmScreen, TextScreen
 
-TRAINED = re.compile(r"Trained context:\s*(\d+)")
-
-
-def trained_context(path: Path) -> str:
-    """The trained context a library Modelfile's comment states (its MLX source's: the GGUF sibling's), else ""."""
-    found = TRAINED.search(path.read_text())
-    if found is None and path.stem.endswith("-mlx"):
-        sibling = path.with_name(path.stem.removesuffix("-mlx") + path.suffix)
-        found = TRAINED.search(sibling.read_text()) if sibling.exists() else None
-    return found.group(1) if found else ""
+PULL_QUESTION = "Pull which model? A library name (the Library table lists them), hf.co/OWNER/REPO:QUANT or OWNER/REPO"
 
 
 def library_rows() -> list[tuple[str, str, str, str]]:
-    """The library's models: name, FROM, trained context, description (read from the Modelfiles shipped with
-    localai; the window a model loads with depends on the machine: `localai show` says it once installed)."""
+    """The library's models: name, FROM, context (num_ctx or the trained context), description."""
     from localai.models import library
-    from localai.models.modelfile import parse_file
 
-    rows = []
-    for entry in library.entries():
-        try:
-            modelfile = parse_file(entry.path)
-        except Exception:  # a broken library file is a packaging bug; skip it rather than lose the screen
-            continue
-        context = str(modelfile.parameters.get("num_ctx") or trained_context(entry.path))
-        rows.append((entry.name, modelfile.from_, context, entry.description))
-    return rows
+    return [(row.name, row.source, row.context, row.description) for row in library.rows()]
 
 
 def details_text(name: str, show: dict[str, Any]) -> str:
@@ -148,8 +127,9 @@ class ModelsScreen(LocalAIScreen):
             if name:
                 self.start_pull(name)
 
-        self.app.push_screen(AskScreen("Pull which model? (a library name, hf.co/OWNER/REPO:QUANT or OWNER/REPO)",
-                                       value=suggestion or "", placeholder="qwen2.5-coder:1.5b"), answered)
+        self.app.push_screen(AskScreen(PULL_QUESTION, value=suggestion or "", placeholder="e.g. qwen2.5-coder:1.5b",
+                                       required="Type a model's name first (a library name, or hf.co/OWNER/REPO)"),
+                             answered)
 
     def start_pull(self, name: str) -> PullBar:
         bar = PullBar(PullProgress(name))

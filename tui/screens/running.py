@@ -30,7 +30,7 @@ class RunningScreen(LocalAIScreen):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).add_columns("NAME", "ENGINE", "PID", "CONTEXT", "ACTIVE", "QUEUED", "PROCESSOR",
+        self.query_one(DataTable).add_columns("NAME", "ENGINE", "WORKER", "CONTEXT", "ACTIVE", "QUEUED", "PROCESSOR",
                                               "ON GPU", "UNLOADS")
         self.loaded: list[LoadedModel] = []
         if self.tui.live_refresh:
@@ -56,16 +56,21 @@ class RunningScreen(LocalAIScreen):
         table.clear()
         now = self.tui.clock()
         for model in self.loaded:
-            table.add_row(model.name, model.engine, str(model.pid or ""), str(model.context_length or ""),
+            worker = f"pid {model.pid}" + (f" +{len(model.shared_with)}" if model.shared_with else "") \
+                if model.pid else ""
+            table.add_row(model.name, model.engine, worker, str(model.context_length or ""),
                           str(model.active), "" if model.queued is None else str(model.queued), model.processor,
                           human_size(model.size_vram) if model.size_vram else "-", model.until(now), key=model.name)
         if selected in {m.name for m in self.loaded}:
             table.move_cursor(row=table.get_row_index(selected))
         count = len(self.loaded)
+        shared = sorted({", ".join(sorted([m.name, *m.shared_with])) for m in self.loaded if m.shared_with})
+        sharing = "".join(f"\n{names} share one worker (one copy of the weights, one prompt cache)"
+                          for names in shared)
         self.query_one("#running-summary", Static).update(
             f"{count} model{'s' if count != 1 else ''} loaded · {metrics.queue_waiting} request"
             f"{'s' if metrics.queue_waiting != 1 else ''} waiting (all models) · u unloads the highlighted model"
-            if count else "No model is loaded: the first request to a model loads it.")
+            + sharing if count else "No model is loaded: the first request to a model loads it.")
 
     def action_unload(self) -> None:
         name = selected_key(self.query_one(DataTable))

@@ -67,6 +67,8 @@ class SettingsScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("ctrl+s", "save", "Save", priority=True), Binding("escape", "cancel", "Cancel"),
     ]
+    # Under 34 rows both text areas and the buttons do not fit at their full heights: the screen gets -short.
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
 
     def __init__(self, system: str, options: dict[str, Any]) -> None:
         super().__init__(classes="dialog")
@@ -78,7 +80,7 @@ class SettingsScreen(ModalScreen[tuple[str, dict[str, Any]] | None]):
             yield Label("System prompt", classes="dialog-title")
             yield TextArea(self.system, id="system", soft_wrap=True)
             yield Label("Parameters: one 'name value' per line, e.g. temperature 0.7 · num_ctx 4096",
-                        classes="dialog-title")
+                        classes="dialog-title", id="parameters-title")
             yield TextArea(format_parameters(self.options), id="parameters")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save (ctrl+s)", id="save", variant="primary")

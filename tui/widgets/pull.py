@@ -35,6 +35,9 @@ class PullBar(Horizontal):
     def finish(self, status: str, *, failed: bool = False) -> None:
         self.finished = True
         self.add_class("failed" if failed else "finished")
+        bar = self.query_one(ProgressBar)
         if self.progress.done and self.progress.total:
-            self.query_one(ProgressBar).update(total=self.progress.total, progress=self.progress.total)
+            bar.update(total=self.progress.total, progress=self.progress.total)
+        elif bar.total is None:  # nothing was measured: an indeterminate bar would keep animating after the end
+            bar.display = False
         self.query_one(".pull-status", Label).update(status)
