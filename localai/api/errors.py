@@ -33,12 +33,13 @@ def anthropic_error_type(status: int) -> str:
 
 def error_body(path: str, message: str, kind: str, status: int, *, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
-    """The error object in the dialect of ``path``: Ollama's ``{"error": str}``, Anthropic's or OpenAI's shape."""
+    """The error object in the dialect of ``path``: Ollama's ``{"error": str}``, Anthropic's or OpenAI's shape.
+    The two without a field for it name the bad field at the start of the message."""
+    if (is_ollama_path(path) or is_anthropic_path(path)) and param and param not in message:
+        message = f"{param}: {message}"
     if is_ollama_path(path):
         return {"error": message}
     if is_anthropic_path(path):
-        if param and param not in message:
-            message = f"{param}: {message}"
         return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 

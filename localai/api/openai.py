@@ -28,6 +28,7 @@ from localai.api.common import (
     sse,
     stream_response,
 )
+from localai.api.media import openai_part, tool_result
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import chosen_engine, context_size
@@ -37,6 +38,7 @@ from localai.schema import (
     Finished,
     GenerationRequest,
     KeepAlive,
+    MediaBlock,
     Message,
     ReasoningBlock,
     ReasoningDelta,
@@ -50,7 +52,6 @@ from localai.schema import (
     ToolCallEnd,
     ToolCallStart,
     ToolChoice,
-    ToolResultBlock,
     Usage,
     effort_of,
 )
@@ -59,25 +60,18 @@ from localai.settings import Settings
 router = APIRouter()
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
-
-
-def content_text(content: str | list[ContentPart] | None, param: str) -> str:
-    """The text of a message's content: a string or text parts (images and audio are not supported)."""
+def content_blocks(content: str | list[dict[str, Any]] | None, param: str) -> list[TextBlock | MediaBlock]:
+    """A message's content: a string, or parts (text, images, audio, files), in order."""
     if content is None:
-        return ""
+        return []
     if isinstance(content, str):
-        return content
-    texts = []
+        return [TextBlock(content)]
+    blocks = []
     for index, part in enumerate(content):
-        if part.type not in ("text", "input_text", "output_text"):
-            raise InvalidRequest(f"content part type '{part.type}' is not supported (text only)",
-                                 param=f"{param}.{index}.type")
-        texts.append(part.text or "")
-    return "".join(texts)
+        block = openai_part(part, f"{param}.{index}")
+        if block is not None:
+            blocks.append(block)
+    return blocks
 
 
 class FunctionCall(BaseModel):
@@ -96,7 +90,7 @@ class ToolCall(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -104,16 +98,16 @@ class ChatMessage(BaseModel):
 
     def to_message(self, index: int) -> Message:
         param = f"messages.{index}"
-        text = content_text(self.content, f"{param}.content")
+        content = content_blocks(self.content, f"{param}.content")
         if self.role == "tool":
             if not self.tool_call_id:
                 raise InvalidRequest("a tool message needs 'tool_call_id'", param=f"{param}.tool_call_id")
-            return Message("tool", [ToolResultBlock(self.tool_call_id, text, name=self.name)])
+            return Message("tool", [tool_result(self.tool_call_id, content, self.name)])
         blocks: list[Block] = []
         if self.reasoning_content:
             blocks.append(ReasoningBlock(self.reasoning_content))
-        if text or not self.tool_calls:
-            blocks.append(TextBlock(text))
+        if any(isinstance(block, MediaBlock) or block.text for block in content) or not self.tool_calls:
+            blocks.extend(content or [TextBlock("")])
         for call_index, call in enumerate(self.tool_calls or []):
             arguments = parse_arguments(call.function.arguments,
                                         f"{param}.tool_calls.{call_index}.function.arguments")

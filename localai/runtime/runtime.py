@@ -17,7 +17,7 @@ from localai.models.modelfile import LOAD_PARAMETERS
 from localai.models.registry import ModelRecord, Registry
 from localai.promptcache.divergences import Divergence
 from localai.protocol import DEFAULT_SAMPLING, Constraint, GenerateOp, Sampling
-from localai.runtime import divergence
+from localai.runtime import divergence, media
 from localai.runtime import prompt as prompting
 from localai.runtime.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.runtime.fitting import apply as fitting_apply
@@ -67,6 +67,7 @@ class Generation:
     replica: str | None = None  # the remote replica serving it (remote models)
     cache: dict[str, Any] | None = None  # where the reused prefix came from (source, restored, restore_ms)
     follow_up: FollowUp | None = None  # told the reply once it is complete (the worker then prefills it)
+    omitted: list[media.Omission] = field(default_factory=list)  # media the model did not get (stand-ins instead)
     sampling: dict[str, Any] = field(default_factory=dict)  # the values it samples with (request, Modelfile, default)
 
     async def events(self) -> AsyncGenerator[Event, None]:
@@ -140,6 +141,7 @@ class Runtime:
         self._background: set[asyncio.Task[None]] = set()  # follow-up prefills in flight
         self._reports: set[asyncio.Task[None]] = set()  # divergence reports being written
         self.divergences = divergence.Tracker()
+        self.documents = media.DocumentReader()
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
@@ -148,6 +150,8 @@ class Runtime:
         before any response bytes are sent, so they get a proper HTTP status.
         """
         record = self.registry.get(request.model)
+        prepared = await media.prepare(request.messages, self.documents, model=record.name)
+        request = replace(request, messages=prepared.messages)
         stack = contextlib.AsyncExitStack()
         try:
             lease = contextlib.AsyncExitStack()  # the model's lease, given back early if its worker dies unused
@@ -239,6 +243,7 @@ class Runtime:
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
                 _metrics=self.scheduler.metrics, replica=first.get("replica"), cache=first.get("cache"),
                 follow_up=follow_up, sampling={**DEFAULT_SAMPLING, **requested_sampling(record, request)},
+                omitted=prepared.omitted,
             )
         except BaseException:
             await stack.aclose()
@@ -347,6 +352,8 @@ class Runtime:
     async def count_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt is, as the model tokenizes it."""
         record = self.registry.get(request.model)
+        request = replace(request, messages=(await media.prepare(request.messages, self.documents,
+                                                                 model=record.name)).messages)
         if record.remote:  # the upstream's tokenizer is not here: an estimate
             target = await self._remote_target(record)
             return estimated_tokens(target.operation(request, request.messages))
