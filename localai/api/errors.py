@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from localai.api.validation import describe_validation
 from localai.errors import LocalAIError
 
 log = logging.getLogger("localai.server")
@@ -49,22 +49,6 @@ def error_response(request: Request, error: LocalAIError) -> JSONResponse:
     body = error_body(request.url.path, error.message, error.error_type, error.status_code,
                       param=error.param, code=error.code)
     return JSONResponse(body, status_code=error.status_code, headers=headers)
-
-
-def describe_validation(exc: RequestValidationError | ValidationError) -> tuple[str, str | None]:
-    """A one-line message naming the bad field, and that field's dotted path (a request body's, or a WebSocket
-    message's)."""
-    errors = exc.errors()
-    if not errors:
-        return "invalid request body", None
-    first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
-    field = ".".join(location) or None
-    if field is None:
-        return f"invalid request body: {first.get('msg')}", None
-    return f"invalid value for '{field}': {first.get('msg')}", field
 
 
 def install_error_handlers(app: FastAPI) -> None:

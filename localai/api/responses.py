@@ -38,9 +38,9 @@ from localai.api.common import (
     stream_response,
     unless_disconnected,
 )
-from localai.api.errors import describe_validation
 from localai.api.media import file_data, from_url, openai_part, reference, tool_result
 from localai.api.sessions import session_id
+from localai.api.validation import describe_validation
 from localai.errors import InvalidRequest, LocalAIError, NotFound
 from localai.models.registry import Registry
 from localai.protocol import DEFAULT_SAMPLING

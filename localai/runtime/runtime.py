@@ -361,14 +361,18 @@ class Runtime:
             prompt = await asyncio.to_thread(self.render_prompt, record, loaded, request, request.messages)
             return await loaded.worker.count_tokens(prompt)
 
-    async def embed(self, model: str, texts: list[str], *, truncate: bool = True,
-                    keep_alive: float | None = None) -> tuple[list[list[float]], int]:
-        """L2-normalised embeddings of ``texts`` and the tokens evaluated (a separate context in the worker)."""
+    async def embed(self, model: str, texts: list[str], *, truncate: bool = True, keep_alive: float | None = None,
+                    tokens: list[list[int]] | None = None) -> tuple[list[list[float]], int]:
+        """L2-normalised embeddings of ``texts`` (or of ``tokens``, ids of the model's own tokenizer) and the tokens
+        evaluated (a separate context in the worker)."""
         record = self.registry.get(model)
         if record.remote:
+            if tokens is not None:
+                raise InvalidRequest("token ids cannot go to a remote model (its tokenizer is not here); send the "
+                                     "text", param="input")
             return await self.remotes.pool(record).embed(texts)
         async with self.scheduler.lease(record, keep_alive=keep_alive) as loaded:
-            return await loaded.worker.embed(texts, truncate=truncate)
+            return await loaded.worker.embed(texts, truncate=truncate, tokens=tokens)
 
     async def unload(self, name: str) -> bool:
         """Unload a model now (``localai stop``, a deleted or edited model): its worker, or a remote model's pool
