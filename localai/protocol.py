@@ -104,6 +104,7 @@ class EmbedOp(TypedDict):
     id: str
     texts: list[str]
     truncate: bool
+    tokens: NotRequired[list[list[int]]]  # token ids a client sent in place of texts (checked to be the model's own)
 
 
 class ModelInfo(TypedDict):
