@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo test test-fast test-gpu llama-server lint typecheck unit install install-test install-agents bench stress clean
+.PHONY: demo test test-fast test-clients test-gpu llama-server lint typecheck unit install install-test install-agents install-clients bench stress clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,8 +49,32 @@ else
 install-agents: $(AGENTS_DIR)/.installed
 endif
 
-## test: install everything the tests need (agents included), then lint, type-check and run the whole suite
-test: install-test install-agents lint typecheck
+# The client tier's clients (tests/clients): LangChain, the OpenAI Agents SDK, pydantic-ai, litellm, the llm CLI in
+# .clients/python, llama-index (which needs openai<3) in .clients/llama-index, the npm openai and ollama packages in
+# tests/clients/node; none of them in the test venv. About a minute on a cold pip cache.
+CLIENTS_DIR := $(CURDIR)/.clients
+
+$(CLIENTS_DIR)/.installed: tests/clients/requirements.txt tests/clients/requirements-llama-index.txt tests/clients/node/package.json
+	$(PYTHON) -m venv $(CLIENTS_DIR)/python
+	$(CLIENTS_DIR)/python/bin/python -m pip install --quiet -r tests/clients/requirements.txt
+	$(PYTHON) -m venv $(CLIENTS_DIR)/llama-index
+	$(CLIENTS_DIR)/llama-index/bin/python -m pip install --quiet -r tests/clients/requirements-llama-index.txt
+	cd tests/clients/node && npm install --no-audit --no-fund --silent
+	touch $@
+
+ifeq ($(LOCALAI_SKIP_CLIENTS),1)
+install-clients:
+	@echo "LOCALAI_SKIP_CLIENTS=1: not installing the client tier's clients (their tests are skipped)"
+else
+install-clients: $(CLIENTS_DIR)/.installed
+endif
+
+## test-clients: the client tier alone: every client x check against a real daemon (about 3.5 minutes)
+test-clients: install-test install-clients
+	$(BIN)/python -m pytest -q -s tests/clients
+
+## test: install everything the tests need (agents and clients included), then lint, type-check and run the suite
+test: install-test install-agents install-clients lint typecheck
 	$(BIN)/python -m pytest -q --durations=25
 
 ## test-fast: lint, type-check and the tests that load no model and run no agent (about a minute and a half)
@@ -125,4 +149,4 @@ stress: $(VENV)/.installed-stress
 	$(BIN)/python -m tests.stress
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR)
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR) $(CLIENTS_DIR) tests/clients/node/node_modules
