@@ -132,6 +132,11 @@ class Serving:
 
     def _handle(self, op: dict[str, Any], emit: Emit) -> None:
         kind = op.get("op")
+        if op.get("media"):  # images a vision projector reads, named by the prompt's marks (engines/llama_vision)
+            remember = getattr(self.engine, "remember_media", None)
+            if remember is None:
+                raise ValueError(f"the {self.engine.backend} engine reads no images")
+            remember(op["media"])
         if kind == "generate":
             self.waiting.append(op)  # type: ignore[arg-type]
         elif kind == "cancel":
