@@ -153,6 +153,7 @@ class Vision:
                 bitmaps.append(bitmap)
             spec = M.mtmd_input_text()
             spec.text = prompt
+            spec.text_len = len(prompt)
             spec.add_special = True
             spec.parse_special = True
             array = (ctypes.c_void_p * max(1, len(bitmaps)))(*bitmaps)
