@@ -157,6 +157,8 @@ class GenerationRequest:
     cache_ttl: float | None = None  # keep this request's cached prefix at least this long (cache_control)
     prefill_only: bool = False  # evaluate and cache the prompt, generate nothing (a client warming its session)
     speculative: bool | None = None  # None: the model's PARAMETER speculative (default auto: where output is exact)
+    # Images a model with a vision projector sees, by sha256 (the rendered prompt marks where each stands)
+    images: dict[str, bytes] = field(default_factory=dict)
 
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice.mode != "none"

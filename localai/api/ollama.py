@@ -481,11 +481,13 @@ async def _template_of(record: ModelRecord) -> Template:
 
 
 async def capabilities(record: ModelRecord) -> list[str]:
-    """What the model can do, as Ollama clients read it: completion, tools, thinking."""
+    """What the model can do, as Ollama clients read it: completion, tools, thinking, vision (a projector)."""
     template = await _template_of(record)
     found = ["completion", "tools"]  # tools work with every template (described in the prompt when not native)
     if template.thinks or template.tool_format == "harmony":
         found.append("thinking")
+    if record.projector:
+        found.append("vision")
     return found
 
 
@@ -517,6 +519,7 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
                        f"{record.family}.context_length": num_ctx if remote else record.context_length},
         "capabilities": await capabilities(record), "modified_at": record.modified_at,
         "path": record.path,  # localai extension: the weights file (benchmarks run llama.cpp tools on it)
+        **({"projector": record.projector} if record.projector else {}),  # localai extension: the mmproj file
         # localai extension: the context the daemon loads the model with (launch gives it to agents)
         "num_ctx": num_ctx,
         "engine": chosen_engine(record, request.app.state.settings.engine),  # localai extension

@@ -157,7 +157,9 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "use_mmap": bool(params.get("use_mmap", True)),
         "flash_attention": settings.flash_attention,
         "cpu_repack": settings.cpu_repack,
-        "model_sha256": record.sha256,
+        # a projector's weights change what an image's positions hold: they are part of the cache's fingerprint
+        "model_sha256": record.sha256 + (f"+mmproj:{record.projector_sha256}" if record.projector else ""),
+        "projector_path": record.projector,
         "template": record.template,
         "cache_dir": str(paths.cache_dir()),
         "cache_max_bytes": settings.cache_max_bytes,

@@ -15,14 +15,16 @@ import json
 import logging
 import sys
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localai.errors import InvalidRequest
+from localai.protocol import IMAGE_MARK_START, image_mark
 from localai.schema import Block, MediaBlock, Message, TextBlock, ToolResultBlock
 
 log = logging.getLogger("localai.runtime")
 TEXT_ONLY = "this model reads text only"
+UNREADABLE = "not shown: this model's image reader takes PNG, JPEG, GIF and BMP"
 NOT_FETCHED = "not fetched: localai does not download files a request names"
 PDF = "application/pdf"
 PDF_TIMEOUT = 30.0  # seconds a PDF may take to read (a page tree that never ends, a decompression bomb)
@@ -75,10 +77,12 @@ def header(omitted: list[Omission]) -> str:
 
 @dataclass
 class Prepared:
-    """A conversation with its media resolved to text, and what was left out."""
+    """A conversation with its media resolved to text, what was left out, and the images a model with a vision
+    projector sees (bytes by sha256; the prompt marks where each stands)."""
 
     messages: list[Message] | None
     omitted: list[Omission] = field(default_factory=list)
+    images: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,22 +149,32 @@ class DocumentReader:
         return result if isinstance(result, dict) else {"error": "malformed", "message": "no result"}
 
 
-async def prepare(messages: list[Message] | None, documents: DocumentReader, *, model: str) -> Prepared:
-    """``messages`` with every medium resolved to text: documents to their text, the rest to stand-ins (this
-    model reads text only); what was left out is logged."""
-    if messages is None or not any(_has_media(message) for message in messages):
+async def prepare(messages: list[Message] | None, documents: DocumentReader, *, model: str,
+                  sees_images: bool = False) -> Prepared:
+    """``messages`` with every medium resolved to text: documents to their text; images, for a model that sees
+    them, to marks of where they stand (``protocol.image_mark``); the rest to stand-ins. What was left out is
+    logged. For a model that sees images, text that spells a mark is broken up first: only images a client sent
+    become marks."""
+    if messages is None or not (sees_images or any(_has_media(message) for message in messages)):
         return Prepared(messages)
     prepared = Prepared([])
     for message in messages:
         content: list[Block] = []
         for index, block in enumerate(message.content):
-            if isinstance(block, MediaBlock):
-                text = await _text_of(block, documents, prepared.omitted)
+            if sees_images:
+                block = _unmarked(block)
+            if isinstance(block, MediaBlock) and sees_images and _viewable(block):
+                prepared.images[block.digest()] = block.data
+                before = content[-1] if content else None
+                after = message.content[index + 1] if index + 1 < len(message.content) else None
+                content.append(TextBlock(_spaced(image_mark(block.digest()), before, after)))
+            elif isinstance(block, MediaBlock):
+                text = await _text_of(block, documents, prepared.omitted, sees_images)
                 before = content[-1] if content else None
                 after = message.content[index + 1] if index + 1 < len(message.content) else None
                 content.append(TextBlock(_spaced(text, before, after)))
             elif isinstance(block, ToolResultBlock) and block.media:
-                content.append(await _result_with_text(block, documents, prepared.omitted))
+                content.append(await _result_with_text(block, documents, prepared, sees_images))
             else:
                 content.append(block)
         assert prepared.messages is not None
@@ -176,7 +190,8 @@ def _has_media(message: Message) -> bool:
                for block in message.content)
 
 
-async def _text_of(block: MediaBlock, documents: DocumentReader, omitted: list[Omission]) -> str:
+async def _text_of(block: MediaBlock, documents: DocumentReader, omitted: list[Omission],
+                   sees_images: bool = False) -> str:
     if block.reference is not None and not block.data:
         omitted.append(Omission(block, NOT_FETCHED))
         return stand_in(block, NOT_FETCHED)
@@ -191,25 +206,48 @@ async def _text_of(block: MediaBlock, documents: DocumentReader, omitted: list[O
         reason = "no text could be extracted from it (scanned pages or images only)"
         omitted.append(Omission(block, reason))
         return stand_in(block, reason, found.pages)
-    omitted.append(Omission(block, TEXT_ONLY))
-    return stand_in(block, TEXT_ONLY)
+    reason = UNREADABLE if sees_images and block.kind == "image" else TEXT_ONLY
+    omitted.append(Omission(block, reason))
+    return stand_in(block, reason)
 
 
-async def _result_with_text(block: ToolResultBlock, documents: DocumentReader,
-                            omitted: list[Omission]) -> ToolResultBlock:
-    """A tool result with each medium's text put where the medium stood."""
+async def _result_with_text(block: ToolResultBlock, documents: DocumentReader, prepared: Prepared,
+                            sees_images: bool) -> ToolResultBlock:
+    """A tool result with each medium's text (or image mark) put where the medium stood."""
     pieces: list[str] = []
     last = 0
     for offset, medium in sorted(block.media, key=lambda pair: pair[0]):
         offset = max(last, min(offset, len(block.content)))
         pieces.append(block.content[last:offset])
-        text = await _text_of(medium, documents, omitted)
+        if sees_images and _viewable(medium):
+            prepared.images[medium.digest()] = medium.data
+            text = image_mark(medium.digest())
+        else:
+            text = await _text_of(medium, documents, prepared.omitted, sees_images)
         before = "".join(pieces)
         pieces.append(("\n" if before and not before[-1].isspace() else "") + text
                       + ("\n" if offset < len(block.content) and not block.content[offset].isspace() else ""))
         last = offset
     pieces.append(block.content[last:])
     return ToolResultBlock(block.tool_call_id, "".join(pieces), block.name, block.is_error)
+
+
+VIEWABLE = frozenset({"image/png", "image/jpeg", "image/gif", "image/bmp"})  # what mtmd's image reader decodes
+
+
+def _viewable(block: MediaBlock) -> bool:
+    """An image whose bytes a vision projector can read (others get the stand-in)."""
+    return block.kind == "image" and bool(block.data) and block.media_type in VIEWABLE
+
+
+def _unmarked(block: Block) -> Block:
+    """Text that spells an image mark, broken up so it stays text (only images a client sent become marks)."""
+    broken = IMAGE_MARK_START[:-1] + "\u200b_"
+    if isinstance(block, TextBlock) and IMAGE_MARK_START in block.text:
+        return TextBlock(block.text.replace(IMAGE_MARK_START, broken))
+    if isinstance(block, ToolResultBlock) and IMAGE_MARK_START in block.content:
+        return replace(block, content=block.content.replace(IMAGE_MARK_START, broken))
+    return block
 
 
 def _spaced(text: str, before: Block | None, after: Block | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -13,10 +14,11 @@ from typing import Any, Protocol
 
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
 from localai.metrics import Metrics
+from localai.models.loading import chosen_engine
 from localai.models.modelfile import LOAD_PARAMETERS
 from localai.models.registry import ModelRecord, Registry
 from localai.promptcache.divergences import Divergence
-from localai.protocol import DEFAULT_SAMPLING, Constraint, GenerateOp, Sampling
+from localai.protocol import DEFAULT_SAMPLING, Constraint, GenerateOp, Sampling, image_mark
 from localai.runtime import divergence, media
 from localai.runtime import prompt as prompting
 from localai.runtime.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
@@ -150,8 +152,9 @@ class Runtime:
         before any response bytes are sent, so they get a proper HTTP status.
         """
         record = self.registry.get(request.model)
-        prepared = await media.prepare(request.messages, self.documents, model=record.name)
-        request = replace(request, messages=prepared.messages)
+        prepared = await media.prepare(request.messages, self.documents, model=record.name,
+                                       sees_images=self.sees_images(record))
+        request = replace(request, messages=prepared.messages, images=prepared.images)
         stack = contextlib.AsyncExitStack()
         try:
             lease = contextlib.AsyncExitStack()  # the model's lease, given back early if its worker dies unused
@@ -352,14 +355,19 @@ class Runtime:
     async def count_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt is, as the model tokenizes it."""
         record = self.registry.get(request.model)
-        request = replace(request, messages=(await media.prepare(request.messages, self.documents,
-                                                                 model=record.name)).messages)
+        prepared = await media.prepare(request.messages, self.documents, model=record.name,
+                                       sees_images=self.sees_images(record))
+        request = replace(request, messages=prepared.messages)
         if record.remote:  # the upstream's tokenizer is not here: an estimate
             target = await self._remote_target(record)
             return estimated_tokens(target.operation(request, request.messages))
         async with self.scheduler.lease(record, keep_alive=request.keep_alive) as loaded:
             prompt = await asyncio.to_thread(self.render_prompt, record, loaded, request, request.messages)
-            return await loaded.worker.count_tokens(prompt)
+            return await loaded.worker.count_tokens(prompt, media=media_of(prepared.images, prompt))
+
+    def sees_images(self, record: ModelRecord) -> bool:
+        """Whether images reach this model as images: it has a vision projector and runs on llama.cpp."""
+        return bool(record.projector) and chosen_engine(record, self.settings.engine) == "llama.cpp"
 
     async def embed(self, model: str, texts: list[str], *, truncate: bool = True, keep_alive: float | None = None,
                     tokens: list[list[int]] | None = None) -> tuple[list[list[float]], int]:
@@ -497,6 +505,7 @@ class Runtime:
             max_tokens = int(params["num_predict"])  # type: ignore[arg-type]
         prompt = self.render_prompt(record, loaded, request, messages)
         info = loaded.worker.info
+        images = media_of(request.images, prompt)
         if request.prefill_only:
             max_tokens = 0  # a warm op: the prompt is evaluated and saved, nothing is generated
         return GenerateOp(
@@ -510,6 +519,7 @@ class Runtime:
             warm=request.prefill_only,
             speculative=request.speculative if request.speculative is not None
             else {"on": True, "off": False}.get(str(params.get("speculative", "auto"))),
+            **({"media": images} if images else {}),  # type: ignore[typeddict-item]
         )
 
 
@@ -605,6 +615,12 @@ class RemoteTarget:
 
     def parser(self, request: GenerationRequest, prompt: str | None = None) -> Parser | None:
         return None  # the upstream parsed its own tool calls and reasoning
+
+
+def media_of(images: dict[str, bytes], prompt: str) -> dict[str, str]:
+    """The images a rendered prompt marks (fitting may have dropped some), base64 by digest, for the worker."""
+    return {digest: base64.b64encode(data).decode() for digest, data in images.items()
+            if image_mark(digest) in prompt}
 
 
 def output_reserve(max_tokens: int | None, n_ctx: int) -> int:

@@ -198,8 +198,10 @@ class Worker:
         message = await self._call(op, "input")
         return list(message["tokens"])
 
-    async def count_tokens(self, text: str) -> int:
+    async def count_tokens(self, text: str, media: dict[str, str] | None = None) -> int:
         op: TokenizeOp = {"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text, "count_only": True}
+        if media:
+            op["media"] = media
         message = await self._call(op, "messages")
         return int(message["count"])
 
