@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo newcomer test test-fast test-gpu llama-server fixtures lint typecheck unit install install-test install-agents bench stress clean
+.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures lint typecheck unit install install-test install-agents install-clients bench stress clean
 
 # pip install that says what it does: each step with how long it usually takes, download and compile progress, a
 # line at least every 20 s; pip's whole output (warnings included) goes to the log named on the first line.
@@ -61,8 +61,32 @@ else
 install-agents: $(AGENTS_DIR)/.installed
 endif
 
-## test: install everything the tests need (agents included), then lint, type-check and run the whole suite
-test: install-test install-agents fixtures lint typecheck
+# The client tier's clients (tests/clients): LangChain, the OpenAI Agents SDK, pydantic-ai, litellm, the llm CLI in
+# .clients/python, llama-index (which needs openai<3) in .clients/llama-index, the npm openai and ollama packages in
+# tests/clients/node; none of them in the test venv. About a minute on a cold pip cache.
+CLIENTS_DIR := $(CURDIR)/.clients
+
+$(CLIENTS_DIR)/.installed: tests/clients/requirements.txt tests/clients/requirements-llama-index.txt tests/clients/node/package.json
+	$(PYTHON) -m venv $(CLIENTS_DIR)/python
+	$(CLIENTS_DIR)/python/bin/python -m pip install --quiet -r tests/clients/requirements.txt
+	$(PYTHON) -m venv $(CLIENTS_DIR)/llama-index
+	$(CLIENTS_DIR)/llama-index/bin/python -m pip install --quiet -r tests/clients/requirements-llama-index.txt
+	cd tests/clients/node && npm install --no-audit --no-fund --silent
+	touch $@
+
+ifeq ($(LOCALAI_SKIP_CLIENTS),1)
+install-clients:
+	@echo "LOCALAI_SKIP_CLIENTS=1: not installing the client tier's clients (their tests are skipped)"
+else
+install-clients: $(CLIENTS_DIR)/.installed
+endif
+
+## test-clients: the client tier alone: every client x check against a real daemon (about 3.5 minutes)
+test-clients: install-test install-clients
+	$(BIN)/python -m pytest -q -s tests/clients
+
+## test: install everything the tests need (agents and clients included), then lint, type-check and run the suite
+test: install-test install-agents install-clients fixtures lint typecheck
 	@echo "==> The whole test suite: about 16 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q --durations=25
 
@@ -168,4 +192,4 @@ stress: $(VENV)/.installed-stress
 	$(BIN)/python -m tests.stress
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR)
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR) $(CLIENTS_DIR) tests/clients/node/node_modules

@@ -8,6 +8,7 @@ it knows about a model arrives in a ``ready`` frame.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 import threading
@@ -79,6 +80,7 @@ class GenerateOp(TypedDict):
     pin_ttl: NotRequired[float | None]  # pin the saved entries this long (Anthropic cache_control breakpoints)
     # draft tokens from the context and verify them (engines/speculative); None: where the output stays bit-identical
     speculative: NotRequired[bool | None]
+    media: NotRequired[dict[str, str]]  # images the prompt's marks name (base64 by sha256), for a vision projector
 
 
 class CancelOp(TypedDict):
@@ -95,6 +97,7 @@ class TokenizeOp(TypedDict):
     id: str
     text: str
     count_only: NotRequired[bool]
+    media: NotRequired[dict[str, str]]  # as GenerateOp's
 
 
 class EmbedOp(TypedDict):
@@ -104,6 +107,7 @@ class EmbedOp(TypedDict):
     id: str
     texts: list[str]
     truncate: bool
+    tokens: NotRequired[list[list[int]]]  # token ids a client sent in place of texts (checked to be the model's own)
 
 
 class ModelInfo(TypedDict):
@@ -134,6 +138,16 @@ class Usage(TypedDict):
     decode_ms: float
     drafted_tokens: NotRequired[int]  # speculative decoding: tokens guessed, and those the model agreed with
     accepted_tokens: NotRequired[int]
+
+
+IMAGE_MARK_START = "<__localai_image_"
+IMAGE_MARK = re.compile(r"<__localai_image_([0-9a-f]{64})__>")
+
+
+def image_mark(digest: str) -> str:
+    """Where an image stands in a rendered prompt, for a model with a vision projector: a mark naming its sha256
+    (the worker holds the bytes by that digest, sent with the request)."""
+    return f"{IMAGE_MARK_START}{digest}__>"
 
 
 class FrameTooLarge(ValueError):

@@ -6,10 +6,13 @@ knows which dialect asked.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import pydantic_core
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
@@ -35,16 +38,43 @@ class ToolCallBlock:
     type: Literal["tool_call"] = "tool_call"
 
 
+MediaKind = Literal["image", "audio", "document"]
+
+
+@dataclass
+class MediaBlock:
+    """An image, audio clip or document a client sent: its bytes, or where it lives when the client only named it
+    (a URL or an uploaded file's id, which localai does not fetch). Before the prompt is rendered each becomes text
+    (``runtime/media.py``): a document its extracted text; for a model that cannot see or hear it, a short stand-in
+    saying what was left out; for a model with a vision projector, the image's place in the prompt."""
+
+    kind: MediaKind
+    media_type: str  # "image/png", "audio/wav", "application/pdf"; "application/octet-stream" when unknown
+    data: bytes = b""
+    reference: str | None = None  # a URL or file id given instead of the bytes
+    name: str | None = None  # a document's title or file name
+    where: str = ""  # the request field it came from ("messages.2.content.0"), for messages that name it
+    type: Literal["media"] = "media"
+
+    def digest(self) -> str:
+        """The sha256 of its bytes (or of its reference): the same content always describes the same."""
+        return hashlib.sha256(self.data if self.data or self.reference is None else self.reference.encode()
+                              ).hexdigest()
+
+
 @dataclass
 class ToolResultBlock:
     tool_call_id: str
     content: str
     name: str | None = None  # the function that produced it, when the dialect says (Ollama's tool_name)
     is_error: bool = False
+    # Media inside the result (Claude Code's Read of a PNG), each with the offset in ``content`` where it stood;
+    # emptied, with its text put in place, before the prompt is rendered.
+    media: list[tuple[int, MediaBlock]] = field(default_factory=list)
     type: Literal["tool_result"] = "tool_result"
 
 
-Block = TextBlock | ReasoningBlock | ToolCallBlock | ToolResultBlock
+Block = TextBlock | ReasoningBlock | ToolCallBlock | ToolResultBlock | MediaBlock
 
 
 @dataclass
@@ -127,6 +157,8 @@ class GenerationRequest:
     cache_ttl: float | None = None  # keep this request's cached prefix at least this long (cache_control)
     prefill_only: bool = False  # evaluate and cache the prompt, generate nothing (a client warming its session)
     speculative: bool | None = None  # None: the model's PARAMETER speculative (default auto: where output is exact)
+    # Images a model with a vision projector sees, by sha256 (the rendered prompt marks where each stands)
+    images: dict[str, bytes] = field(default_factory=dict)
 
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice.mode != "none"
@@ -194,10 +226,15 @@ class ToolCallEnd:
     type: Literal["tool_call_end"] = "tool_call_end"
 
     def parsed_arguments(self) -> dict[str, Any]:
+        """The arguments as an object; a call cut short (``max_tokens``) keeps what was written of them, read as
+        far as it goes (a string cut mid-way keeps its start), as a streamed reply's deltas would have."""
         try:
             value = json.loads(self.arguments or "{}")
         except ValueError:
-            return {}
+            try:
+                value = pydantic_core.from_json(self.arguments, allow_partial="trailing-strings")
+            except ValueError:
+                return {}
         return value if isinstance(value, dict) else {}
 
 

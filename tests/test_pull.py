@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -25,6 +26,8 @@ from localai.models.modelfile import parse_file
 from localai.settings import Settings
 from tests.conftest import Daemon, start_daemon
 from tests.hubserver import HubServer, split_gguf
+from tests.media_files import png
+from tests.mmproj import write_mmproj
 
 MiB = 1 << 20
 SMOL_REPO = "test-org/SmolLM2-135M-Instruct-GGUF"
@@ -155,6 +158,28 @@ def test_pull_a_library_model(puller: Daemon, hub_server: HubServer, smollm2_pat
     result = puller.cli("pull", "smollm2:135m")  # the embedded model ships with localai: no request
     assert result.returncode == 0, result.stderr
     assert "smollm2:135m" in installed(puller) and len(hub_server.log) == before
+
+
+def test_a_pull_fetches_the_repositorys_vision_projector(puller: Daemon, hub_server: HubServer, smollm2_path: Path,
+                                                         tmp_path: Path) -> None:
+    """A repository with an mmproj GGUF beside its model (as Gemma 3's, Qwen3.5's and Mistral Small's ship): the pull
+    fetches the F16 projector with the weights, the model sees images, and /api/show says vision."""
+    projector = write_mmproj(tmp_path / "mmproj.gguf")
+    hub_server.add("test-org/Seer-GGUF", {"Seer.Q4_1.gguf": smollm2_path, "mmproj-Seer-F16.gguf": projector,
+                                          "mmproj-Seer-Q8_0.gguf": b"not the one"})
+    result = puller.cli("pull", "hf.co/test-org/Seer-GGUF:Q4_1")
+    assert result.returncode == 0, result.stderr
+    with puller.http() as http:
+        shown = http.post("/api/show", json={"model": "hf.co/test-org/seer-gguf:q4_1"}).json()
+        image = "data:image/png;base64," + base64.b64encode(png(8, 8)).decode()
+        reply = http.post("/v1/chat/completions", json={
+            "model": "hf.co/test-org/seer-gguf:q4_1", "max_tokens": 4, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": image}}]}]})
+    assert "vision" in shown["capabilities"] and paths.hf_hub_cache() in Path(shown["projector"]).parents
+    assert Path(shown["projector"]).read_bytes() == projector.read_bytes()
+    assert len(hub_server.downloads("mmproj-Seer-F16.gguf")) == 1
+    assert reply.status_code == 200 and "x-localai-omitted" not in reply.headers, reply.text
+    assert hub_server.downloads("mmproj-Seer-Q8_0.gguf") == []
 
 
 def test_pull_an_mlx_repository(puller: Daemon, hub_server: HubServer) -> None:

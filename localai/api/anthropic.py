@@ -2,8 +2,10 @@
 
 ``cache_control`` (on the request, system blocks, tools or content blocks) pins the conversation's cached prefix
 for its TTL (5m, or 1h) against eviction, refreshed by every request that sends it; localai caches every prefix
-anyway, so a breakpoint changes how long it is kept, not what is cached. Accepted and ignored:
-``context_management``, ``output_config``, ``metadata``, ``service_tier``, ``container``,
+anyway, so a breakpoint changes how long it is kept, not what is cached. ``output_config.format`` (structured
+outputs) constrains the reply to its JSON schema; ``output_config.effort`` is the reasoning level. Images,
+documents and audio a model cannot read become text stand-ins (``runtime/media.py``). Accepted and ignored:
+``context_management``, ``metadata``, ``service_tier``, ``container``,
 ``mcp_servers``, ``anthropic-beta`` / ``anthropic-version`` headers, thinking ``budget_tokens``,
 ``disable_parallel_tool_use``, and Anthropic-defined tools (``bash_…``, ``web_search_…``: a
 ``type`` other than ``custom``) which have nothing local to run them.
@@ -31,16 +33,21 @@ from localai.api.common import (
     stream_response,
 )
 from localai.api.errors import anthropic_error_type
+from localai.api.media import from_base64, reference
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError
+from localai.runtime.media import document_text
 from localai.schema import (
     Block,
     Finished,
     GenerationRequest,
     KeepAlive,
+    MediaBlock,
+    MediaKind,
     Message,
     ReasoningBlock,
     ReasoningDelta,
+    ResponseFormat,
     SamplingOptions,
     TextBlock,
     TextDelta,
@@ -50,6 +57,7 @@ from localai.schema import (
     ToolCallStart,
     ToolChoice,
     ToolResultBlock,
+    effort_of,
     effort_of_budget,
 )
 
@@ -80,6 +88,8 @@ class ContentBlock(BaseModel):
     tool_use_id: str | None = None
     content: str | list[dict[str, Any]] | None = None
     is_error: bool = False
+    source: dict[str, Any] | None = None  # an image's or a document's bytes (or where they are)
+    title: str | None = None  # a document's
 
 
 class AnthropicMessage(BaseModel):
@@ -150,6 +160,24 @@ class MessagesRequest(BaseModel):
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: dict[str, Any] | None = None  # format (structured outputs) and effort
+    output_format: dict[str, Any] | None = None  # the structured-outputs beta's spelling of output_config.format
+
+    def response_format(self) -> ResponseFormat | None:
+        """Structured output: ``output_config.format`` (or the beta's ``output_format``) ``{"type": "json_schema",
+        "schema": ...}`` constrains the reply to JSON valid against the schema, as chat completions'
+        ``response_format`` does."""
+        spec, param = (self.output_config or {}).get("format"), "output_config.format"
+        if spec is None:
+            spec, param = self.output_format, "output_format"
+        if spec is None:
+            return None
+        if not isinstance(spec, dict) or spec.get("type") != "json_schema":
+            raise InvalidRequest('the output format must be {"type": "json_schema", "schema": {...}}', param=param)
+        if not isinstance(spec.get("schema"), dict):
+            raise InvalidRequest("a json_schema output format needs 'schema', a JSON schema object",
+                                 param=f"{param}.schema")
+        return ResponseFormat("json_schema", spec["schema"])
 
     def generation(self, request: Request) -> GenerationRequest:
         messages = self.internal_messages()
@@ -166,11 +194,12 @@ class MessagesRequest(BaseModel):
             reasoning = self.thinking.type != "disabled"
             budget = getattr(self.thinking, "budget_tokens", None)
             effort = effort_of_budget(budget if isinstance(budget, int) else None) if reasoning else "low"
+        asked = effort_of((self.output_config or {}).get("effort"))
         return GenerationRequest(
             model=self.model, messages=messages, max_tokens=self.max_tokens, stop=self.stop_sequences,
             sampling=SamplingOptions(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k),
             session_id=session_id(request.headers), tools=tools, tool_choice=choice, reasoning=reasoning,
-            reasoning_effort=effort,
+            reasoning_effort=asked or effort, response_format=self.response_format(),
             cache_ttl=self.breakpoint_ttl() or None,
         )
 
@@ -217,12 +246,9 @@ class MessagesRequest(BaseModel):
                 elif block.type == "tool_result":
                     if not block.tool_use_id:
                         raise InvalidRequest("a tool_result block needs 'tool_use_id'", param=blocks_param)
-                    results.append(ToolResultBlock(internal_id(block.tool_use_id),
-                                                   _result_text(block.content, blocks_param),
-                                                   is_error=block.is_error))
+                    results.append(_tool_result(block, blocks_param))
                 elif block.type in ("image", "document"):
-                    raise InvalidRequest(f"'{block.type}' content is not supported (text models only)",
-                                         param=f"{blocks_param}.type")
+                    blocks.extend(media_blocks(block.type, block.source, block.title, blocks_param))
                 elif block.type not in IGNORED_BLOCKS:
                     raise InvalidRequest(f"unknown content block type '{block.type}'", param=f"{blocks_param}.type")
             if results:  # tool results come first in a user turn; any text follows as its own message
@@ -245,18 +271,68 @@ class MessagesRequest(BaseModel):
         return tools
 
 
-def _result_text(content: str | list[dict[str, Any]] | None, param: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    texts = []
+def media_blocks(kind: str, source: Any, title: str | None, param: str) -> list[TextBlock | MediaBlock]:
+    """An ``image`` or ``document`` block's content: base64 bytes, a URL or file id (kept, not fetched), a text
+    document's text, or a document made of content blocks."""
+    where = f"{param}.source"
+    if not isinstance(source, dict):
+        raise InvalidRequest(f"an {kind} block needs 'source' (base64, url, file, or for documents text or content)",
+                             param=where)
+    name = title if isinstance(title, str) and title else None
+    medium: MediaKind = "image" if kind == "image" else "document"
+    source_type = source.get("type")
+    if source_type == "base64":
+        return [from_base64(source.get("data"), medium, f"{where}.data", source.get("media_type"), name)]
+    if source_type in ("url", "file"):
+        return [reference(source.get("url") if source_type == "url" else source.get("file_id"), medium, param, name)]
+    if kind == "document" and source_type == "text":
+        data = source.get("data")
+        if not isinstance(data, str):
+            raise InvalidRequest("a text document's 'data' must be a string", param=f"{where}.data")
+        return [TextBlock(document_text(name, data))]
+    if kind == "document" and source_type == "content":
+        inner = source.get("content")
+        if isinstance(inner, str):
+            return [TextBlock(document_text(name, inner))]
+        blocks = _content_parts(inner, f"{where}.content")
+        return [TextBlock(document_text(name, "")), *blocks] if name else blocks
+    raise InvalidRequest(f"unknown {kind} source type {source_type!r} (base64, url, file"
+                         f"{', text, content' if kind == 'document' else ''})", param=f"{where}.type")
+
+
+def _content_parts(content: Any, param: str) -> list[TextBlock | MediaBlock]:
+    """Blocks inside a tool result or a content document: text, images, documents (search results as text); other
+    types are skipped, as they were before media were read."""
+    if not isinstance(content, list):
+        raise InvalidRequest("content must be a string or a list of blocks", param=param)
+    found: list[TextBlock | MediaBlock] = []
     for index, part in enumerate(content):
-        if part.get("type") == "text":
-            texts.append(str(part.get("text", "")))
-        elif part.get("type") in ("image", "document"):
-            raise InvalidRequest("images in tool results are not supported", param=f"{param}.content.{index}")
-    return "\n".join(texts)
+        where = f"{param}.{index}"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            found.append(TextBlock(str(part.get("text", ""))))
+        elif kind in ("image", "document"):
+            found.extend(media_blocks(kind, part.get("source"), part.get("title"), where))
+        elif kind == "search_result":
+            texts = [str(b.get("text", "")) for b in part.get("content") or [] if isinstance(b, dict)]
+            found.append(TextBlock("\n".join([str(part.get("title", "")), *texts]).strip()))
+        # anything else (Claude Code's tool_reference, blocks of later API versions) says nothing to the model
+    return found
+
+
+def _tool_result(block: ContentBlock, param: str) -> ToolResultBlock:
+    """A ``tool_result``: its text parts joined by newlines, each image or document where it stood."""
+    call_id = internal_id(block.tool_use_id or "")
+    if block.content is None or isinstance(block.content, str):
+        return ToolResultBlock(call_id, block.content or "", is_error=block.is_error)
+    text = ""
+    media: list[tuple[int, MediaBlock]] = []
+    for part in _content_parts(block.content, f"{param}.content"):
+        if isinstance(part, TextBlock):
+            text += ("\n" if text else "") + part.text
+        else:
+            media.append((len(text), part))
+    return ToolResultBlock(call_id, text, is_error=block.is_error, media=media)
 
 
 def stop_reason(finished: Finished, stops: list[str] | None) -> tuple[str, str | None]:
@@ -277,7 +353,12 @@ def usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> di
 
 @router.post("/v1/messages", response_model=None)
 async def messages(body: MessagesRequest, request: Request) -> JSONResponse | StreamingResponse:
-    generation = await runtime_of(request).start(body.generation(request))
+    try:
+        generation = await runtime_of(request).start(body.generation(request))
+    except InvalidRequest as exc:
+        if exc.param == "response_format":  # a schema the grammar cannot be built from: name the field sent
+            exc.param = "output_config.format" if body.output_config else "output_format"
+        raise
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     headers = generation_headers(generation)
     if not body.stream:

@@ -15,6 +15,7 @@ from starlette.requests import HTTPConnection
 
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.models.registry import ModelRecord
+from localai.runtime import media
 from localai.runtime.runtime import Generation, Runtime
 from localai.schema import (
     Finished,
@@ -129,8 +130,11 @@ def generation_headers(generation: Generation) -> dict[str, str]:
     """Tells the client when its conversation was shortened to fit the context, which replica of a remote model
     serves it, and where the prompt's reused prefix came from: ``X-LocalAI-Cache`` is live (the sequence was still
     in the engine), ram or disk (restored from the prompt cache's tiers) or miss; with the tokens restored and the
-    restore's milliseconds."""
+    restore's milliseconds. ``X-LocalAI-Omitted`` names the images, audio and documents the model did not get
+    (each became a short text stand-in in the prompt), and why."""
     headers = {"X-LocalAI-Context-Fitted": generation.fit.header()} if generation.fit else {}
+    if generation.omitted:
+        headers["X-LocalAI-Omitted"] = media.header(generation.omitted)
     if generation.replica:
         headers["X-LocalAI-Replica"] = generation.replica
     if generation.cache:

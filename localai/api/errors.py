@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from localai.api.validation import describe_validation
 from localai.errors import LocalAIError
 
 log = logging.getLogger("localai.server")
@@ -33,12 +33,13 @@ def anthropic_error_type(status: int) -> str:
 
 def error_body(path: str, message: str, kind: str, status: int, *, param: str | None = None,
                code: str | None = None) -> dict[str, Any]:
-    """The error object in the dialect of ``path``: Ollama's ``{"error": str}``, Anthropic's or OpenAI's shape."""
+    """The error object in the dialect of ``path``: Ollama's ``{"error": str}``, Anthropic's or OpenAI's shape.
+    The two without a field for it name the bad field at the start of the message."""
+    if (is_ollama_path(path) or is_anthropic_path(path)) and param and param not in message:
+        message = f"{param}: {message}"
     if is_ollama_path(path):
         return {"error": message}
     if is_anthropic_path(path):
-        if param and param not in message:
-            message = f"{param}: {message}"
         return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -48,22 +49,6 @@ def error_response(request: Request, error: LocalAIError) -> JSONResponse:
     body = error_body(request.url.path, error.message, error.error_type, error.status_code,
                       param=error.param, code=error.code)
     return JSONResponse(body, status_code=error.status_code, headers=headers)
-
-
-def describe_validation(exc: RequestValidationError | ValidationError) -> tuple[str, str | None]:
-    """A one-line message naming the bad field, and that field's dotted path (a request body's, or a WebSocket
-    message's)."""
-    errors = exc.errors()
-    if not errors:
-        return "invalid request body", None
-    first = errors[0]
-    location = [str(part) for part in first.get("loc", ()) if part != "body"]
-    if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}", None
-    field = ".".join(location) or None
-    if field is None:
-        return f"invalid request body: {first.get('msg')}", None
-    return f"invalid value for '{field}': {first.get('msg')}", field
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -24,6 +24,7 @@ from localai.api.common import (
     runtime_of,
     stream_response,
 )
+from localai.api.media import from_base64
 from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
@@ -37,6 +38,7 @@ from localai.schema import (
     Finished,
     GenerationRequest,
     KeepAlive,
+    MediaBlock,
     Message,
     ReasoningBlock,
     ReasoningDelta,
@@ -281,8 +283,9 @@ async def _load_or_unload(request: Request, model: str, keep_alive: float | None
 @router.post("/api/generate", response_model=None)
 async def generate(body: GenerateBody, request: Request) -> JSONResponse | StreamingResponse:
     format_ = response_format(body.format)
-    if body.images:
-        raise InvalidRequest("images are not supported (text models only)", param="images")
+    if body.images and body.raw:
+        raise InvalidRequest("'images' cannot go with 'raw' (a raw prompt is text the model gets as it is); "
+                             "send them without 'raw'", param="images")
     keep_alive = keep_alive_seconds(body.keep_alive)
     if not body.prompt and not body.system:
         return await _load_or_unload(request, body.model, keep_alive, "load", {"response": ""})
@@ -292,7 +295,7 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
         generation_request = GenerationRequest(model=body.model, prompt=body.prompt)
     else:
         messages = [Message("system", [TextBlock(body.system)])] if body.system else []
-        messages.append(Message("user", [TextBlock(body.prompt)]))
+        messages.append(Message("user", [*images_of(body.images, "images"), TextBlock(body.prompt)]))
         generation_request = GenerationRequest(model=body.model, messages=messages)
     generation_request.sampling, generation_request.load_options = options.sampling, options.load
     generation_request.max_tokens, generation_request.stop = options.num_predict, options.stop
@@ -314,6 +317,11 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
+def images_of(images: list[str] | None, param: str) -> list[MediaBlock]:
+    """Ollama's ``images``: base64 strings (their type read from their bytes)."""
+    return [from_base64(image, "image", f"{param}.{index}") for index, image in enumerate(images or [])]
+
+
 def chat_messages(body: ChatBody) -> list[Message]:
     """Ollama messages (no call ids: results pair with the earliest open call of the same function)."""
     messages: list[Message] = []
@@ -323,19 +331,20 @@ def chat_messages(body: ChatBody) -> list[Message]:
         if message.role not in ROLES:
             raise InvalidRequest(f"unknown role '{message.role}' (use system, user, assistant or tool)",
                                  param=f"{param}.role")
-        if message.images:
-            raise InvalidRequest("images are not supported (text models only)", param=f"{param}.images")
+        images = images_of(message.images, f"{param}.images")
         if message.role == "tool":
             match = next((c for c in open_calls if not message.tool_name or c[1] == message.tool_name), None)
             if match is not None:
                 open_calls.remove(match)
             call_id = match[0] if match else f"call_{index}"
             messages.append(Message("tool", [ToolResultBlock(call_id, message.content,
-                                                             name=message.tool_name or (match[1] if match else None))]))
+                                                             name=message.tool_name or (match[1] if match else None),
+                                                             media=[(0, image) for image in images])]))
             continue
         blocks: list[Block] = []
         if message.thinking:
             blocks.append(ReasoningBlock(message.thinking))
+        blocks.extend(images)  # Ollama puts a message's images before its text
         if message.content or not message.tool_calls:
             blocks.append(TextBlock(message.content))
         for call_index, call in enumerate(message.tool_calls or []):
@@ -474,11 +483,13 @@ async def _template_of(record: ModelRecord) -> Template:
 
 
 async def capabilities(record: ModelRecord) -> list[str]:
-    """What the model can do, as Ollama clients read it: completion, tools, thinking."""
+    """What the model can do, as Ollama clients read it: completion, tools, thinking, vision (a projector)."""
     template = await _template_of(record)
     found = ["completion", "tools"]  # tools work with every template (described in the prompt when not native)
     if template.thinks or template.tool_format == "harmony":
         found.append("thinking")
+    if record.projector:
+        found.append("vision")
     return found
 
 
@@ -510,6 +521,7 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
                        f"{record.family}.context_length": num_ctx if remote else record.context_length},
         "capabilities": await capabilities(record), "modified_at": record.modified_at,
         "path": record.path,  # localai extension: the weights file (benchmarks run llama.cpp tools on it)
+        **({"projector": record.projector} if record.projector else {}),  # localai extension: the mmproj file
         # localai extension: the context the daemon loads the model with (launch gives it to agents)
         "num_ctx": num_ctx,
         "engine": chosen_engine(record, request.app.state.settings.engine),  # localai extension

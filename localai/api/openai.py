@@ -28,6 +28,7 @@ from localai.api.common import (
     sse,
     stream_response,
 )
+from localai.api.media import openai_part, tool_result
 from localai.api.sessions import session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import chosen_engine, context_size
@@ -37,6 +38,7 @@ from localai.schema import (
     Finished,
     GenerationRequest,
     KeepAlive,
+    MediaBlock,
     Message,
     ReasoningBlock,
     ReasoningDelta,
@@ -50,7 +52,6 @@ from localai.schema import (
     ToolCallEnd,
     ToolCallStart,
     ToolChoice,
-    ToolResultBlock,
     Usage,
     effort_of,
 )
@@ -59,25 +60,18 @@ from localai.settings import Settings
 router = APIRouter()
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    text: str | None = None
-
-
-def content_text(content: str | list[ContentPart] | None, param: str) -> str:
-    """The text of a message's content: a string or text parts (images and audio are not supported)."""
+def content_blocks(content: str | list[dict[str, Any]] | None, param: str) -> list[TextBlock | MediaBlock]:
+    """A message's content: a string, or parts (text, images, audio, files), in order."""
     if content is None:
-        return ""
+        return []
     if isinstance(content, str):
-        return content
-    texts = []
+        return [TextBlock(content)]
+    blocks = []
     for index, part in enumerate(content):
-        if part.type not in ("text", "input_text", "output_text"):
-            raise InvalidRequest(f"content part type '{part.type}' is not supported (text only)",
-                                 param=f"{param}.{index}.type")
-        texts.append(part.text or "")
-    return "".join(texts)
+        block = openai_part(part, f"{param}.{index}")
+        if block is not None:
+            blocks.append(block)
+    return blocks
 
 
 class FunctionCall(BaseModel):
@@ -96,7 +90,7 @@ class ToolCall(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -104,16 +98,16 @@ class ChatMessage(BaseModel):
 
     def to_message(self, index: int) -> Message:
         param = f"messages.{index}"
-        text = content_text(self.content, f"{param}.content")
+        content = content_blocks(self.content, f"{param}.content")
         if self.role == "tool":
             if not self.tool_call_id:
                 raise InvalidRequest("a tool message needs 'tool_call_id'", param=f"{param}.tool_call_id")
-            return Message("tool", [ToolResultBlock(self.tool_call_id, text, name=self.name)])
+            return Message("tool", [tool_result(self.tool_call_id, content, self.name)])
         blocks: list[Block] = []
         if self.reasoning_content:
             blocks.append(ReasoningBlock(self.reasoning_content))
-        if text or not self.tool_calls:
-            blocks.append(TextBlock(text))
+        if any(isinstance(block, MediaBlock) or block.text for block in content) or not self.tool_calls:
+            blocks.extend(content or [TextBlock("")])
         for call_index, call in enumerate(self.tool_calls or []):
             arguments = parse_arguments(call.function.arguments,
                                         f"{param}.tool_calls.{call_index}.function.arguments")
@@ -232,7 +226,7 @@ class SamplingFields(BaseModel):
     @classmethod
     def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and len(value) > 16:
-            raise ValueError("at most 16 stop sequences")
+            raise ValueError(f"at most 16 stop sequences are allowed (got {len(value)})")
         return value
 
     def generation(self, request: Request, **kwargs: Any) -> GenerationRequest:
@@ -267,7 +261,7 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
         if isinstance(value, list) and len(value) != 1:
-            raise ValueError("exactly one prompt is supported")
+            raise ValueError(f"exactly one prompt is taken per request (got {len(value)}); send each on its own")
         return value
 
 
@@ -436,22 +430,38 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
-    input: str | list[str] = Field(description="Text or texts (token arrays are not supported).")
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="Text or texts, or token ids (one array, or one per input) of this model's own tokenizer.")
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
 
     @field_validator("input")
     @classmethod
-    def _some_input(cls, value: str | list[str]) -> str | list[str]:
+    def _some_input(cls, value: EmbeddingInput) -> EmbeddingInput:
         if isinstance(value, list) and not value:
             raise ValueError("at least one input is required")
         return check_embedding_inputs(value)
+
+    def token_ids(self) -> list[list[int]] | None:
+        """The inputs as token id arrays, when they were sent so (None for text)."""
+        if isinstance(self.input, list) and self.input and isinstance(self.input[0], int):
+            return [self.input]
+        if isinstance(self.input, list) and self.input and isinstance(self.input[0], list):
+            return self.input
+        return None
+
+
+EmbeddingInput = str | list[str] | list[int] | list[list[int]]
+# What to do when token ids come from another tokenizer: LangChain's OpenAIEmbeddings tokenizes with tiktoken
+# before it sends (check_embedding_ctx_length, on by default), other clients send the text.
+FOREIGN_IDS_FIX = ("send the text instead (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False; it "
+                   "tokenizes with OpenAI's tiktoken before sending)")
 
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's own limit per request
 
 
-def check_embedding_inputs(value: str | list[str]) -> str | list[str]:
+def check_embedding_inputs(value: EmbeddingInput) -> EmbeddingInput:
     """At most ``MAX_EMBEDDING_INPUTS`` texts per request (a pydantic validator: raises ValueError)."""
     if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:
         raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(value)}")
@@ -469,8 +479,19 @@ def truncated_vector(vector: list[float], dimensions: int) -> list[float]:
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
-    texts = [body.input] if isinstance(body.input, str) else body.input
-    vectors, tokens = await runtime_of(request).embed(body.model, texts)
+    """Embeddings of texts, or of token ids where they are this model's own (a detokenize-retokenize round trip
+    gives them back); ids from another tokenizer are a 400 saying so."""
+    ids = body.token_ids()
+    if ids is not None:
+        try:
+            vectors, tokens = await runtime_of(request).embed(body.model, [], tokens=ids)
+        except InvalidRequest as exc:
+            if exc.code == "foreign_token_ids":
+                exc.message = f"{exc.message}; {FOREIGN_IDS_FIX}"
+            raise
+    else:
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        vectors, tokens = await runtime_of(request).embed(body.model, texts)  # type: ignore[arg-type]
     if body.dimensions is not None:
         vectors = [truncated_vector(v, body.dimensions) for v in vectors]
     data = []

@@ -38,8 +38,9 @@ from localai.api.common import (
     stream_response,
     unless_disconnected,
 )
-from localai.api.errors import describe_validation
+from localai.api.media import file_data, from_url, openai_part, reference, tool_result
 from localai.api.sessions import session_id
+from localai.api.validation import describe_validation
 from localai.errors import InvalidRequest, LocalAIError, NotFound
 from localai.models.registry import Registry
 from localai.protocol import DEFAULT_SAMPLING
@@ -48,6 +49,7 @@ from localai.schema import (
     Finished,
     GenerationRequest,
     KeepAlive,
+    MediaBlock,
     Message,
     ReasoningBlock,
     ReasoningDelta,
@@ -61,7 +63,6 @@ from localai.schema import (
     ToolCallEnd,
     ToolCallStart,
     ToolChoice,
-    ToolResultBlock,
     effort_of,
 )
 from localai.settings import Settings
@@ -113,23 +114,50 @@ class ResponsesRequest(BaseModel):
 
 # -- input ----------------------------------------------------------------------------------------
 
-def _text_of(content: Any, param: str) -> str:
+TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
+MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+
+
+def _blocks_of(content: Any, param: str) -> list[TextBlock | MediaBlock]:
+    """A message's (or a tool output's) content: text, images, files and audio, in order."""
     if content is None:
-        return ""
+        return []
     if isinstance(content, str):
-        return content
+        return [TextBlock(content)]
     if not isinstance(content, list):
         raise InvalidRequest("content must be a string or a list of parts", param=param)
-    texts = []
+    blocks: list[TextBlock | MediaBlock] = []
     for index, part in enumerate(content):
+        where = f"{param}.{index}"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text", "reasoning_text", "summary_text"):
-            texts.append(str(part.get("text", "")))
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise InvalidRequest(f"'{kind}' content is not supported (text models only)", param=f"{param}.{index}")
+        if kind in TEXT_PARTS:
+            blocks.append(TextBlock(str(part.get("text", ""))))
+        elif kind == "input_image":
+            assert isinstance(part, dict)
+            if part.get("image_url") is not None:
+                blocks.append(from_url(part["image_url"], "image", f"{where}.image_url"))
+            elif part.get("file_id") is not None:
+                blocks.append(reference(part["file_id"], "image", where))
+            else:
+                raise InvalidRequest("an input_image part needs 'image_url' (a data: URL or URL) or 'file_id'",
+                                     param=where)
+        elif kind == "input_file":
+            assert isinstance(part, dict)
+            blocks.append(file_data(part.get("file_data"), part.get("file_id"), part.get("filename"), where,
+                                    url=part.get("file_url")))
+        elif kind == "input_audio":
+            blocks.append(openai_part(part, where) or TextBlock(""))
         elif kind != "refusal":
-            raise InvalidRequest(f"unknown content part type {kind!r}", param=f"{param}.{index}.type")
-    return "".join(texts)
+            raise InvalidRequest(f"unknown content part type {kind!r} (input_text, input_image, input_file, "
+                                 "input_audio)", param=f"{where}.type")
+    return blocks
+
+
+def _text_of(content: Any, param: str) -> str:
+    """Only the text of a content (reasoning, summaries): media parts are passed over."""
+    if isinstance(content, list):
+        content = [part for part in content if not (isinstance(part, dict) and part.get("type") in MEDIA_PARTS)]
+    return "".join(block.text for block in _blocks_of(content, param) if isinstance(block, TextBlock))
 
 
 def input_messages(items: list[dict[str, Any]], param: str = "input") -> list[Message]:
@@ -151,11 +179,11 @@ def input_messages(items: list[dict[str, Any]], param: str = "input") -> list[Me
             if role not in ("user", "assistant", "system", "developer"):
                 raise InvalidRequest(f"unknown role {role!r} (use user, assistant, system or developer)",
                                      param=f"{where}.role")
-            text = _text_of(item.get("content"), f"{where}.content")
+            blocks = _blocks_of(item.get("content"), f"{where}.content") or [TextBlock("")]
             if role == "assistant":
-                assistant().content.append(TextBlock(text))
+                assistant().content.extend(blocks)
             else:
-                messages.append(Message(role, [TextBlock(text)]))
+                messages.append(Message(role, list(blocks)))
         elif kind == "function_call":
             call_id, name = item.get("call_id"), item.get("name")
             if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
@@ -166,12 +194,11 @@ def input_messages(items: list[dict[str, Any]], param: str = "input") -> list[Me
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise InvalidRequest("a function_call_output item needs 'call_id'", param=where)
-            output = item.get("output", "")
-            text = output if isinstance(output, str) else _text_of(output, f"{where}.output")
+            result = tool_result(call_id, _blocks_of(item.get("output", ""), f"{where}.output"), None)
             if messages and messages[-1].role == "tool":
-                messages[-1].content.append(ToolResultBlock(call_id, text))
+                messages[-1].content.append(result)
             else:
-                messages.append(Message("tool", [ToolResultBlock(call_id, text)]))
+                messages.append(Message("tool", [result]))
         elif kind == "compaction":  # a /v1/responses/compact summary standing for the turns it replaced
             summary = item.get("encrypted_content")
             if not isinstance(summary, str):
@@ -672,10 +699,18 @@ class CompactRequest(BaseModel):
 def compacted_items(conversation: list[dict[str, Any]], summary: str) -> list[dict[str, Any]]:
     """What a compacted conversation keeps: the user's own messages (as the spec's example keeps them), then the
     summary standing for everything else (a previous compaction's summary folds into the new one)."""
-    kept = [{"type": "message", "id": _id("msg"), "status": "completed", "role": "user", "content": [
-        {"type": "input_text", "text": _text_of(item.get("content"), "input")}]} for item in conversation
+    kept = [{"type": "message", "id": _id("msg"), "status": "completed", "role": "user",
+             "content": _user_content(item.get("content"))} for item in conversation
             if item.get("type", "message") == "message" and item.get("role") == "user"]
     return [*kept, {"type": "compaction", "id": _id("cmp"), "encrypted_content": COMPACTED_MARK + summary}]
+
+
+def _user_content(content: Any) -> list[dict[str, Any]]:
+    """A user message's parts as a compaction keeps them: its text, and its images and files as they were sent."""
+    if not isinstance(content, list):
+        return [{"type": "input_text", "text": _text_of(content, "input")}]
+    return [part if part.get("type") in MEDIA_PARTS else {"type": "input_text", "text": str(part.get("text", ""))}
+            for part in content if isinstance(part, dict) and part.get("type") in (*TEXT_PARTS, *MEDIA_PARTS)]
 
 
 @router.post("/v1/responses/compact")

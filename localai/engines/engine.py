@@ -30,6 +30,7 @@ class LoadOptions:
     cpu_repack: str = "auto"  # auto, on, off: llama.cpp's weight repacking (extra buffer types)
     kv_type: str = "f16"
     model_sha256: str = ""
+    projector_path: str | None = None  # a vision projector (mmproj GGUF): images reach the model through mtmd
     template: str | None = None
     cache_dir: str | None = None
     cache_max_bytes: int = 8 << 30

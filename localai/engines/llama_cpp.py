@@ -24,6 +24,7 @@ from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.engines.llama_devices import LoadReport
 from localai.engines.llama_embed import EmbeddingContext
 from localai.engines.llama_tokens import PrefixTokenizer, Vocabulary
+from localai.engines.llama_vision import Vision
 from localai.engines.placement import ModelSizes, Placement, cpu_only, place
 from localai.promptcache.store import StateBytes
 from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
@@ -134,6 +135,12 @@ class LlamaCppEngine:
         # at a near tie, so drafts are used only when asked for (PARAMETER speculative on)
         self.drafts_exact = False
         self.prompt_tokens = PrefixTokenizer(self._vocabulary, self._tokenize_whole, self.tokenize_special)
+        self._rows: dict[int, int] = {}  # a batch's logits rows where image positions moved them (llama_vision)
+        self.vision: Vision | None = None
+        if options.projector_path:
+            self.vision = Vision(self.model, self.ctx, options.projector_path, options.n_threads,
+                                 use_gpu=self.placement.layers > 0, debug=debug)
+            self.can_draft = False  # drafts copied from the context could propose an image's pseudo-tokens
 
     def _place(self, options: LoadOptions) -> Placement:
         """The layers to offload (``engines/placement.py``): by the GPUs' free memory, or ``num_gpu``."""
@@ -264,13 +271,21 @@ class LlamaCppEngine:
     def tokenize(self, text: str) -> list[int]:
         """Tokens of a rendered prompt: special tokens parsed, BOS added once when the model wants one. An empty
         text is BOS alone, so there is always something to evaluate. A prompt that extends a recent one reuses its
-        tokens up to their last turn marker (``llama_tokens``)."""
+        tokens up to their last turn marker (``llama_tokens``); one with image marks goes through the projector."""
+        if self.vision is not None and self.vision.marked(text):
+            return self.vision.tokenize(text, self.bos_id)
         return self.prompt_tokens.tokenize(text)
 
     def stable_prefix(self, text: str, tokens: list[int]) -> int:
         # Probes of what follows a kept reply (a message's content): a letter, a space, a newline, a digit
         probes = [self.prompt_tokens.tokenize(text + probe, remember=False) for probe in ("x", " x", "\n", "1")]
         return min(common_prefix_length(tokens, probe) for probe in probes)
+
+    def remember_media(self, media: dict[str, str]) -> None:
+        """Keep the images a request sent for its prompt's marks (a model with a vision projector)."""
+        if self.vision is None:
+            raise ValueError("this model has no vision projector: images reach it as text stand-ins")
+        self.vision.remember(media)
 
     def _tokenize_whole(self, text: str) -> list[int]:
         tokens = self._tokens(text, self.add_bos)
@@ -379,6 +394,7 @@ class LlamaCppEngine:
             L.llama_sampler_free(sampler)
 
     def sample(self, sampler: Any, row: int) -> int:
+        row = self._rows.get(row, row)
         if sampler is GREEDY:  # the row's argmax, read in place (the first of equal maxima, as llama.cpp's greedy)
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
             return int(logits.argmax())
@@ -387,6 +403,13 @@ class LlamaCppEngine:
     # -- evaluation ------------------------------------------------------------------------------
 
     def decode(self, batch: list[BatchItem]) -> None:
+        self._rows = {}
+        if self.vision is not None and self.vision.holds_images(batch):
+            self._rows = self.vision.decode(batch, self._decode_tokens)
+            return
+        self._decode_tokens(batch)
+
+    def _decode_tokens(self, batch: list[BatchItem]) -> None:
         native = self.batch
         for index, item in enumerate(batch):
             native.token[index] = item.token

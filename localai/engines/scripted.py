@@ -9,6 +9,7 @@ Selected with ``LOCALAI_ENGINE=scripted`` (or ``PARAMETER engine scripted``). To
   already holds (ChatML's ``<|im_start|>assistant``; the last part once they run out): an agent's tool call, then
   its answer once the tool's result is back; where the prompt holds ``[[next]]`` marks (a client puts one in each
   tool result), the turn is counted by them instead, for templates other than ChatML;
+- ``[[echo]]``: reply the prompt itself, as the engine got it (what a dialect's request rendered to);
 - ``[[slow]]``: a long reply at 20 tokens per second (for disconnects and Esc);
 - ``[[crash]]``: the decode step raises, so the engine thread fails and the worker exits.
 
@@ -43,6 +44,7 @@ _SAY64 = re.compile(r"\[\[say64:([A-Za-z0-9+/=]*)\]\]")
 _TURNS = re.compile(r"\[\[turns:(.*?)\]\]", re.S)
 ASSISTANT_TURN = "<|im_start|>assistant"
 NEXT_TURN = "[[next]]"
+ECHO = "[[echo]]"
 
 
 @dataclass
@@ -179,6 +181,8 @@ class ScriptedEngine:
             return '{"scripted": true}'
         if sampler.slow:
             return SLOW_REPLY
+        if ECHO in prompt:
+            return prompt
         turns = _TURNS.findall(prompt)
         if turns:
             parts = turns[0].split("|||")

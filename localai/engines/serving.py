@@ -21,6 +21,7 @@ from typing import Any
 from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions
 from localai.engines.grammars import GrammarError
 from localai.engines.speculative import Drafter
+from localai.engines.token_ids import ForeignTokens, check_own
 from localai.promptcache.blocks import fingerprint
 from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, StateBytes
 from localai.protocol import EmbedOp, GenerateOp, ModelInfo
@@ -159,6 +160,11 @@ class Serving:
 
     def _handle(self, op: dict[str, Any], emit: Emit) -> None:
         kind = op.get("op")
+        if op.get("media"):  # images a vision projector reads, named by the prompt's marks (engines/llama_vision)
+            remember = getattr(self.engine, "remember_media", None)
+            if remember is None:
+                raise ValueError(f"the {self.engine.backend} engine reads no images")
+            remember(op["media"])
         if kind == "generate":
             self.waiting.append(op)  # type: ignore[arg-type]
         elif kind == "cancel":
@@ -176,11 +182,17 @@ class Serving:
             self._embed(op, emit)  # type: ignore[arg-type]
 
     def _embed(self, op: EmbedOp, emit: Emit) -> None:
+        engine = self.engine
         try:
-            tokens = [self.engine.tokenize(text) for text in op["texts"]]
-            vectors, counted = self.engine.embed(tokens, truncate=op["truncate"])
+            tokens = op.get("tokens")
+            if tokens is not None:
+                check_own(tokens, engine.info()["n_vocab"], engine.tokenize, engine.token_bytes)
+            else:
+                tokens = [engine.tokenize(text) for text in op["texts"]]
+            vectors, counted = engine.embed(tokens, truncate=op["truncate"])
         except ValueError as exc:
-            emit({"ev": "error", "id": op["id"], "kind": "invalid", "message": str(exc)})
+            kind = "foreign_token_ids" if isinstance(exc, ForeignTokens) else "invalid"
+            emit({"ev": "error", "id": op["id"], "kind": kind, "message": str(exc)})
             return
         emit({"ev": "embeddings", "id": op["id"], "vectors": vectors, "prompt_tokens": counted})
 

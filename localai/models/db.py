@@ -61,6 +61,11 @@ def m004_cache_models(db: sqlite_utils.Database) -> None:
     )
 
 
+def m005_projector(db: sqlite_utils.Database) -> None:
+    """A model's vision projector (an mmproj GGUF beside its weights), when it has one."""
+    db["models"].add_column("projector", str)  # type: ignore[union-attr]
+
+
 def open_database(path: Path) -> sqlite_utils.Database:
     """Open (creating if needed) the database and bring it to the newest schema."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -148,6 +148,21 @@ def choose_gguf(filenames: Iterable[str], quant: str | None, where: str) -> tupl
     return _pick_gguf(gguf_choices(filenames), quant, where)
 
 
+PROJECTOR_PREFERENCE = ("f16", "bf16", "f32", "q8_0")  # a projector is small: the least quantized that is there
+
+
+def choose_projector(filenames: Iterable[str]) -> str | None:
+    """The vision projector (an ``mmproj`` GGUF) a repository ships beside its model, if any: F16 where there is
+    a choice (as Ollama's and LM Studio's own vision models carry it), else the first by name."""
+    found = sorted(name for name in filenames
+                   if name.lower().endswith(".gguf") and "mmproj" in name.rsplit("/", 1)[-1].lower())
+    for label in PROJECTOR_PREFERENCE:
+        for name in found:
+            if quant_label(name).lower() == label or name.lower().endswith(f"-{label}.gguf"):
+                return name
+    return found[0] if found else None
+
+
 def choose_files(filenames: list[str], quant: str | None, where: str) -> tuple[str | None, tuple[str, ...]]:
     """What to pull from a repository: a GGUF (its quantization and files) or else an MLX model (no label).
 

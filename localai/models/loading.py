@@ -158,7 +158,9 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "use_mmap": bool(params.get("use_mmap", True)),
         "flash_attention": settings.flash_attention,
         "cpu_repack": settings.cpu_repack,
-        "model_sha256": record.sha256,
+        # a projector's weights change what an image's positions hold: they are part of the cache's fingerprint
+        "model_sha256": record.sha256 + (f"+mmproj:{record.projector_sha256}" if record.projector else ""),
+        "projector_path": record.projector,
         # No chat template: the worker only hashed it into its cache's fingerprint, and models that share a worker
         # (``load_key``) may each have their own; prompts are rendered in the daemon, and cached blocks are keyed
         # by their tokens, so the weights' own template is the one the fingerprint names.
@@ -186,7 +188,7 @@ def load_key(record: ModelRecord, settings: Settings, overrides: dict[str, Any] 
     params: dict[str, Any] = {**record.parameters, **(overrides or {})}
     asked = tuple((name, params[name]) for name in sorted(LOAD_PARAMETERS) if params.get(name) is not None)
     return (engine_for(record, settings.engine), record.format, record.path, record.sha256,
-            tuple(record.adapters), asked)
+            tuple(record.adapters), record.projector, asked)
 
 
 RUNS = {"llama.cpp": ("gguf",), "mlx": ("mlx",), "scripted": ("gguf", "mlx")}  # which weights each engine loads

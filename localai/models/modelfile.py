@@ -59,7 +59,7 @@ MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
 INSTRUCTIONS = frozenset({"from", "parameter", "template", "system", "adapter", "license", "message", "requires",
-                          "parser"})
+                          "parser", "projector"})
 
 ParameterValue = int | float | bool | str | list[str]
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -77,6 +77,8 @@ class Modelfile:
     license: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
     requires: str | None = None
+    # A vision projector (an mmproj GGUF): `PROJECTOR path`, or a second FROM as Ollama writes it
+    projector: str | None = None
 
     def render(self) -> str:
         """The Modelfile text that reproduces this model (what ``localai show --modelfile`` prints)."""
@@ -92,6 +94,8 @@ class Modelfile:
         if self.system is not None:
             lines.append(f'SYSTEM """{self.system}"""')
         lines.extend(f"ADAPTER {adapter}" for adapter in self.adapters)
+        if self.projector is not None:
+            lines.append(f"PROJECTOR {self.projector}")
         for message in self.messages:
             lines.append(f'MESSAGE {message["role"]} """{message["content"]}"""')
         if self.license is not None:
@@ -119,6 +123,9 @@ def parse_file(path: Path) -> Modelfile:
     candidate = (path.parent / modelfile.from_).expanduser()
     if _looks_like_path(modelfile.from_) and not Path(modelfile.from_).expanduser().is_absolute():
         modelfile.from_ = str(candidate.resolve())
+    projector = modelfile.projector
+    if projector is not None and _looks_like_path(projector) and not Path(projector).expanduser().is_absolute():
+        modelfile.projector = str((path.parent / projector).expanduser().resolve())
     return modelfile
 
 
@@ -138,7 +145,19 @@ def parse(text: str, *, source: str = "Modelfile") -> Modelfile:
         if instruction == "from":
             if not argument:
                 raise ModelfileError(f"{where}: FROM needs a model name or a GGUF path")
+            if from_ is not None:  # Ollama's way of adding a vision projector: a second FROM
+                if result.projector is not None:
+                    raise ModelfileError(f"{where}: a third FROM; the second is the vision projector (mmproj GGUF), "
+                                         "and a model has one")
+                result.projector = argument
+                continue
             from_ = argument
+        elif instruction == "projector":
+            if not argument:
+                raise ModelfileError(f"{where}: PROJECTOR needs the path of a vision projector (an mmproj GGUF)")
+            if result.projector is not None:
+                raise ModelfileError(f"{where}: a second projector; a model has one")
+            result.projector = argument
         elif instruction == "parameter":
             name, value = _parameter(argument, where)
             if name in LIST_PARAMETERS:
@@ -303,7 +322,7 @@ def _instructions(text: str, source: str) -> list[tuple[int, str, str]]:
         if instruction not in INSTRUCTIONS:
             raise ModelfileError(
                 f"{source}, line {lineno}: unknown instruction {word!r}; "
-                "expected FROM, PARAMETER, TEMPLATE, SYSTEM, MESSAGE, ADAPTER, LICENSE, REQUIRES or PARSER"
+                "expected FROM, PARAMETER, TEMPLATE, SYSTEM, MESSAGE, ADAPTER, PROJECTOR, LICENSE, REQUIRES or PARSER"
             )
         rest = rest.strip()
         if '"""' in rest:

@@ -46,6 +46,7 @@ class PullPlan:
     listing: hub.RepoListing | None = None  # None: nothing to ask the hub (cached offline, or shipped)
     files: list[hub.RemoteFile] = field(default_factory=list)
     alias: str | None = None  # ``family:latest`` when a library family was pulled without a tag
+    projector: str | None = None  # the repository's vision projector (mmproj GGUF), fetched beside the model
 
 
 def plan(name: str, settings: Settings, token: str | None = None) -> PullPlan:
@@ -79,17 +80,25 @@ def plan(name: str, settings: Settings, token: str | None = None) -> PullPlan:
             ) from exc
         log.info("%s; registering %s from the cache", exc.message, ref)
         modelfile.from_ = str(ref)
+        snapshot = hub.cached_snapshot(ref.repo_id)
+        projector = hub.choose_projector(hub.snapshot_files(snapshot)) if snapshot is not None else None
+        if projector is not None and modelfile.projector is None:
+            assert snapshot is not None
+            modelfile.projector = str(snapshot / projector)
         return PullPlan(registered, modelfile, str(ref), alias=alias)
     where = f"hf.co/{listing.repo_id}"
     names = list(listing.files)
     label, chosen = hub.choose_files(names, ref.quant, where)
     resolved = hub.HubRef(listing.repo_id, label)
     files = [listing.files[file] for file in chosen]
+    projector = hub.choose_projector(names) if label is not None and modelfile.projector is None else None
+    if projector is not None:
+        files.append(listing.files[projector])
     pending = sum(hub.pending_bytes(listing, file) for file in files)
     if pending:
         hub.check_disk_space(pending, settings.min_free_space, registered)
     modelfile.from_ = str(resolved)
-    return PullPlan(registered, modelfile, str(resolved), listing, files, alias)
+    return PullPlan(registered, modelfile, str(resolved), listing, files, alias, projector)
 
 
 def _shipped(name: str, modelfile: Modelfile, alias: str | None) -> PullPlan:
@@ -125,6 +134,10 @@ def execute(pull: PullPlan, registry: Registry, emit: Callable[[Event], None],
 
         hub.fetch(pull.listing, file, token=token, report=report, cancelled=cancelled, verifying=verifying)
     emit({"status": "writing manifest"})
+    if pull.projector is not None and pull.listing is not None:
+        snapshot = hub.cached_snapshot(pull.listing.repo_id)
+        if snapshot is not None:
+            pull.modelfile.projector = str(snapshot / pull.projector)
     record = registry.create(pull.name, pull.modelfile, source=pull.source)
     if pull.alias and pull.alias != record.name:
         registry.alias(pull.alias, record.name)

@@ -36,7 +36,7 @@ FOUND_SOURCES = ("ollama:", "lmstudio:", "hf:")  # models found on disk (localai
 WATCHED = "modelfile:"  # the source of models created from a user Modelfile, followed by its path
 # Fields that decide whether re-creating a model from the same Modelfile changes anything.
 _DEFINING = ("source", "path", "format", "sha256", "parameters", "template", "system", "messages", "license",
-             "modelfile")
+             "modelfile", "projector")
 
 
 @dataclass
@@ -61,6 +61,8 @@ class ModelRecord:
     license: str | None = None
     modified_at: str = ""
     aliases: list[str] = field(default_factory=list)
+    projector: str | None = None  # a vision projector (mmproj GGUF): the model sees images through it
+    projector_sha256: str = ""
 
     @property
     def engine(self) -> str:
@@ -82,7 +84,16 @@ class ModelRecord:
         return Modelfile(
             from_=self.path, parameters=dict(self.parameters), template=self.template, system=self.system,
             adapters=list(self.adapters), license=self.license, messages=list(self.messages),
+            projector=self.projector,
         )
+
+
+def _projector_fields(stored: str | None) -> dict[str, str]:
+    """A stored projector (JSON of its path and digest) as ModelRecord's fields."""
+    if not stored:
+        return {}
+    value = json.loads(stored)
+    return {"projector": str(value["path"]), "projector_sha256": str(value.get("sha256", ""))}
 
 
 MAX_NAME = 300
@@ -208,6 +219,7 @@ class Registry:
             parameters=json.loads(row["parameters"] or "{}"), template=row["template"], system=row["system"],
             messages=json.loads(row["messages"] or "[]"), adapters=json.loads(row["adapters"] or "[]"),
             license=row["license"], modified_at=row["modified_at"], aliases=aliases,
+            **_projector_fields(row.get("projector")),
         )
 
     # -- writing ---------------------------------------------------------------------------------
@@ -268,11 +280,35 @@ class Registry:
             size = weights.total_size(path)
         except (OSError, ValueError) as exc:
             raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
+        projector = self._projector(modelfile, base, fmt)
         return self._compose_row(
             key, modelfile, base, source or (base.source if base else modelfile.from_), _parameters(base, modelfile),
             path=str(path), format=fmt, sha256=self._digest(path), size=size, family=meta.architecture,
             quantization=meta.quantization, parameter_size=meta.parameter_size, context_length=meta.context_length,
+            projector=projector,
         )
+
+    def _projector(self, modelfile: Modelfile, base: ModelRecord | None, fmt: str) -> str | None:
+        """The vision projector as stored: its path and digest (JSON), from the Modelfile or the base model; a file
+        that is not an mmproj GGUF is refused here, naming the line."""
+        if modelfile.projector is None:
+            if base is not None and base.projector:
+                return json.dumps({"path": base.projector, "sha256": base.projector_sha256})
+            return None
+        where = f"PROJECTOR {modelfile.projector}"
+        if fmt != "gguf":
+            raise ModelfileError(f"{where}: a vision projector goes with GGUF weights (llama.cpp's mtmd)")
+        path = resolve_weights(modelfile.projector)
+        if path is None or not path.is_file():
+            raise ModelfileError(f"{where}: no such file; give the path of the model's mmproj GGUF")
+        try:
+            meta = read_metadata(path)
+        except (OSError, ValueError) as exc:
+            raise ModelfileError(f"{where}: {exc}") from exc
+        if meta.architecture != "clip":
+            raise ModelfileError(f"{where}: a GGUF of architecture {meta.architecture!r}, not a vision projector "
+                                 "(an mmproj GGUF's architecture is 'clip')")
+        return json.dumps({"path": str(path), "sha256": self._digest(path)})
 
     def _compose_row(self, key: str, modelfile: Modelfile, base: ModelRecord | None, source: str,
                      parameters: dict[str, ParameterValue], **weights: Any) -> dict[str, Any]:
@@ -286,6 +322,7 @@ class Registry:
             "messages": json.dumps(modelfile.messages or (base.messages if base else [])),
             "adapters": json.dumps(modelfile.adapters), "license": modelfile.license,
             "modelfile": modelfile.render(), "created_at": stamp, "modified_at": stamp,
+            "projector": weights.get("projector"),
         }
         existing = self._row(key)
         if existing is not None and existing["created_at"]:
@@ -297,6 +334,8 @@ class Registry:
         """A remote model: no weights here, the replicas' URLs and settings (checked, never contacted)."""
         if modelfile.adapters:
             raise ModelfileError("ADAPTER is not supported for remote models")
+        if modelfile.projector is not None:
+            raise ModelfileError("PROJECTOR does not apply to a remote model: its upstream reads the images")
         if modelfile.template is not None:
             raise ModelfileError("TEMPLATE does not apply to a remote model: the upstream renders its own template")
         parameters = _parameters(base, modelfile)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import base64
 import contextlib
 import json
 import logging
@@ -14,11 +15,12 @@ from typing import Any, Protocol
 
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
 from localai.metrics import Metrics
+from localai.models.loading import chosen_engine
 from localai.models.modelfile import LOAD_PARAMETERS
 from localai.models.registry import ModelRecord, Registry
 from localai.promptcache.divergences import Divergence
-from localai.protocol import DEFAULT_SAMPLING, Constraint, GenerateOp, Sampling
-from localai.runtime import divergence
+from localai.protocol import DEFAULT_SAMPLING, Constraint, GenerateOp, Sampling, image_mark
+from localai.runtime import divergence, media
 from localai.runtime import prompt as prompting
 from localai.runtime.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.runtime.fitting import apply as fitting_apply
@@ -69,6 +71,7 @@ class Generation:
     replica: str | None = None  # the remote replica serving it (remote models)
     cache: dict[str, Any] | None = None  # where the reused prefix came from (source, restored, restore_ms)
     follow_up: FollowUp | None = None  # told the reply once it is complete (the worker then prefills it)
+    omitted: list[media.Omission] = field(default_factory=list)  # media the model did not get (stand-ins instead)
     sampling: dict[str, Any] = field(default_factory=dict)  # the values it samples with (request, Modelfile, default)
 
     async def events(self) -> AsyncGenerator[Event, None]:
@@ -146,6 +149,7 @@ class Runtime:
         # carry a fingerprint and a session, and /api/cache names their model from these.
         self.session_models: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._cache_models_noted: set[tuple[str, str]] = set()
+        self.documents = media.DocumentReader()
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
@@ -154,6 +158,9 @@ class Runtime:
         before any response bytes are sent, so they get a proper HTTP status.
         """
         record = self.registry.get(request.model)
+        prepared = await media.prepare(request.messages, self.documents, model=record.name,
+                                       sees_images=self.sees_images(record))
+        request = replace(request, messages=prepared.messages, images=prepared.images)
         stack = contextlib.AsyncExitStack()
         try:
             lease = contextlib.AsyncExitStack()  # the model's lease, given back early if its worker dies unused
@@ -245,6 +252,7 @@ class Runtime:
                 cached_tokens=first["cached_tokens"], _frames=frames, _stack=stack,
                 _metrics=self.scheduler.metrics, replica=first.get("replica"), cache=first.get("cache"),
                 follow_up=follow_up, sampling={**DEFAULT_SAMPLING, **requested_sampling(record, request)},
+                omitted=prepared.omitted,
             )
         except BaseException:
             await stack.aclose()
@@ -368,21 +376,32 @@ class Runtime:
     async def count_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt is, as the model tokenizes it."""
         record = self.registry.get(request.model)
+        prepared = await media.prepare(request.messages, self.documents, model=record.name,
+                                       sees_images=self.sees_images(record))
+        request = replace(request, messages=prepared.messages)
         if record.remote:  # the upstream's tokenizer is not here: an estimate
             target = await self._remote_target(record)
             return estimated_tokens(target.operation(request, request.messages))
         async with self.scheduler.lease(record, keep_alive=request.keep_alive) as loaded:
             prompt = await asyncio.to_thread(self.render_prompt, record, loaded, request, request.messages)
-            return await loaded.worker.count_tokens(prompt)
+            return await loaded.worker.count_tokens(prompt, media=media_of(prepared.images, prompt))
 
-    async def embed(self, model: str, texts: list[str], *, truncate: bool = True,
-                    keep_alive: float | None = None) -> tuple[list[list[float]], int]:
-        """L2-normalised embeddings of ``texts`` and the tokens evaluated (a separate context in the worker)."""
+    def sees_images(self, record: ModelRecord) -> bool:
+        """Whether images reach this model as images: it has a vision projector and runs on llama.cpp."""
+        return bool(record.projector) and chosen_engine(record, self.settings.engine) == "llama.cpp"
+
+    async def embed(self, model: str, texts: list[str], *, truncate: bool = True, keep_alive: float | None = None,
+                    tokens: list[list[int]] | None = None) -> tuple[list[list[float]], int]:
+        """L2-normalised embeddings of ``texts`` (or of ``tokens``, ids of the model's own tokenizer) and the tokens
+        evaluated (a separate context in the worker)."""
         record = self.registry.get(model)
         if record.remote:
+            if tokens is not None:
+                raise InvalidRequest("token ids cannot go to a remote model (its tokenizer is not here); send the "
+                                     "text", param="input")
             return await self.remotes.pool(record).embed(texts)
         async with self.scheduler.lease(record, keep_alive=keep_alive) as loaded:
-            return await loaded.worker.embed(texts, truncate=truncate)
+            return await loaded.worker.embed(texts, truncate=truncate, tokens=tokens)
 
     async def unload(self, name: str) -> bool:
         """Unload a model now (``localai stop``, a deleted or edited model): its worker, or a remote model's pool
@@ -516,6 +535,7 @@ class Runtime:
             max_tokens = int(params["num_predict"])  # type: ignore[arg-type]
         prompt = self.render_prompt(record, loaded, request, messages)
         info = loaded.worker.info
+        images = media_of(request.images, prompt)
         if request.prefill_only:
             max_tokens = 0  # a warm op: the prompt is evaluated and saved, nothing is generated
         return GenerateOp(
@@ -529,6 +549,7 @@ class Runtime:
             warm=request.prefill_only,
             speculative=request.speculative if request.speculative is not None
             else {"on": True, "off": False}.get(str(params.get("speculative", "auto"))),
+            **({"media": images} if images else {}),  # type: ignore[typeddict-item]
         )
 
 
@@ -624,6 +645,12 @@ class RemoteTarget:
 
     def parser(self, request: GenerationRequest, prompt: str | None = None) -> Parser | None:
         return None  # the upstream parsed its own tool calls and reasoning
+
+
+def media_of(images: dict[str, bytes], prompt: str) -> dict[str, str]:
+    """The images a rendered prompt marks (fitting may have dropped some), base64 by digest, for the worker."""
+    return {digest: base64.b64encode(data).decode() for digest, data in images.items()
+            if image_mark(digest) in prompt}
 
 
 def output_reserve(max_tokens: int | None, n_ctx: int) -> int:

@@ -185,7 +185,10 @@ class Worker:
                 raise self.crashed(f"while answering a {op['op']} request")
             if message.get("ev") == "error":
                 error = RequestTooLarge if message.get("kind") == "too_large" else InvalidRequest
-                raise error(message.get("message", f"{op['op']} failed"), param=param)
+                failure = error(message.get("message", f"{op['op']} failed"), param=param)
+                if message.get("kind") == "foreign_token_ids":  # the dialect adds what a client should send
+                    failure.code = "foreign_token_ids"
+                raise failure
             return message
         finally:
             self._queues.pop(op["id"], None)
@@ -195,14 +198,20 @@ class Worker:
         message = await self._call(op, "input")
         return list(message["tokens"])
 
-    async def count_tokens(self, text: str) -> int:
+    async def count_tokens(self, text: str, media: dict[str, str] | None = None) -> int:
         op: TokenizeOp = {"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text, "count_only": True}
+        if media:
+            op["media"] = media
         message = await self._call(op, "messages")
         return int(message["count"])
 
-    async def embed(self, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
-        """Vectors for ``texts`` from the worker's embedding context, and the tokens evaluated."""
+    async def embed(self, texts: list[str], *, truncate: bool,
+                    tokens: list[list[int]] | None = None) -> tuple[list[list[float]], int]:
+        """Vectors for ``texts`` (or for ``tokens``, ids a client sent, checked to be the model's own) from the
+        worker's embedding context, and the tokens evaluated."""
         op: EmbedOp = {"op": "embed", "id": f"emb-{next(_ids)}", "texts": texts, "truncate": truncate}
+        if tokens is not None:
+            op["tokens"] = tokens
         message = await self._call(op, "input")
         return [list(v) for v in message["vectors"]], int(message["prompt_tokens"])
 

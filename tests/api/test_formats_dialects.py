@@ -177,6 +177,9 @@ EFFORT_TEMPLATE = ("<|start|>system<|message|>Reasoning: {{ reasoning_effort | d
     ("anthropic", {"thinking": {"type": "enabled", "budget_tokens": 32000}}, "high"),
     ("anthropic", {"thinking": {"type": "enabled", "budget_tokens": 1024}}, "low"),
     ("anthropic", {"thinking": {"type": "disabled"}}, "low"), ("ollama", {"think": "high"}, "high"),
+    ("anthropic", {"output_config": {"effort": "high"}}, "high"),
+    ("anthropic", {"output_config": {"effort": "low"}, "thinking": {"type": "enabled", "budget_tokens": 32000}},
+     "low"),
 ])
 def test_reasoning_effort_reaches_a_harmony_models_prompt(api: TestClient, tmp_path: Path, dialect: str,
                                                           ask: dict[str, Any], level: str) -> None:

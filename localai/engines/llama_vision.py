@@ -1,0 +1,276 @@
+"""Images through a vision projector (an mmproj GGUF), with llama.cpp's multimodal library (mtmd) beside a loaded
+llama.cpp model.
+
+The daemon renders an image into the prompt as a mark naming its sha256 (``protocol.image_mark``) and sends the
+bytes with the request; the worker keeps recent images by digest. Tokenizing a prompt with marks goes through
+``mtmd_tokenize``: text pieces become the model's tokens, and each image becomes the positions mtmd says it takes
+(with the model's own begin/end tokens around them), written into the token list as pseudo-tokens above any
+vocabulary, derived from the image's digest and the position within it. So the serving loop, the prefix reuse and
+the prompt cache work on token lists as ever: the same image in a later turn is the same tokens (its positions are
+reused from the cache), a different image at the same place is different tokens (recomputed).
+
+Decoding a batch that holds image positions: the image's embeddings come from the projector (encoded once per
+image, kept while it is recent) and are decoded through an embedding batch, with causal attention off where the
+model wants it (Gemma 3); the text around them goes through llama.cpp as usual, in position order. Models whose
+images take 2D (M-RoPE) positions (the Qwen-VL family) are refused at load: not supported yet.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import llama_cpp.llama_cpp as L
+import llama_cpp.mtmd_cpp as M
+import numpy as np
+
+from localai.engines.engine import BatchItem, DecodeFailed
+from localai.protocol import IMAGE_MARK, IMAGE_MARK_START
+
+log = logging.getLogger("localai.engine")
+PSEUDO_BASE = 1 << 30  # pseudo-token ids of image positions: above every vocabulary, below int32's limit
+PSEUDO_SPAN = (1 << 31) - 1 - PSEUDO_BASE
+KEEP_IMAGES = 32  # images (bytes and embeddings) a worker keeps by digest
+CHUNK_TEXT, CHUNK_IMAGE = 0, 1
+_LOG_CALLBACK: Any = None
+
+
+def pseudo_token(digest: str, position: int) -> int:
+    """The token standing for position ``position`` of the image with this sha256: the same image always gives the
+    same ids; two images share one id with probability 2**-30 (and a whole image with that to the power of its
+    length)."""
+    value = hashlib.sha256(f"{digest}:{position}".encode()).digest()
+    return PSEUDO_BASE + int.from_bytes(value[:4], "little") % PSEUDO_SPAN
+
+
+@dataclass
+class Image:
+    """A recent image: its bytes, and once tokenized, mtmd's chunk (to encode) and then its embeddings."""
+
+    data: bytes
+    chunk: Any = None  # an mtmd_input_chunk copy, owned here
+    embeddings: np.ndarray[Any, np.dtype[np.float32]] | None = None
+    non_causal: bool = False
+    tokens: set[int] = field(default_factory=set)  # its pseudo-tokens, forgotten with it
+
+
+class Vision:
+    """An mtmd context beside a loaded model: tokenizes prompts with image marks and decodes image positions."""
+
+    def __init__(self, model: Any, ctx: Any, projector_path: str, n_threads: int, *, use_gpu: bool,
+                 debug: bool = False) -> None:
+        global _LOG_CALLBACK
+        if _LOG_CALLBACK is None:  # mtmd logs through its own hook: quiet unless debugging, as llama.cpp's
+            def callback(level: int, text: bytes, _user: Any) -> None:
+                if debug and text:
+                    log.debug("mtmd: %s", text.decode(errors="replace").rstrip())
+            _LOG_CALLBACK = L.llama_log_callback(callback)
+            M.mtmd_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+            M.mtmd_helper_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+        params = M.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.n_threads = n_threads
+        params.print_timings = False
+        params.warmup = False
+        self.mctx = M.mtmd_init_from_file(projector_path.encode(), model, params)
+        if not self.mctx:
+            raise RuntimeError(f"llama.cpp's mtmd could not load the vision projector {projector_path} beside this "
+                               "model (a projector made for another model, or of a type this llama.cpp does not know)")
+        if not M.mtmd_support_vision(self.mctx):
+            self.close()
+            raise RuntimeError(f"{projector_path} is not a vision projector (it has no vision encoder)")
+        if M.mtmd_decode_use_mrope(self.mctx):
+            self.close()
+            raise RuntimeError("this model's images take 2D (M-RoPE) positions (the Qwen-VL family), which localai "
+                               "does not support yet; load it without PROJECTOR to use it for text")
+        self.ctx = ctx
+        self.n_embd = int(L.llama_model_n_embd(model))
+        self.marker = M.mtmd_default_marker()
+        self.images: OrderedDict[str, Image] = OrderedDict()
+        self.pseudo: dict[int, tuple[str, int]] = {}  # pseudo-token -> (image digest, position in the image)
+
+    def close(self) -> None:
+        for image in self.images.values():
+            if image.chunk is not None:
+                M.mtmd_input_chunk_free(image.chunk)
+        self.images.clear()
+        if self.mctx:
+            M.mtmd_free(self.mctx)
+            self.mctx = None
+
+    # -- images ----------------------------------------------------------------------------------
+
+    def remember(self, media: dict[str, str]) -> None:
+        """Keep the images a request sent (base64 by sha256 digest) for its prompt's marks."""
+        for digest, data in media.items():
+            if digest in self.images:
+                self.images.move_to_end(digest)
+                continue
+            raw = base64.b64decode(data)
+            if hashlib.sha256(raw).hexdigest() != digest:
+                raise ValueError(f"image {digest[:16]}: its bytes do not match its digest")
+            self.images[digest] = Image(raw)
+        while len(self.images) > KEEP_IMAGES:
+            _, old = self.images.popitem(last=False)
+            if old.chunk is not None:
+                M.mtmd_input_chunk_free(old.chunk)
+            for token in old.tokens:
+                self.pseudo.pop(token, None)
+
+    @staticmethod
+    def marked(text: str) -> bool:
+        return IMAGE_MARK_START in text
+
+    # -- tokenizing ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, bos_id: int) -> list[int]:
+        """A prompt with image marks as tokens: text through mtmd (special tokens parsed, BOS as the model wants),
+        each image as its pseudo-tokens."""
+        pieces = IMAGE_MARK.split(text)  # text, digest, text, digest, ..., text
+        marker = self.marker.decode()
+        texts = [piece.replace(marker, marker[:-1] + "\u200b" + marker[-1:]) for piece in pieces[0::2]]
+        digests = pieces[1::2]
+        missing = [digest for digest in digests if digest not in self.images]
+        if missing:
+            raise ValueError(f"image {missing[0][:16]} is not known to this worker (send its bytes with the request)")
+        prompt = marker.join(texts).encode()
+        bitmaps = []
+        chunks = M.mtmd_input_chunks_init()
+        try:
+            for digest in digests:
+                data = self.images[digest].data
+                buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+                bitmap = M.mtmd_helper_bitmap_init_from_buf(self.mctx, buffer, len(data), False)
+                if not bitmap:
+                    raise ValueError(f"image {digest[:16]} could not be decoded (PNG, JPEG, GIF, BMP are read)")
+                M.mtmd_bitmap_set_id(bitmap, digest.encode())
+                bitmaps.append(bitmap)
+            spec = M.mtmd_input_text()
+            spec.text = prompt
+            spec.text_len = len(prompt)
+            spec.add_special = True
+            spec.parse_special = True
+            array = (ctypes.c_void_p * max(1, len(bitmaps)))(*bitmaps)
+            status = M.mtmd_tokenize(self.mctx, chunks, ctypes.byref(spec), array, len(bitmaps))
+            if status != 0:
+                raise ValueError(f"mtmd could not tokenize the prompt with its images (status {status})")
+            return self._tokens(chunks, bos_id)
+        finally:
+            M.mtmd_input_chunks_free(chunks)
+            for bitmap in bitmaps:
+                M.mtmd_bitmap_free(bitmap)
+
+    def _tokens(self, chunks: Any, bos_id: int) -> list[int]:
+        tokens: list[int] = []
+        for index in range(M.mtmd_input_chunks_size(chunks)):
+            chunk = M.mtmd_input_chunks_get(chunks, index)
+            kind = M.mtmd_input_chunk_get_type(chunk)
+            if kind == CHUNK_TEXT:
+                count = ctypes.c_size_t(0)
+                pointer = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+                tokens.extend(int(pointer[i]) for i in range(count.value))
+            elif kind == CHUNK_IMAGE:
+                digest = (M.mtmd_input_chunk_get_id(chunk) or b"").decode()
+                image = self.images[digest]
+                if image.chunk is None:
+                    image.chunk = M.mtmd_input_chunk_copy(chunk)
+                    image.non_causal = bool(M.mtmd_decode_use_non_causal(self.mctx, chunk))
+                positions = int(M.mtmd_input_chunk_get_n_pos(chunk))
+                if positions != int(M.mtmd_input_chunk_get_n_tokens(chunk)):
+                    raise ValueError("this projector's images take fewer positions than embeddings: not supported")
+                for position in range(positions):
+                    token = pseudo_token(digest, position)
+                    self.pseudo[token] = (digest, position)
+                    image.tokens.add(token)
+                    tokens.append(token)
+            else:
+                raise ValueError("audio is not supported through the projector")
+        if len(tokens) > 1 and tokens[0] == tokens[1] == bos_id:
+            tokens = tokens[1:]  # the template already wrote BOS
+        return tokens
+
+    # -- decoding --------------------------------------------------------------------------------
+
+    @staticmethod
+    def holds_images(batch: list[BatchItem]) -> bool:
+        return any(item.token >= PSEUDO_BASE for item in batch)
+
+    def decode(self, batch: list[BatchItem], decode_text: Callable[[list[BatchItem]], None]) -> dict[int, int]:
+        """Evaluate a batch holding image positions: each sequence's items up to its last image position go first,
+        run by run in position order (text through ``decode_text``, images as embeddings); then every remaining
+        text item in one last call. Returns where each logits row of ``batch`` is in that last call."""
+        last_image: dict[int, int] = {}
+        for index, item in enumerate(batch):
+            if item.token >= PSEUDO_BASE:
+                last_image[item.seq] = index
+        early = [item for index, item in enumerate(batch) if index <= last_image.get(item.seq, -1)]
+        if any(item.logits for item in early):
+            raise DecodeFailed("an image position cannot end a prompt")
+        run: list[BatchItem] = []
+        for item in early:
+            if run and (run[-1].token >= PSEUDO_BASE) != (item.token >= PSEUDO_BASE):
+                self._decode_run(run, decode_text)
+                run = []
+            run.append(item)
+        if run:
+            self._decode_run(run, decode_text)
+        rows: dict[int, int] = {}
+        rest: list[BatchItem] = []
+        for index, item in enumerate(batch):
+            if index > last_image.get(item.seq, -1):
+                rows[index] = len(rest)
+                rest.append(item)
+        if rest:
+            decode_text(rest)
+        return rows
+
+    def _decode_run(self, run: list[BatchItem], decode_text: Callable[[list[BatchItem]], None]) -> None:
+        if run[0].token < PSEUDO_BASE:
+            decode_text(run)
+            return
+        native = L.llama_batch_init(len(run), self.n_embd, 1)
+        try:
+            rows = np.ctypeslib.as_array(native.embd, shape=(len(run) * self.n_embd,)).reshape(len(run), self.n_embd)
+            non_causal = False
+            for index, item in enumerate(run):
+                digest, position = self.pseudo[item.token]
+                image = self._encoded(digest)
+                non_causal = non_causal or image.non_causal
+                assert image.embeddings is not None
+                rows[index] = image.embeddings[position]
+                native.pos[index] = item.pos
+                native.n_seq_id[index] = 1
+                native.seq_id[index][0] = item.seq
+                native.logits[index] = 0
+            native.n_tokens = len(run)
+            if non_causal:
+                L.llama_set_causal_attn(self.ctx, False)
+            try:
+                status = L.llama_decode(self.ctx, native)
+            finally:
+                if non_causal:
+                    L.llama_set_causal_attn(self.ctx, True)
+        finally:
+            L.llama_batch_free(native)
+        if status != 0:
+            raise DecodeFailed(f"llama_decode failed on an image's positions with status {status}", no_room=status == 1)
+
+    def _encoded(self, digest: str) -> Image:
+        """The image with its embeddings (encoded by the projector on first use)."""
+        image = self.images.get(digest)
+        if image is None or image.chunk is None:
+            raise DecodeFailed(f"image {digest[:16]} was forgotten before it was evaluated")
+        if image.embeddings is None:
+            if M.mtmd_encode_chunk(self.mctx, image.chunk) != 0:
+                raise DecodeFailed(f"the projector could not encode image {digest[:16]}")
+            count = int(M.mtmd_input_chunk_get_n_tokens(image.chunk))
+            pointer = M.mtmd_get_output_embd(self.mctx)
+            image.embeddings = np.ctypeslib.as_array(pointer, shape=(count * self.n_embd,)).reshape(
+                count, self.n_embd).copy()
+        return image

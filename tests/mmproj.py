@@ -1,0 +1,65 @@
+"""A tiny vision projector with random weights, written with the gguf package: llama.cpp's Gemma 3 projector type
+(a SigLIP encoder, average pooling, a soft-embedding norm and an input projection; tensor names and keys as
+tools/mtmd/clip.cpp reads them), as wide as the text model it goes with (smollm2: 576). A 32x32 image in 8x8
+patches is 16 patches, pooled 2x2: 4 image positions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+POSITIONS = 4  # what llama.cpp reports for an image through this projector
+
+
+def write_mmproj(path: Path, *, text_width: int = 576, width: int = 32, ff: int = 64, heads: int = 2,
+                 image: int = 32, patch: int = 8, merge: int = 2, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_string("general.name", "tiny random gemma3 projector")
+    writer.add_string("clip.projector_type", "gemma3")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.has_audio_encoder", False)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.embedding_length", width)
+    writer.add_uint32("clip.vision.feed_forward_length", ff)
+    writer.add_uint32("clip.vision.block_count", 1)
+    writer.add_uint32("clip.vision.projection_dim", text_width)
+    writer.add_uint32("clip.vision.attention.head_count", heads)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_uint32("clip.vision.image_size", image)
+    writer.add_uint32("clip.vision.patch_size", patch)
+    writer.add_uint32("clip.vision.projector.scale_factor", merge)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    writer.add_uint32("general.file_type", 0)
+
+    def random(name: str, *shape: int) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
+
+    def ones(name: str, size: int) -> None:
+        writer.add_tensor(name, np.ones(size, dtype=np.float32))
+
+    random("v.patch_embd.weight", width, 3, patch, patch)
+    random("v.patch_embd.bias", width)
+    random("v.position_embd.weight", (image // patch) ** 2, width)
+    for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        random(f"v.blk.0.{part}.weight", width, width)
+        random(f"v.blk.0.{part}.bias", width)
+    for norm in ("ln1", "ln2"):
+        ones(f"v.blk.0.{norm}.weight", width)
+        random(f"v.blk.0.{norm}.bias", width)
+    random("v.blk.0.ffn_up.weight", ff, width)
+    random("v.blk.0.ffn_up.bias", ff)
+    random("v.blk.0.ffn_down.weight", width, ff)
+    random("v.blk.0.ffn_down.bias", width)
+    ones("v.post_ln.weight", width)
+    random("v.post_ln.bias", width)
+    ones("mm.soft_emb_norm.weight", width)
+    random("mm.input_projection.weight", width, text_width)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
