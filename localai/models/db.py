@@ -61,6 +61,7 @@ def m004_cache_models(db: sqlite_utils.Database) -> None:
     )
 
 
+@migration
 def m005_projector(db: sqlite_utils.Database) -> None:
     """A model's vision projector (an mmproj GGUF beside its weights), when it has one."""
     db["models"].add_column("projector", str)  # type: ignore[union-attr]

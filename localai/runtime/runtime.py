@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import base64
+import collections
 import contextlib
 import json
 import logging
