@@ -15,6 +15,7 @@ from localai import __version__, paths
 from localai.api import anthropic, cache, info, ollama, openai, responses
 from localai.api.errors import install_error_handlers
 from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, is_loopback_host
+from localai.models import renderer
 from localai.models.watcher import ModelfileWatcher, stop_quietly
 from localai.runtime.runtime import Runtime
 from localai.settings import Settings
@@ -23,6 +24,7 @@ from localai.settings import Settings
 def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        renderer.pool()  # the render processes start now, not on the first chat
         watcher = app.state.watcher = ModelfileWatcher(paths.user_modelfiles_dir(), runtime.registry,
                                                        unload=runtime.unload)
         watching = asyncio.create_task(watcher.run(), name="modelfile-watcher")
@@ -31,6 +33,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         await runtime.settle()  # replies still being prefilled reach their workers before the workers stop
         await runtime.scheduler.shutdown()
         await runtime.remotes.shutdown()
+        renderer.shutdown()
 
     app = FastAPI(title="localai", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime

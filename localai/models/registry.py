@@ -19,7 +19,7 @@ import sqlite_utils
 
 from localai import paths
 from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
-from localai.models import hub, weights
+from localai.models import hub, renderer, weights
 from localai.models.db import now, open_database
 from localai.models.gguf_meta import read_metadata
 from localai.models.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file
@@ -256,11 +256,16 @@ class Registry:
             size = weights.total_size(path)
         except (OSError, ValueError) as exc:
             raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
-        return self._compose_row(
+        row = self._compose_row(
             key, modelfile, base, source or (base.source if base else modelfile.from_), _parameters(base, modelfile),
             path=str(path), format=fmt, sha256=self._digest(path), size=size, family=meta.architecture,
             quantization=meta.quantization, parameter_size=meta.parameter_size, context_length=meta.context_length,
         )
+        if row["template"] is not None:  # the template the model will render with: its own, or its weights'
+            renderer.check_renders(row["template"], "TEMPLATE")
+        else:
+            renderer.check_renders(meta.chat_template, f"FROM {modelfile.from_}: the chat template in the weights")
+        return row
 
     def _compose_row(self, key: str, modelfile: Modelfile, base: ModelRecord | None, source: str,
                      parameters: dict[str, ParameterValue], **weights: Any) -> dict[str, Any]:
