@@ -79,6 +79,9 @@ class GenerateOp(TypedDict):
     pin_ttl: NotRequired[float | None]  # pin the saved entries this long (Anthropic cache_control breakpoints)
     # draft tokens from the context and verify them (engines/speculative); None: where the output stays bit-identical
     speculative: NotRequired[bool | None]
+    # whose prefix cache it may reuse: a hash of the API key's id and the request's cache_salt ("" or absent: the
+    # default partition, shared by every caller when no keys differ); never the key itself
+    cache_partition: NotRequired[str]
 
 
 class CancelOp(TypedDict):

@@ -44,6 +44,7 @@ class Slot:
     tokens: list[int] = field(default_factory=list)
     last_used: float = 0.0
     busy: bool = False
+    partition: str = ""  # whose KV it holds (a principal, a cache_salt): never reused for another partition
 
 
 @dataclass
@@ -196,9 +197,10 @@ class Serving:
             return
         warm = bool(op.get("warm"))
         sampler = engine.new_sampler(op.get("sampling") or {}, op.get("constraint"))  # may refuse: before any slot
-        slot, common = self._choose_slot(free, prompt, warm=warm)
+        partition = op.get("cache_partition") or ""
+        slot, common = self._choose_slot(free, prompt, warm=warm, partition=partition)
         source = "live" if common else "miss"
-        slot, common, restored = self._restore_if_better(prompt, slot, common)
+        slot, common, restored = self._restore_if_better(prompt, slot, common, partition)
         if restored is not None:
             source = restored.tier
         if common >= len(prompt) and not warm:
@@ -207,7 +209,7 @@ class Serving:
             engine.seq_clear(slot.seq)
             common = 0
         slot.tokens = slot.tokens[:common]
-        slot.last_used = time.monotonic()
+        slot.last_used, slot.partition = time.monotonic(), partition
         room = engine.n_ctx - len(prompt)
         requested = op.get("max_tokens")
         max_tokens = room if requested is None or requested < 0 else min(requested, room)
@@ -221,14 +223,14 @@ class Serving:
         )
         prefix_text = op.get("system_prefix")
         system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []
-        request.snapshot_at = self._system_boundary(system, prompt, common)
+        request.snapshot_at = self._system_boundary(system, prompt, common, partition)
         speculative = op.get("speculative")  # None: where drafts change nothing (engine.drafts_exact)
         if engine.can_draft and not warm and (speculative or (speculative is None and engine.drafts_exact)):
             request.drafter = Drafter()
             request.drafter.extend(prompt)
         if request.pin_ttl and request.snapshot_at is None and self.cache is not None and system:
             with contextlib.suppress(OSError):  # a pin that cannot be written leaves the entry to the LRU
-                self.cache.pin_prefix(system, request.pin_ttl)  # already stored: keep it
+                self.cache.pin_prefix(system, request.pin_ttl, partition)  # already stored: keep it
         # Busy only once nothing more can fail: a slot marked busy with no request behind it is never freed, and
         # with requests waiting the loop would spin on it.
         slot.busy = True
@@ -241,7 +243,8 @@ class Serving:
         elif max_tokens <= 0 and not warm:
             self._finish(request, "length", emit)
 
-    def _choose_slot(self, free: list[Slot], prompt: list[int], *, warm: bool = False) -> tuple[Slot, int]:
+    def _choose_slot(self, free: list[Slot], prompt: list[int], *, warm: bool = False,
+                     partition: str = "") -> tuple[Slot, int]:
         """The slot for a prompt, and how many of its tokens it already holds.
 
         With a cache, a slot is reused only when all it holds is a prefix of the prompt (the same
@@ -249,7 +252,8 @@ class Serving:
         otherwise the least recently used slot is taken (its state was saved after its last request).
         Without a cache, the slot sharing the longest prefix wins.
         """
-        scored = [(slot, common_prefix_length(slot.tokens, prompt)) for slot in free]
+        scored = [(slot, common_prefix_length(slot.tokens, prompt) if slot.partition == partition else 0)
+                  for slot in free]
         if warm:  # the conversation's own slot: its reply's tokens give way to the reply as the template renders it
             return max(scored, key=lambda item: (item[1], -item[0].last_used))
         if self.cache is not None:
@@ -257,17 +261,17 @@ class Serving:
             if keeping:
                 return max(keeping, key=lambda item: (item[1], -item[0].last_used))
             lru = min(free, key=lambda slot: slot.last_used)
-            return lru, common_prefix_length(lru.tokens, prompt)
+            return lru, next(common for slot, common in scored if slot is lru)
         return max(scored, key=lambda item: (item[1], -item[0].last_used))
 
     # -- the prompt cache ------------------------------------------------------------------------
 
-    def _restore_if_better(self, prompt: list[int], slot: Slot,
-                           live_common: int) -> tuple[Slot, int, Restored | None]:
+    def _restore_if_better(self, prompt: list[int], slot: Slot, live_common: int,
+                           partition: str = "") -> tuple[Slot, int, Restored | None]:
         """Load the longest cached prefix from RAM/disk into the chosen slot when it beats its live KV."""
         if self.cache is None:
             return slot, live_common, None
-        match = self.cache.lookup(prompt)
+        match = self.cache.lookup(prompt, partition)
         if match is None or match.common <= live_common + 16:
             if live_common < MIN_TOKENS:
                 self.cache.count("misses")
@@ -288,7 +292,7 @@ class Serving:
         self.cache.count("tokens_restored", restored.common)
         return slot, restored.common, restored
 
-    def _system_boundary(self, prefix: list[int], prompt: list[int], common: int) -> int | None:
+    def _system_boundary(self, prefix: list[int], prompt: list[int], common: int, partition: str = "") -> int | None:
         """Where the system-and-tools segment (``prefix``, tokenized) ends, when prefill will cross it and it is not
         stored yet."""
         if self.cache is None or not prefix:
@@ -296,7 +300,7 @@ class Serving:
         boundary = len(prefix)
         if boundary < MIN_TOKENS or boundary <= common or boundary >= len(prompt) - 1:
             return None
-        if prompt[:boundary] != prefix or self.cache.has(prefix):
+        if prompt[:boundary] != prefix or self.cache.has(prefix, partition):
             return None
         return boundary
 
@@ -323,7 +327,7 @@ class Serving:
         never the request or the worker."""
         assert self.cache is not None
         try:
-            head = self.cache.save(tokens, state, session, kind=kind)
+            head = self.cache.save(tokens, state, session, kind=kind, partition=request.slot.partition)
             if head is not None and request.pin_ttl > 0:
                 self.cache.pin(head.id, request.pin_ttl)
         except OSError as exc:
@@ -518,6 +522,8 @@ def _continues(op: GenerateOp, warm: Request) -> bool:
     without sessions, a prompt that shares at least half its text with the prefilled one (the next turn, or the same
     prompt sent again). Before, a warm prefill with no session held back every other request."""
     session = op.get("session")
+    if (op.get("cache_partition") or "") != warm.slot.partition:
+        return False  # another partition's reply: nothing to start from
     if warm.session is not None or session is not None:
         return warm.session == session
     prompt = op["prompt"]

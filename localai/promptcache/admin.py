@@ -31,6 +31,7 @@ class EntryInfo:
     kind: str
     last_used: float
     pinned_until: float | None
+    partition: str = ""  # whose prefix cache it is: an API key's id and a cache_salt's hash ("" the default)
 
 
 def folders(root: Path | None = None, *, hold: contextlib.ExitStack | None = None) -> list[Folder]:
@@ -60,7 +61,7 @@ def list_entries(root: Path | None = None, *, scanned: list[Folder] | None = Non
             entries.append(EntryInfo(
                 id=head.id, fingerprint=folder.fingerprint, tokens=head.n_tokens, bytes=size, blocks=len(keys),
                 session=head.session, kind=head.kind, last_used=head.last_used,
-                pinned_until=pinned_until(pins, head.id, head.session),
+                pinned_until=pinned_until(pins, head.id, head.session), partition=folder.partition_of(head.key),
             ))
         for path in folder.path.glob("*.kv"):  # whole-sequence entries from before blocks
             if path.name.startswith("."):

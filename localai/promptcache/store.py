@@ -36,6 +36,7 @@ from localai.promptcache.blocks import (
     pid_alive,
     read_block,
     read_snapshot,
+    root_key,
     snapshot_file,
     write_atomic,
 )
@@ -142,16 +143,16 @@ class PromptStore:
 
     # -- lookup and restore ----------------------------------------------------------------------
 
-    def lookup(self, prompt: list[int]) -> Match | None:
-        """The longest stored prefix of ``prompt`` that can be restored."""
+    def lookup(self, prompt: list[int], partition: str = "") -> Match | None:
+        """The longest stored prefix of ``prompt`` that can be restored (within ``partition``)."""
         self._notice_deletions()
         with self._lock:
             if self.whole:
-                return self._lookup_whole(prompt)
+                return self._lookup_whole(prompt, partition)
             folder = self.folder
             keys: list[str] = []
             lengths: list[int] = []
-            parent = self.fingerprint
+            parent = root_key(self.fingerprint, partition)
             position = 0
             snapshot: str | None = None
             windowed = self._needs_snapshot()
@@ -203,7 +204,7 @@ class PromptStore:
             return None
         return Match(keys, lengths, position, snapshot if self._needs_snapshot() else None)
 
-    def _lookup_whole(self, prompt: list[int]) -> Match | None:
+    def _lookup_whole(self, prompt: list[int], partition: str) -> Match | None:
         """For engines whose state cannot be cut: the entry sharing the longest prefix (caller holds the lock)."""
         best: Match | None = None
         matched: dict[str, int] = {}  # a block whose whole chain matches the prompt -> the tokens matched through it
@@ -211,6 +212,8 @@ class PromptStore:
             if not head.snapshot or head.key not in self.folder.snapshots:
                 continue
             keys = self.folder.chain(head.key)
+            if not keys or self.folder.blocks[keys[0]].parent != root_key(self.fingerprint, partition):
+                continue
             common, whole = self._common_with(keys, prompt, matched)
             if not whole and not self.trims:
                 continue
@@ -338,9 +341,9 @@ class PromptStore:
 
     # -- saving ----------------------------------------------------------------------------------
 
-    def has(self, tokens: list[int]) -> bool:
+    def has(self, tokens: list[int], partition: str = "") -> bool:
         """Whether this exact sequence is stored (its last block, and a snapshot where one is needed)."""
-        key = self._keys(tokens)[-1][0] if tokens else None
+        key = self._keys(tokens, partition)[-1][0] if tokens else None
         with self._lock:
             if key is None or key not in self.folder.blocks:
                 return False
@@ -353,23 +356,24 @@ class PromptStore:
         except OSError as exc:
             log.warning("could not pin cache entry %s: %s", head_id, exc)
 
-    def pin_prefix(self, tokens: list[int], ttl: float) -> None:
+    def pin_prefix(self, tokens: list[int], ttl: float, partition: str = "") -> None:
         """Pin the entry that ends exactly at ``tokens``, when one is stored."""
         if len(tokens) < MIN_TOKENS:
             return
-        key = self._keys(tokens)[-1][0]
+        key = self._keys(tokens, partition)[-1][0]
         with self._lock:
             found = [head.id for head in self.folder.heads.values() if head.key == key and head.n_tokens == len(tokens)]
         for head_id in found:
             self.pin(head_id, ttl)
 
-    def save(self, tokens: list[int], state: StateBytes, session: str | None, kind: str = "history") -> Head | None:
+    def save(self, tokens: list[int], state: StateBytes, session: str | None, kind: str = "history",
+             partition: str = "") -> Head | None:
         """Store a sequence: its new blocks, its snapshot and its head, queued for the disk (never waited on)."""
         if len(tokens) < MIN_TOKENS or not state:
             return None
         self._notice_deletions()
         tokens = list(tokens)
-        chunks = self._keys(tokens)
+        chunks = self._keys(tokens, partition)
         for _ in range(3):
             with self._lock:
                 missing = [(index, key) for index, (key, _, _) in enumerate(chunks) if key not in self.folder.blocks]
@@ -379,7 +383,7 @@ class PromptStore:
                 # stored meanwhile (its payload was not cut): cut again for the new set; after three tries, give up.
                 new = {index for index, _ in missing}
                 if all(key in self.folder.blocks for index, (key, _, _) in enumerate(chunks) if index not in new):
-                    return self._index(tokens, chunks, missing, split, state, session, kind)
+                    return self._index(tokens, chunks, missing, split, state, session, kind, partition)
                 self.stats["save_races"] += 1
         log.info("not saving %d tokens: their blocks kept being evicted while the state was cut", len(tokens))
         return None
@@ -409,7 +413,7 @@ class PromptStore:
 
     def _index(self, tokens: list[int], chunks: list[tuple[str, int, int]], missing: list[tuple[int, str]],
                split: tuple[Any, list[bytes], bytes] | None, state: StateBytes, session: str | None,
-               kind: str) -> Head | None:
+               kind: str, partition: str) -> Head | None:
         """``save``'s second half, under the lock: the new blocks, snapshot and head into the index and the queue."""
         if split is None:
             layout, pieces, rest = None, [b""] * len(missing), state
@@ -423,7 +427,7 @@ class PromptStore:
         elif split is not None and json.loads(json.dumps(layout)) != (self.layout or {}).get("layout"):
             self._save_layout({"layout": json.loads(json.dumps(layout)), "rest": bool(rest)})
         system = kind == "system"
-        parent = self.fingerprint
+        parent = root_key(self.fingerprint, partition)
         new_pieces = {index: piece for (index, _), piece in zip(missing, pieces, strict=True)}
         for index, (key, start, end) in enumerate(chunks):
             payload = new_pieces.get(index)
@@ -437,7 +441,7 @@ class PromptStore:
                 block.system = block.system or system
             parent = key
         last = chunks[-1][0]
-        head = self._head_for(tokens, session, kind, last)
+        head = self._head_for(tokens, session, kind, last, partition)
         if rest:
             if head.snapshot and head.key != last:
                 self._enqueue("drop_snapshot", head.key, b"")
@@ -450,7 +454,7 @@ class PromptStore:
         self._wake.notify()
         return head
 
-    def _head_for(self, tokens: list[int], session: str | None, kind: str, last: str) -> Head:
+    def _head_for(self, tokens: list[int], session: str | None, kind: str, last: str, partition: str) -> Head:
         """The entry a sequence updates: the same one, or the same session's entry it grew from (never one a
         live worker beside this one owns); else a new one (a fork keeps its parent's entry)."""
         mine = {os.getpid()}
@@ -461,13 +465,14 @@ class PromptStore:
             for head in self.folder.heads.values():
                 if head.kind == "history" and head.session == session and head.n_tokens < len(tokens) \
                         and (head.owner in mine or not pid_alive(head.owner)) \
-                        and _chain_is_prefix(self.folder, head, tokens):
+                        and _chain_is_prefix(self.folder, head, tokens) \
+                        and self.folder.partition_of(head.key) == partition:
                     return head  # the same conversation, grown: its entry moves forward
         return Head(uuid.uuid4().hex, last, len(tokens), session, kind, time.time(), os.getpid(), written=False)
 
-    def _keys(self, tokens: list[int]) -> list[tuple[str, int, int]]:
+    def _keys(self, tokens: list[int], partition: str = "") -> list[tuple[str, int, int]]:
         keys = []
-        parent = self.fingerprint
+        parent = root_key(self.fingerprint, partition)
         for start in range(0, len(tokens), BLOCK_TOKENS):
             end = min(start + BLOCK_TOKENS, len(tokens))
             parent = chain_key(parent, tokens[start:end])
