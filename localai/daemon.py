@@ -154,7 +154,10 @@ def serve(settings: Settings, log_file: Path | None = None) -> None:
     if settings.discover:
         threading.Thread(target=_discover, args=(registry, settings.discover), name="discover", daemon=True).start()
     runtime = Runtime(settings, registry, Scheduler(settings))
-    app = create_app(settings, runtime)
+    try:
+        app = create_app(settings, runtime)
+    except ValueError as exc:  # an API key file that cannot be read: never serve without the keys asked for
+        raise DaemonUnavailable(str(exc)) from exc
     host, port = settings.bind
     tcp = bind_tcp(host, port)
     unix = bind_unix_socket(paths.socket_path())

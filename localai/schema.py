@@ -127,6 +127,7 @@ class GenerationRequest:
     cache_ttl: float | None = None  # keep this request's cached prefix at least this long (cache_control)
     prefill_only: bool = False  # evaluate and cache the prompt, generate nothing (a client warming its session)
     speculative: bool | None = None  # None: the model's PARAMETER speculative (default auto: where output is exact)
+    cache_partition: str = ""  # whose cached prefixes it may reuse (api/sessions.cache_partition); "" the default
 
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice.mode != "none"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -115,6 +116,12 @@ class Settings(BaseSettings):
         "empty for none.",
     )
     api_key: str | None = Field(default=None, description="When set, TCP requests need it as a bearer token.")
+    api_key_file: Path | None = Field(
+        default=None,
+        description="A file of API keys, one per line (`#` comments; llama-server's `--api-key-file`): TCP requests "
+        "need one of them, or LOCALAI_API_KEY. With more than one key, each key's requests share prompt-cache prefixes "
+        "and stored responses only among themselves.",
+    )
     cache_max_bytes: int = Field(
         default=8 << 30, ge=0, description="Disk quota of the persisted prompt cache in bytes; 0 turns it off."
     )

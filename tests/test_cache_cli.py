@@ -56,3 +56,18 @@ def test_bad_input(isolated_home: Path) -> None:
     (paths.cache_dir()).mkdir(parents=True, exist_ok=True)
     (paths.cache_dir() / "pins.json").write_text("{not json")
     assert cli("ls").returncode == 0  # a broken pins file is ignored, not fatal
+
+
+def test_ls_and_rm_by_partition(isolated_home: Path) -> None:
+    cache = PromptStore(paths.cache_dir(), "a" * 32, BytesCodec(), max_bytes=1 << 30)
+    cache.save(TOKENS, state_of(TOKENS), "s", partition="1111aaaa2222bbbb")
+    cache.save([3, *TOKENS], state_of([3, *TOKENS]), "s", partition="1111aaaa2222bbbb.5a1t")
+    cache.save([4, *TOKENS], state_of([4, *TOKENS]), "s", partition="3333cccc4444dddd")
+    cache.save([5, *TOKENS], state_of([5, *TOKENS]), "s")
+    cache.close()
+    assert "PARTITION" in cli("ls").stdout and "3333cccc4444dddd" in cli("ls").stdout
+    mine = json.loads(cli("ls", "--json", "--partition", "1111aaaa2222bbbb").stdout)
+    assert sorted(e["partition"] for e in mine) == ["1111aaaa2222bbbb", "1111aaaa2222bbbb.5a1t"]
+    assert "removed 1 entry" in cli("rm", "--session", "s", "--partition", "3333cccc4444dddd").stdout
+    assert "removed 2 entries" in cli("rm", "--partition", "1111aaaa2222bbbb").stdout
+    assert [e["partition"] for e in json.loads(cli("ls", "--json").stdout)] == [""]

@@ -31,7 +31,7 @@ from localai.api.common import (
     stream_response,
 )
 from localai.api.errors import anthropic_error_type
-from localai.api.sessions import session_id
+from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError
 from localai.schema import (
     Block,
@@ -150,6 +150,7 @@ class MessagesRequest(BaseModel):
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    cache_salt: str | None = cache_salt_field()
 
     def generation(self, request: Request) -> GenerationRequest:
         messages = self.internal_messages()
@@ -170,7 +171,7 @@ class MessagesRequest(BaseModel):
             model=self.model, messages=messages, max_tokens=self.max_tokens, stop=self.stop_sequences,
             sampling=SamplingOptions(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k),
             session_id=session_id(request.headers), tools=tools, tool_choice=choice, reasoning=reasoning,
-            reasoning_effort=effort,
+            reasoning_effort=effort, cache_partition=cache_partition(request, self.cache_salt),
             cache_ttl=self.breakpoint_ttl() or None,
         )
 

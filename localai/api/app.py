@@ -14,7 +14,7 @@ import localai.api.pull as pull_api
 from localai import __version__, paths
 from localai.api import anthropic, cache, info, ollama, openai, responses
 from localai.api.errors import install_error_handlers
-from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, is_loopback_host
+from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, KeyRing, is_loopback_host
 from localai.models import renderer
 from localai.models.watcher import ModelfileWatcher, stop_quietly
 from localai.runtime.runtime import Runtime
@@ -22,6 +22,9 @@ from localai.settings import Settings
 
 
 def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
+    """The app; raises ValueError when LOCALAI_API_KEY_FILE cannot be read (the daemon must not start open)."""
+    keys = KeyRing.load(settings.api_key, settings.api_key_file)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         renderer.pool()  # the render processes start now, not on the first chat
@@ -38,6 +41,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app = FastAPI(title="localai", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.settings = settings
+    app.state.keys = keys
     install_error_handlers(app)
 
     @app.get("/health")
@@ -71,6 +75,5 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.add_middleware(BodyGuardMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(JsonBodyMiddleware)
     host, _ = settings.bind
-    app.add_middleware(GuardMiddleware, loopback_only=is_loopback_host(host), api_key=settings.api_key,
-                       origins=settings.origins)
+    app.add_middleware(GuardMiddleware, loopback_only=is_loopback_host(host), keys=keys, origins=settings.origins)
     return app

@@ -28,7 +28,7 @@ from localai.api.common import (
     sse,
     stream_response,
 )
-from localai.api.sessions import session_id
+from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import chosen_engine, context_size
 from localai.models.registry import ModelRecord
@@ -220,6 +220,7 @@ class SamplingFields(BaseModel):
     repeat_penalty: float | None = Field(default=None, ge=0)
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported.")
     prompt_cache_key: str | None = None
+    cache_salt: str | None = cache_salt_field()
     ignore_eos: bool = False
     fit_context: bool | None = Field(
         default=None, description="Fit an over-long conversation into the context (default on; false: 400)."
@@ -247,7 +248,8 @@ class SamplingFields(BaseModel):
             ),
             max_tokens=max_tokens, stop=stop, ignore_eos=self.ignore_eos, fit_context=self.fit_context,
             speculative={"on": True, "off": False}.get(self.speculative or "auto"),
-            session_id=session_id(request.headers, self.prompt_cache_key), **kwargs,
+            session_id=session_id(request.headers, self.prompt_cache_key),
+            cache_partition=cache_partition(request, self.cache_salt), **kwargs,
         )
 
 

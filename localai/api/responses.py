@@ -39,7 +39,7 @@ from localai.api.common import (
     unless_disconnected,
 )
 from localai.api.errors import describe_validation
-from localai.api.sessions import session_id
+from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError, NotFound
 from localai.models.registry import Registry
 from localai.protocol import DEFAULT_SAMPLING
@@ -97,6 +97,7 @@ class ResponsesRequest(BaseModel):
     store: bool = True
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
+    cache_salt: str | None = cache_salt_field()
     background: bool = False
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = Field(default=None, ge=1)
@@ -527,6 +528,7 @@ async def start_response(body: ResponsesRequest, request: HTTPConnection,
         sampling=SamplingOptions(temperature=body.temperature, top_p=body.top_p,
                                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty),
         session_id=session_id(request.headers, body.prompt_cache_key), tools=tools,
+        cache_partition=cache_partition(request, body.cache_salt),
         tool_choice=tool_choice_of(body.tool_choice), response_format=text_format(body.text),
         reasoning=False if effort in ("none", "minimal") else None, reasoning_effort=effort_of(effort),
         prefill_only=not body.generate,
@@ -667,6 +669,7 @@ class CompactRequest(BaseModel):
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None  # not in the spec: a client that sends them keeps its cached prefix
     prompt_cache_key: str | None = None
+    cache_salt: str | None = cache_salt_field()
 
 
 def compacted_items(conversation: list[dict[str, Any]], summary: str) -> list[dict[str, Any]]:
@@ -690,7 +693,8 @@ async def compact_response(body: CompactRequest, request: Request) -> JSONRespon
     messages = [*with_instructions(messages, body.instructions), Message("user", [TextBlock(COMPACT_PROMPT)])]
     generation = await runtime_of(request).start(GenerationRequest(
         model=body.model, messages=messages, tools=tools_of(body.tools), reasoning=False,
-        session_id=session_id(request.headers, body.prompt_cache_key)))
+        session_id=session_id(request.headers, body.prompt_cache_key),
+        cache_partition=cache_partition(request, body.cache_salt)))
     result = await collect(generation, request)
     summary = result.text.strip()
     if not summary:

@@ -1,19 +1,86 @@
-"""Request guards: Host-header check (DNS rebinding), API key on TCP, and which transport asked."""
+"""Request guards: Host-header check (DNS rebinding), API keys on TCP (and whose key asked), which transport asked."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
 import math
 import re
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 OPEN_PATHS = frozenset({"/", "/health"})
+PRINCIPAL = "localai.principal"  # the scope key holding whose key a request came with ("" for the machine's owner)
+
+
+def key_id(key: str) -> str:
+    """A key's principal id: names whose cache entries and stored responses are whose, never the key itself."""
+    return hashlib.blake2b(key.encode(), digest_size=8, person=b"localai-key").hexdigest()
+
+
+class KeyRing:
+    """The API keys TCP requests may carry: ``LOCALAI_API_KEY`` and the lines of ``LOCALAI_API_KEY_FILE``
+    (llama-server's ``--api-key-file``). With more than one key, each key is a principal of its own: its requests
+    share prompt-cache prefixes and stored responses only among themselves. With one key (or none) every caller is
+    the machine's owner, as through the Unix socket."""
+
+    def __init__(self, keys: Iterable[str] = ()) -> None:
+        self.keys = [key for key in dict.fromkeys(keys) if key]
+
+    @classmethod
+    def load(cls, api_key: str | None, key_file: Path | None) -> KeyRing:
+        """The keys from the settings; a key file that cannot be read is a ValueError naming it (the daemon does
+        not start without the keys it was told to require)."""
+        keys = [api_key] if api_key else []
+        if key_file is not None:
+            try:
+                text = key_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"LOCALAI_API_KEY_FILE {key_file}: {exc}") from exc
+            lines = [line.strip() for line in text.splitlines()]
+            keys += [line for line in lines if line and not line.startswith("#")]
+            if not any(line and not line.startswith("#") for line in lines):
+                raise ValueError(f"LOCALAI_API_KEY_FILE {key_file} holds no key (one key per line)")
+        return cls(keys)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.keys)
+
+    @property
+    def distinct(self) -> bool:
+        """Several keys: each its own principal."""
+        return len(self.keys) > 1
+
+    def principal(self, supplied: str) -> str | None:
+        """The principal of ``supplied`` ("" when keys are not distinct), or None when it is no key. Every key is
+        compared, in constant time each, so the time taken does not say which one matched."""
+        found: str | None = None
+        for key in self.keys:
+            if hmac.compare_digest(supplied.encode(), key.encode()):
+                found = key
+        if found is None:
+            return None
+        return key_id(found) if self.distinct else ""
+
+
+def principal_of(scope: Scope) -> str:
+    """Whose key a request came with: a key's id when several keys are configured, "" for the machine's owner (the
+    Unix socket, or every caller when keys are not distinct)."""
+    return scope.get(PRINCIPAL) or ""
+
+
+def has_key(scope: Scope) -> bool:
+    """Whether the request may see more than liveness: it came through the Unix socket, no key is required, or it
+    carried a right key (``/`` and ``/health`` are open to callers without one)."""
+    return scope.get(PRINCIPAL, "") is not None
 
 
 def is_unix_socket(scope: Scope) -> bool:
@@ -58,11 +125,11 @@ class GuardMiddleware:
     """Refuses foreign Host headers while bound to loopback, pages from foreign origins, and TCP requests
     without the API key."""
 
-    def __init__(self, app: ASGIApp, *, loopback_only: bool, api_key: str | None,
-                 origins: list[str] | None = None) -> None:
+    def __init__(self, app: ASGIApp, *, loopback_only: bool, api_key: str | None = None,
+                 keys: KeyRing | None = None, origins: list[str] | None = None) -> None:
         self.app = app
         self.loopback_only = loopback_only
-        self.api_key = api_key
+        self.keys = keys if keys is not None else KeyRing([api_key] if api_key else [])
         self.origins = origins or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -89,15 +156,17 @@ class GuardMiddleware:
                          f"origin {origin[:200]!r} is not allowed: add it to LOCALAI_ORIGINS to let that page call "
                          "localai")
             return
-        if self.api_key and scope.get("method") != "OPTIONS" and scope["path"] not in OPEN_PATHS:
+        if self.keys.required:
             supplied = headers.get("x-api-key") or ""
             authorization = headers.get("authorization", "")
             if authorization.lower().startswith("bearer "):
                 supplied = authorization[7:].strip()
-            if not hmac.compare_digest(supplied.encode(), self.api_key.encode()):
+            principal = self.keys.principal(supplied)
+            if principal is None and scope.get("method") != "OPTIONS" and scope["path"] not in OPEN_PATHS:
                 await refuse(401, "authentication_error",
                              "missing or wrong API key: send it as 'Authorization: Bearer <LOCALAI_API_KEY>'")
                 return
+            scope = {**scope, PRINCIPAL: principal}  # None on the open paths: a caller without a key
         await self.app(scope, receive, send)
 
 

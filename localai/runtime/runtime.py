@@ -162,7 +162,7 @@ class Runtime:
             fitting = self._fitting_enabled(record, request)
             fit: Fit | None = None
             original = request.messages
-            key = conversation_key(record.name, request.session_id, original) if original else ""
+            key = conversation_key(record.name, session_key(request), original) if original else ""
             dropped, tool_level = self.fit_memory.get(key) if (fitting and original) else (0, 0)
             last_error = ""
             cut_chars = 0
@@ -253,11 +253,11 @@ class Runtime:
                       prompt_tokens: int, fitted: tuple[int, int, int]) -> None:
         """Does this prompt extend its session's last one? When not, log and record where and why it parts (the
         token offset is counted by the worker, after the request is on its way)."""
-        session = request.session_id
-        assert session is not None
+        session, key = request.session_id, session_key(request)
+        assert session is not None and key is not None
         turn = divergence.turn_of(messages, request.tools, prompt, fitted=fitted)
         turn.tokens = prompt_tokens
-        found = self.divergences.compare(target.record.name, session, turn)
+        found = self.divergences.compare(target.record.name, key, turn)
         if found is None:
             return
         offset, previous = found
@@ -271,7 +271,7 @@ class Runtime:
             await asyncio.to_thread(self.divergences.record, Divergence(
                 model=target.record.name, session=session, at=time.time(), offset_tokens=tokens,
                 previous_tokens=previous.tokens, offset_chars=offset, cause=cause, detail=detail,
-                early=offset < len(previous.prompt)))
+                early=offset < len(previous.prompt), partition=request.cache_partition))
 
         task = asyncio.get_running_loop().create_task(report())
         self._reports.add(task)
@@ -293,10 +293,12 @@ class Runtime:
             except Exception:  # a template that cannot render the reply: still save what the worker holds
                 log.debug("could not render the reply as the next turn", exc_info=True)
                 rendered = None
-            if rendered and request.session_id:
-                self.divergences.expect(target.record.name, request.session_id, prompt, rendered, reasoning)
+            key = session_key(request)
+            if rendered and key:
+                self.divergences.expect(target.record.name, key, prompt, rendered, reasoning)
             op = GenerateOp(op="generate", id=new_request_id(), prompt=rendered or prompt, max_tokens=0, stop=[],
-                            sampling={}, session=request.session_id, warm=True, pin_ttl=request.cache_ttl)
+                            sampling={}, session=request.session_id, warm=True, pin_ttl=request.cache_ttl,
+                            cache_partition=request.cache_partition)
             frames = target.loaded.worker.generate(op)
             if not sent.done():
                 sent.set_result(None)  # the op is written when the loop below starts, before the waiter resumes
@@ -513,6 +515,7 @@ class Runtime:
             system_prefix=system_prefix,
             max_tokens=max_tokens, stop=stop, sampling=sampling,  # type: ignore[typeddict-item]
             session=request.session_id, ignore_eos=request.ignore_eos, pin_ttl=request.cache_ttl,
+            cache_partition=request.cache_partition,
             constraint=self._constraint(record, loaded, request),
             follow_up=messages is not None and self.settings.cache_max_bytes > 0 and not request.prefill_only,
             warm=request.prefill_only,
@@ -540,6 +543,14 @@ class Target(Protocol):
 # Families whose models open with <think> (GLM-4.5+, DeepSeek-V3.1 in thinking mode) even when a Modelfile's PARSER
 # names them over a template that does not show it (Harmony's analysis channel is parsed whenever it is the format).
 THINKING_FORMATS = frozenset({"glm-4.5", "deepseek-v3.1"})
+
+
+def session_key(request: GenerationRequest) -> str | None:
+    """A request's session as the daemon's per-session memories know it (fitting, divergences): within its cache
+    partition, so a session id another principal also uses never shares them."""
+    if request.session_id is None or not request.cache_partition:
+        return request.session_id
+    return f"{request.cache_partition}/{request.session_id}"
 
 
 def requested_sampling(record: ModelRecord, request: GenerationRequest) -> dict[str, Any]:
