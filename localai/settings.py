@@ -139,10 +139,15 @@ class Settings(BaseSettings):
     )
     responses_ttl: float = Field(
         default=30 * 24 * 3600.0,
-        description="How long stored `/v1/responses` results are kept for `previous_response_id`: seconds or "
-        "`720h`.",
+        description="How long stored `/v1/responses` results are kept for `previous_response_id` after their last "
+        "use (continuing a response uses its whole chain): seconds or `720h`.",
     )
     responses_max: int = Field(default=10_000, ge=1, description="Most stored `/v1/responses` results kept.")
+    responses_max_bytes: int = Field(
+        default=1 << 30, ge=1 << 16,
+        description="Bytes the stored `/v1/responses` results may take (their JSON); beyond it the least recently "
+        "used go, a chain's last turns before its first.",
+    )
     ws_idle_timeout: float = Field(
         default=600.0, gt=0,
         description="Seconds a `/v1/responses` WebSocket may stay without a message from its client (while no "

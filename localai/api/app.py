@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import localai.api.pull as pull_api
 from localai import __version__, paths
-from localai.api import anthropic, cache, info, ollama, openai, responses
+from localai.api import anthropic, cache, info, ollama, openai, responses, responses_socket
 from localai.api.errors import install_error_handlers
 from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, KeyRing, is_loopback_host
 from localai.models import renderer
@@ -63,6 +63,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
 
     app.include_router(openai.router)
     app.include_router(responses.router)
+    app.include_router(responses_socket.router)
     app.include_router(anthropic.router)
     app.include_router(ollama.router)
     app.include_router(cache.router)

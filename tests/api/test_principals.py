@@ -113,3 +113,20 @@ def test_keys_from_the_settings(tmp_path: Path) -> None:
         KeyRing.load(None, keys)
     with pytest.raises(ValueError, match="LOCALAI_API_KEY_FILE"):
         create_app(scripted_settings(api_key_file=tmp_path / "missing"), None)  # type: ignore[arg-type]
+
+
+def test_a_stored_response_is_read_and_continued_only_with_the_key_that_stored_it(api: TestClient) -> None:
+    body = {"model": "smollm2", "input": "keep this [[say:MINE]]", "max_output_tokens": 4}
+    stored = api.post("/v1/responses", headers=auth(KEY_A), json=body).json()["id"]
+    assert api.get(f"/v1/responses/{stored}", headers=auth(KEY_B)).status_code == 404
+    continued = api.post("/v1/responses", headers=auth(KEY_B),
+                         json={**body, "input": "go on", "previous_response_id": stored})
+    assert continued.status_code == 404 and "previous_response_not_found" in continued.text
+    assert api.delete(f"/v1/responses/{stored}", headers=auth(KEY_B)).status_code == 404
+    with api.websocket_connect("ws://localhost/v1/responses", headers=auth(KEY_B)) as socket:
+        socket.send_json({"type": "response.create", **body, "previous_response_id": stored})
+        assert socket.receive_json()["status"] == 404
+    assert api.get(f"/v1/responses/{stored}", headers=auth(KEY_A)).status_code == 200
+    mine = api.post("/v1/responses", headers=auth(KEY_A),
+                    json={**body, "input": "go on", "previous_response_id": stored})
+    assert mine.status_code == 200, mine.text
