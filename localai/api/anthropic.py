@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localai.api.common import (
     SSE_HEADERS,
+    ParsedBodyRoute,
     check_tool_results,
     check_tool_schema,
     collect,
@@ -53,7 +54,7 @@ from localai.schema import (
     effort_of_budget,
 )
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 
 IGNORED_BLOCKS = frozenset({"redacted_thinking", "server_tool_use", "web_search_tool_result", "container_upload",
                             "search_result", "mcp_tool_use", "mcp_tool_result"})

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 import localai.api.pull as pull_api
 from localai import __version__, paths
 from localai.api import anthropic, cache, info, ollama, openai, responses, responses_socket
+from localai.api.body_check import BodyChecker
 from localai.api.errors import install_error_handlers
 from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, KeyRing, is_loopback_host
 from localai.models import renderer
@@ -24,6 +25,7 @@ from localai.settings import Settings
 def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     """The app; raises ValueError when LOCALAI_API_KEY_FILE cannot be read (the daemon must not start open)."""
     keys = KeyRing.load(settings.api_key, settings.api_key_file)
+    checker = BodyChecker()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -37,11 +39,13 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         await runtime.scheduler.shutdown()
         await runtime.remotes.shutdown()
         renderer.shutdown()
+        checker.close()
 
     app = FastAPI(title="localai", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.settings = settings
     app.state.keys = keys
+    app.state.body_checker = checker
     install_error_handlers(app)
 
     @app.get("/health")
@@ -73,7 +77,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"], allow_headers=["*"],
         )
-    app.add_middleware(BodyGuardMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyGuardMiddleware, max_bytes=settings.max_request_bytes, checker=checker)
     app.add_middleware(JsonBodyMiddleware)
     host, _ = settings.bind
     app.add_middleware(GuardMiddleware, loopback_only=is_loopback_host(host), keys=keys, origins=settings.origins)

@@ -13,12 +13,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
+from localai.api.common import ParsedBodyRoute
 from localai.api.security import KeyRing, principal_of
 from localai.errors import Forbidden, InvalidRequest
 from localai.promptcache import admin, divergences, pins
 from localai.settings import Settings, parse_duration
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 
 
 class PinBody(BaseModel):

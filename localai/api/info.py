@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from localai.api.common import runtime_of
+from localai.api.common import ParsedBodyRoute, runtime_of
 from localai.engines.placement import Device, DoesNotFit, ModelSizes, place
 from localai.models.loading import (
     apple_silicon,
@@ -27,7 +27,7 @@ from localai.models.loading import (
 from localai.models.registry import ModelRecord
 from localai.settings import Settings
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 PROBE_TIMEOUT = 120.0  # a first Vulkan or CUDA initialisation can compile or load kernels for a while
 
 

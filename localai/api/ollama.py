@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localai import __version__
 from localai.api.common import (
+    ParsedBodyRoute,
     collect,
     generation_headers,
     parse_arguments,
@@ -51,7 +52,7 @@ from localai.schema import (
 )
 from localai.settings import Settings, parse_duration
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 
 
 class ModelRef(BaseModel):

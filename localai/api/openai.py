@@ -18,6 +18,7 @@ from localai import __version__
 from localai.api.common import (
     KEEPALIVE_COMMENT,
     SSE_HEADERS,
+    ParsedBodyRoute,
     check_tool_results,
     check_tool_schema,
     collect,
@@ -56,7 +57,7 @@ from localai.schema import (
 )
 from localai.settings import Settings
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 
 
 class ContentPart(BaseModel):

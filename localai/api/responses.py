@@ -28,6 +28,7 @@ from starlette.requests import HTTPConnection
 from localai.api.common import (
     KEEPALIVE_COMMENT,
     SSE_HEADERS,
+    ParsedBodyRoute,
     check_tool_results,
     check_tool_schema,
     collect,
@@ -64,7 +65,7 @@ from localai.schema import (
     effort_of,
 )
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 log = logging.getLogger("localai.server")
 IGNORED_ITEMS = frozenset({"item_reference", "web_search_call", "image_generation_call", "file_search_call",
                            "mcp_list_tools"})

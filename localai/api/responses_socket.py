@@ -11,9 +11,12 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
+from localai.api.body_check import BodyChecker
 from localai.api.errors import describe_validation
+from localai.api.limits import BodyProblem
 from localai.api.responses import ResponseRun, ResponsesRequest, start_response
-from localai.errors import InvalidRequest, LocalAIError
+from localai.api.security import checked_json
+from localai.errors import InvalidRequest, LocalAIError, RequestTooLarge
 from localai.schema import KeepAlive
 from localai.settings import Settings
 
@@ -30,16 +33,20 @@ def socket_error(exc: LocalAIError) -> dict[str, Any]:
                       "param": exc.param}}
 
 
-def socket_request(text: str | None, limit: int) -> ResponsesRequest:
-    """A client message as a request: one ``response.create`` event holding POST /v1/responses' fields."""
+async def socket_request(text: str | None, limit: int, checker: BodyChecker) -> ResponsesRequest:
+    """A client message as a request: one ``response.create`` event holding POST /v1/responses' fields, checked
+    as an HTTP body is (``limits.py``; a large one in the checker process), so what is a 400 over HTTP is a 400
+    error event here."""
     if text is None:
         raise InvalidRequest("messages must be text frames holding JSON")
-    if len(text.encode()) > limit:
-        raise InvalidRequest(f"the message is over the limit of {limit} bytes (LOCALAI_MAX_REQUEST_BYTES)")
+    if len(text) > limit or len(text.encode("utf-8", "surrogatepass")) > limit:
+        raise RequestTooLarge(f"the message is over the limit of {limit} bytes (LOCALAI_MAX_REQUEST_BYTES)")
     try:
-        message = json.loads(text)
-    except ValueError as exc:
-        raise InvalidRequest(f"the message is not valid JSON: {exc}") from exc
+        message = await checked_json(text, checker)
+    except BodyProblem as exc:
+        raise (RequestTooLarge if exc.status == 413 else InvalidRequest)(str(exc)) from None
+    if message is None:
+        raise InvalidRequest("the message is not valid JSON")
     if not isinstance(message, dict) or message.get("type") != "response.create":
         raise InvalidRequest("the only client event is {\"type\": \"response.create\", ...}", param="type")
     fields = {key: value for key, value in message.items() if key not in ("type", "stream")}
@@ -48,8 +55,8 @@ def socket_request(text: str | None, limit: int) -> ResponsesRequest:
     try:
         return ResponsesRequest.model_validate(fields)
     except ValidationError as exc:
-        message, where = describe_validation(exc)
-        raise InvalidRequest(message, param=where) from exc
+        problem, where = describe_validation(exc)
+        raise InvalidRequest(problem, param=where) from exc
 
 
 @router.websocket("/v1/responses")
@@ -75,7 +82,8 @@ async def responses_socket(websocket: WebSocket) -> None:
             body: ResponsesRequest | None = None
             made = False
             try:
-                body = socket_request(text.get("text"), settings.max_request_bytes)
+                body = await socket_request(text.get("text"), settings.max_request_bytes,
+                                            websocket.app.state.body_checker)
                 run = await start_response(body, websocket, earlier)
                 async for out in run.events():
                     if not isinstance(out, KeepAlive):

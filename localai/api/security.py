@@ -7,13 +7,17 @@ import hashlib
 import hmac
 import ipaddress
 import json
-import math
-import re
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localai.api import limits
+from localai.api.body_check import LARGE, BodyChecker, release_memory
+from localai.api.limits import MAX_DEPTH, BodyProblem, check_json  # noqa: F401 - where they were before
+from localai.errors import ServerBusy
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 OPEN_PATHS = frozenset({"/", "/health"})
@@ -193,66 +197,40 @@ class JsonBodyMiddleware:
         await self.app(scope, receive, send)
 
 
-MAX_DEPTH = 100  # JSON nesting; real requests (tool schemas included) stay under 20
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _THREADED_BODY = 256 << 10  # bodies larger than this are checked off the event loop
+_RELEASE_EVERY = 2.0  # seconds between returning memory to the system after refusing large bodies
 
 
-class BodyProblem(ValueError):
-    """Why a JSON body is refused before any handler sees it."""
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise BodyProblem(f"the number {text[:20]} is out of range")
-    return value
-
-
-def _no_constant(name: str) -> float:
-    raise BodyProblem(f"{name} is not a JSON number")
-
-
-def check_json(body: bytes) -> None:
-    """Raise BodyProblem when a JSON body holds what no handler can use safely: non-finite or huge numbers,
-    lone UTF-16 surrogates (they cannot be encoded as UTF-8), or nesting deeper than ``MAX_DEPTH``.
-    A body that is not JSON at all is left to the handler's own validation."""
-    try:
-        value = json.loads(body, parse_float=_finite, parse_constant=_no_constant)
-    except RecursionError:
-        raise BodyProblem(f"the JSON body is nested more than {MAX_DEPTH} levels deep") from None
-    except BodyProblem:
-        raise
-    except ValueError:
-        return
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            match = _SURROGATE.search(item)
-            if match:
-                raise BodyProblem(f"a string holds a lone UTF-16 surrogate (\\u{ord(match.group()):04x}); "
-                                  "send valid Unicode")
-        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= 1 << 64:
-            raise BodyProblem(f"the integer {str(item)[:20]}... is out of range")
-        elif isinstance(item, dict | list):
-            if depth > MAX_DEPTH:
-                raise BodyProblem(f"the JSON body is nested more than {MAX_DEPTH} levels deep")
-            children = item.items() if isinstance(item, dict) else ((None, child) for child in item)
-            for key, child in children:
-                if key is not None:
-                    stack.append((key, depth))
-                stack.append((child, depth + 1))
+async def checked_json(body: bytes | str, checker: BodyChecker) -> Any:
+    """A JSON body (or WebSocket message) checked against ``limits.py`` and parsed, None when it is not JSON;
+    raises BodyProblem or ServerBusy when it is refused. A large one is checked in ``checker``'s process first, so
+    the event loop never waits on more than a small body's parse (or one within the limits)."""
+    size = len(body)
+    if size > LARGE:
+        data = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+        await checker.check(data)
+        try:
+            return await asyncio.to_thread(limits.parse, data)  # it passed the limits: its parse is bounded
+        except ValueError:
+            return None
+    if size > _THREADED_BODY:
+        return await asyncio.to_thread(check_json, body)
+    return check_json(body)
 
 
 class BodyGuardMiddleware:
-    """Reads request bodies up to ``max_bytes`` (413 beyond) and refuses JSON no handler can use (400), so a
-    65 MB message or a ``"\\ud800"`` never reaches a worker. The body is then replayed to the app, and later
-    ``receive`` calls go to the server, so handlers still see the client disconnect."""
+    """Reads request bodies up to ``max_bytes`` (413 beyond) and refuses JSON no handler can use or that is too
+    big in its counts (``limits.py``: 400 or 413), so a 65 MB message, a ``"\\ud800"`` or 200,000 messages never
+    reach a handler, a template or a worker. A large body is checked in a checker process (``body_check.py``),
+    a middling one on a thread, a small one here; what passes is parsed once and handed to the handlers
+    (``ParsedBodyRoute``). The body is then replayed to the app, and later ``receive`` calls go to the server, so
+    handlers still see the client disconnect."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, checker: BodyChecker | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.checker = checker or BodyChecker()
+        self._released = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH", "DELETE"):
@@ -278,15 +256,20 @@ class BodyGuardMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        del chunks
         if body and headers.get("content-type", "").startswith("application/json"):
             try:
-                if len(body) > _THREADED_BODY:
-                    await asyncio.to_thread(check_json, body)
-                else:
-                    check_json(body)
+                value = await checked_json(body, self.checker)
             except BodyProblem as exc:
-                await _refuse(scope, send, 400, "invalid_request_error", str(exc))
+                kind = "request_too_large" if exc.status == 413 else "invalid_request_error"
+                await _refuse(scope, send, exc.status, kind, str(exc))
+                self._release_after(len(body))
                 return
+            except ServerBusy as exc:
+                await _refuse(scope, send, 503, "overloaded_error", exc.message)
+                return
+            if value is not None:
+                scope = {**scope, limits.PARSED: value}
         replayed = False
 
         async def replay() -> Message:
@@ -297,6 +280,13 @@ class BodyGuardMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _release_after(self, size: int) -> None:
+        """After refusing a large body, hand the memory it took back to the system (at most every few seconds)."""
+        now = time.monotonic()
+        if size > _THREADED_BODY and now - self._released > _RELEASE_EVERY:
+            self._released = now
+            asyncio.get_running_loop().run_in_executor(None, release_memory)
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
         await _refuse(scope, send, 413, "request_too_large",

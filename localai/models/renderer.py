@@ -69,20 +69,22 @@ def template_key(source: str | None) -> str:
     return hashlib.blake2b((source or "").encode(), digest_size=8).hexdigest()
 
 
-class _Overran(Exception):
-    pass
+class Overran(Exception):
+    """A helper process did not answer by its deadline (it is killed)."""
 
 
-class _Died(Exception):
-    pass
+class Died(Exception):
+    """A helper process ended before it answered."""
 
 
-class RenderProcess:
-    """One render process, its pipes and its frames (used by one driver thread at a time)."""
+class HelperProcess:
+    """A helper process of the daemon (``python -m MODULE``): requests written to its stdin, one JSON frame read
+    back from its stdout by a deadline, killed when it overruns. Used by one thread at a time. The module's main
+    caps its memory (``--memory``), lowers its priority (``--nice``) and ends with its parent (``--parent``)."""
 
-    def __init__(self, nice: int = 0) -> None:
-        command = [sys.executable, "-m", "localai.models.renderer", "--memory", str(MEMORY_BYTES),
-                   "--nice", str(nice), "--parent", str(os.getpid())]
+    def __init__(self, module: str, nice: int = 0, memory: int = MEMORY_BYTES) -> None:
+        command = [sys.executable, "-m", module, "--memory", str(memory), "--nice", str(nice),
+                   "--parent", str(os.getpid())]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         assert self.process.stdin is not None and self.process.stdout is not None
         self._in: IO[bytes] = self.process.stdin
@@ -100,24 +102,29 @@ class RenderProcess:
         """Still running and not on its way out (one killed from outside is noticed before a job is sent)."""
         return not self.exiting and self.process.poll() is None
 
+    def exchange(self, request: bytes, deadline: float) -> dict[str, Any]:
+        """Send ``request`` (framed as the module reads it) and return its answer's frame; raises Overran past
+        ``deadline`` (plus a grace), Died when the process died."""
+        try:
+            self._in.write(request)
+            self._in.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise Died(str(exc)) from exc
+        header = self._read(protocol.HEADER.size, deadline)
+        (length,) = protocol.HEADER.unpack(header)
+        if length > protocol.MAX_FRAME:
+            raise Died("an oversized frame")
+        reply = protocol.decode(self._read(length, deadline))
+        self.exiting = bool(reply.get("exit"))  # it answered, and ends now (out of memory, or told to)
+        return reply
+
     def run(self, calls: list[RenderCall], deadline: float) -> list[Outcome]:
-        """The outcomes of ``calls``; raises _Overran past ``deadline`` (plus a grace), _Died when the process
-        died, InvalidRequest when the calls are too large to send."""
+        """The outcomes of ``calls``; raises RenderFailed when they are too large to send."""
         try:
             frame = protocol.encode({"calls": calls})
         except protocol.FrameTooLarge as exc:
             raise RenderFailed(f"the conversation is too large to render: {exc}", param="messages") from exc
-        try:
-            self._in.write(frame)
-            self._in.flush()
-        except (BrokenPipeError, OSError) as exc:
-            raise _Died(str(exc)) from exc
-        header = self._read(protocol.HEADER.size, deadline)
-        (length,) = protocol.HEADER.unpack(header)
-        if length > protocol.MAX_FRAME:
-            raise _Died("an oversized frame")
-        reply = protocol.decode(self._read(length, deadline))
-        self.exiting = bool(reply.get("exit"))  # it ran out of memory: it answered, and ends now
+        reply = self.exchange(frame, deadline)
         return [Outcome(item.get("text"), item.get("error")) for item in reply["results"]]
 
     def _read(self, size: int, deadline: float) -> bytes:
@@ -125,10 +132,10 @@ class RenderProcess:
         while len(data) < size:
             remaining = deadline + KILL_GRACE - time.monotonic()
             if remaining <= 0 or not self._selector.select(remaining):
-                raise _Overran()
+                raise Overran()
             chunk = os.read(self._out.fileno(), min(size - len(data), 1 << 20))
             if not chunk:
-                raise _Died(f"exit code {self.process.poll()}")
+                raise Died(f"exit code {self.process.poll()}")
             data.extend(chunk)
         return bytes(data)
 
@@ -156,7 +163,7 @@ class Renderer:
         self._quarantined: dict[str, float] = {}  # key -> until (monotonic)
         self._running: dict[tuple[Lane, str], int] = {}
         self._turns: dict[str, float] = {}  # probation: when each template last had the process
-        self._processes: set[RenderProcess] = set()
+        self._processes: set[HelperProcess] = set()
         self._closed = False
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -267,8 +274,8 @@ class Renderer:
                 self._trusted.add(job.key)
             self._wake.notify_all()
 
-    def _spawn(self, lane: Lane) -> RenderProcess | None:
-        process = RenderProcess(nice=PROBATION_NICE if lane == "probation" else 0)
+    def _spawn(self, lane: Lane) -> HelperProcess | None:
+        process = HelperProcess("localai.models.renderer", nice=PROBATION_NICE if lane == "probation" else 0)
         with self._lock:
             if self._closed:
                 process.kill()
@@ -276,7 +283,7 @@ class Renderer:
             self._processes.add(process)
         return process
 
-    def _retire(self, process: RenderProcess) -> None:
+    def _retire(self, process: HelperProcess) -> None:
         with self._lock:
             self._processes.discard(process)
         process.kill()
@@ -307,13 +314,13 @@ class Renderer:
                     if process is None:
                         raise ServerBusy("the daemon is shutting down")
                 outcomes = process.run(job.calls, until)
-            except _Overran:
+            except Overran:
                 overran = True
                 log.warning("a chat template ran past its %g s deadline; its render process (pid %s) was killed",
                             self.seconds, process.pid if process else None)
                 error = RenderFailed(f"the chat template ran past its {self.seconds:g} s deadline and was stopped",
                                      param="messages")
-            except _Died as exc:
+            except Died as exc:
                 overran = True  # a template that kills its process (memory) is treated as one that overran
                 error = RenderFailed(f"the chat template's render process died ({exc}): the template used more "
                                      f"than {MEMORY_BYTES >> 20} MiB or crashed it", param="messages")
@@ -392,7 +399,7 @@ atexit.register(shutdown)
 # -- the render process ----------------------------------------------------------------------------------
 
 
-def _limit(memory: int, nice: int, parent: int) -> None:
+def limit_process(memory: int, nice: int, parent: int) -> None:
     """Cap the address space, lower the priority, and end with the parent (never an orphan that loops)."""
     import resource
 
@@ -416,7 +423,8 @@ def _limit(memory: int, nice: int, parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def _read_exactly(stream: IO[bytes], size: int) -> bytes | None:
+def read_exactly(stream: IO[bytes], size: int) -> bytes | None:
+    """``size`` bytes from a helper's stdin; None when its parent closed it."""
     data = bytearray()
     while len(data) < size:
         chunk = stream.read(size - len(data))
@@ -443,11 +451,11 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     """Render jobs from ``stdin`` until it closes; a job that runs out of memory ends the process after its
     answer (the daemon starts another)."""
     while True:
-        header = _read_exactly(stdin, protocol.HEADER.size)
+        header = read_exactly(stdin, protocol.HEADER.size)
         if header is None:
             return
         (length,) = protocol.HEADER.unpack(header)
-        body = _read_exactly(stdin, length)
+        body = read_exactly(stdin, length)
         if body is None:
             return
         calls: list[RenderCall] = protocol.decode(body)["calls"]
@@ -478,7 +486,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nice", type=int, default=0)
     parser.add_argument("--parent", type=int, default=os.getppid())
     args = parser.parse_args(argv)
-    _limit(args.memory, args.nice, args.parent)
+    limit_process(args.memory, args.nice, args.parent)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must never corrupt a frame
     serve(stdin, stdout)
