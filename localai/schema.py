@@ -246,6 +246,13 @@ class ReplyParts:
         return "".join(self.reasonings)
 
 
+# The reasoning efforts OpenAI's dialects take (chat's reasoning_effort, Responses' reasoning.effort); others are 400s.
+OPENAI_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+OpenAIEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+# Ollama's think: true/false, or a level (gpt-oss).
+OllamaThink = bool | Literal["low", "medium", "high", "true", "false", "none"]
+
+
 def effort_of(value: object) -> Literal["low", "medium", "high"] | None:
     """A dialect's reasoning effort as a level: low, medium and high as they are; none and minimal are low (a model
     with levels cannot stop reasoning: the least it does is low); anything else is the model's default."""

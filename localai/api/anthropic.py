@@ -111,7 +111,8 @@ class AnthropicToolChoice(BaseModel):
 
 class ThinkingConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: str
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=0)
 
 
 # Claude Code (2.1.36 and later) starts the system prompt with a billing line whose hash changes on every request

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -15,7 +15,14 @@ from localai import __version__, paths
 from localai.api import anthropic, cache, info, ollama, openai, responses, responses_socket
 from localai.api.body_check import BodyChecker
 from localai.api.errors import install_error_handlers
-from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, KeyRing, is_loopback_host
+from localai.api.security import (
+    BodyGuardMiddleware,
+    GuardMiddleware,
+    JsonBodyMiddleware,
+    KeyRing,
+    has_key,
+    is_loopback_host,
+)
 from localai.models import renderer
 from localai.models.watcher import ModelfileWatcher, stop_quietly
 from localai.runtime.runtime import Runtime
@@ -46,10 +53,14 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.state.settings = settings
     app.state.keys = keys
     app.state.body_checker = checker
+    app.state.devices = info.DeviceReport()  # /api/info's device probe, kept
     install_error_handlers(app)
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
+        """Liveness; the version and the loaded models only for a caller who may see them (open without a key)."""
+        if not has_key(request.scope):
+            return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "ok", "version": __version__,
                              "loaded_models": list(runtime.scheduler.loaded)})
 

@@ -39,6 +39,7 @@ from localai.schema import (
     GenerationRequest,
     KeepAlive,
     Message,
+    OllamaThink,
     ReasoningBlock,
     ReasoningDelta,
     ResponseFormat,
@@ -100,7 +101,7 @@ class GenerateBody(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     keep_alive: str | float | None = None
     format: Any = None
-    think: bool | str | None = None
+    think: OllamaThink | None = None
     images: list[str] | None = None
     cache_salt: str | None = cache_salt_field()
 
@@ -114,7 +115,7 @@ class ChatBody(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     keep_alive: str | float | None = None
     format: Any = None
-    think: bool | str | None = None
+    think: OllamaThink | None = None
     cache_salt: str | None = cache_salt_field()
 
 

@@ -39,6 +39,7 @@ from localai.schema import (
     GenerationRequest,
     KeepAlive,
     Message,
+    OpenAIEffort,
     ReasoningBlock,
     ReasoningDelta,
     ResponseFormat,
@@ -259,7 +260,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormatSpec | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: OpenAIEffort | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import HTTPConnection
 
 from localai.api.common import (
@@ -45,6 +45,7 @@ from localai.errors import InvalidRequest, LocalAIError, NotFound
 from localai.protocol import DEFAULT_SAMPLING
 from localai.runtime.runtime import Generation
 from localai.schema import (
+    OPENAI_EFFORTS,
     Finished,
     GenerationRequest,
     KeepAlive,
@@ -88,7 +89,7 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None  # effort (checked), summary (accepted, ignored)
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
@@ -109,6 +110,14 @@ class ResponsesRequest(BaseModel):
     safety_identifier: str | None = None
     service_tier: str | None = None
     generate: bool = True  # False: only evaluate and cache the prompt (Codex's WebSocket prewarm), no output
+
+    @field_validator("reasoning")
+    @classmethod
+    def _effort(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        effort = (value or {}).get("effort")
+        if effort is not None and effort not in OPENAI_EFFORTS:
+            raise ValueError(f"reasoning.effort must be one of {', '.join(OPENAI_EFFORTS)}, not {str(effort)[:40]!r}")
+        return value
 
 
 # -- input ----------------------------------------------------------------------------------------

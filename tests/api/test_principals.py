@@ -130,3 +130,10 @@ def test_a_stored_response_is_read_and_continued_only_with_the_key_that_stored_i
     mine = api.post("/v1/responses", headers=auth(KEY_A),
                     json={**body, "input": "go on", "previous_response_id": stored})
     assert mine.status_code == 200, mine.text
+
+
+def test_health_without_a_key_says_only_ok(api: TestClient) -> None:
+    assert api.get("/health").json() == {"status": "ok"}
+    assert api.get("/health", headers=auth("wrong")).json() == {"status": "ok"}
+    full = api.get("/health", headers=auth(KEY_B)).json()
+    assert full["status"] == "ok" and "version" in full and "loaded_models" in full
