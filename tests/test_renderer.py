@@ -170,3 +170,15 @@ def test_create_refuses_a_template_that_cannot_render_in_time(monkeypatch: pytes
     renderer.check_renders(HANGS_LATER, "TEMPLATE")  # what only a longer conversation hangs on passes here
     renderer.check_renders("{{ raise_exception('no system role') }}", "TEMPLATE")  # refusing is not hanging
     instance.close()
+
+
+def test_a_quarantined_template_has_one_render_at_a_time_and_none_waiting(pool: Renderer) -> None:
+    with pytest.raises(RenderFailed):
+        pool.render([call(HANGS)])  # overran: quarantined
+    running = pool.submit([call(HANGS)])
+    refused = pool.submit([call(HANGS)])
+    assert refused.done() and not running.done()  # refused at once, while the one render still runs
+    with pytest.raises(RenderFailed, match="another of its renders is running"):
+        refused.result()
+    with pytest.raises(RenderFailed):
+        running.result(timeout=30)

@@ -10,8 +10,9 @@ Two lanes keep a bad template from starving the others. Templates that have rend
 *trusted* and go to the main lane (``main`` processes, one template at most ``main - 1`` of them, so another model
 always finds one free). A template seen for the first time, or one that ran past its deadline in the last
 ``QUARANTINE_SECONDS``, goes to the probation lane: one process, at a lower CPU priority, serving one render at a
-time, the waiting templates in turn. A render still waiting when its deadline passes is refused: a quarantined
-template's backlog is answered within the deadline, one render at a time, without touching the main lane.
+time, the waiting templates in turn. A render still waiting when its deadline passes is refused, and a quarantined
+template has one render at a time and none waiting (the others are refused at once): its backlog is answered
+within the deadline, without touching the main lane.
 """
 
 from __future__ import annotations
@@ -185,6 +186,12 @@ class Renderer:
         with self._wake:
             if self._closed:
                 raise ServerBusy("the daemon is shutting down")
+            if self._in_quarantine(job.key, time.monotonic()) and (
+                    any(key == job.key for _, key in self._running) or any(o.key == job.key for o in self._queue)):
+                # a template that overran has one render at a time and none waiting: the rest are refused now
+                _fail(job, RenderFailed(f"the chat template ran past its {self.seconds:g} s deadline recently and "
+                                        "another of its renders is running; try again later", param="messages"))
+                return job.future
             self._queue.append(job)
             self._wake.notify_all()
         return job.future
