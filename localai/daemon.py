@@ -20,6 +20,7 @@ import uvicorn.config
 
 from localai import paths
 from localai.api.app import create_app
+from localai.api.body_check import map_large_blocks
 from localai.api.connections import HeaderDeadlineProtocol
 from localai.errors import DaemonUnavailable
 from localai.models import renderer
@@ -146,6 +147,7 @@ def serve(settings: Settings, log_file: Path | None = None) -> None:
     if not settings.debug:  # a line per upstream request (remote models, pulls) would drown the log
         logging.getLogger("httpx").setLevel(logging.WARNING)
     os.umask(0o077)  # conversations, prompt caches and logs are the user's alone (workers inherit this)
+    map_large_blocks()  # a refused 20 MB body's memory goes back to the system
     paths.ensure_home()
     registry = Registry.open()
     try:

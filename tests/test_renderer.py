@@ -182,3 +182,31 @@ def test_a_quarantined_template_has_one_render_at_a_time_and_none_waiting(pool: 
         refused.result()
     with pytest.raises(RenderFailed):
         running.result(timeout=30)
+
+
+CALLS = "{% for a in range(100000) %}{% for b in range(100000) %}{{ '' }}{% endfor %}{% endfor %}"
+
+
+def test_a_template_stopped_by_its_own_deadline_check_is_quarantined_and_its_process_kept(pool: Renderer) -> None:
+    pool.render([call(None)])
+    before = pids(pool)
+    outcome = pool.render([call(CALLS)])[0]  # it calls at every step: the process stops it itself
+    assert outcome.overran and "longer than" in (outcome.error or "")
+    assert not pool.trusted(CALLS) and pids(pool) == before
+
+
+def test_a_slow_render_on_the_main_lane_is_demoted_and_its_process_replaced(pool: Renderer) -> None:
+    assert pool.render([call("{{ 'x' }}")])[0].text == "x"  # trusted
+    slow = "{% if messages | length > 2 %}" + CALLS + "{% endif %}x"
+    assert pool.render([call(slow)])[0].text == "x"
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    running = pool.submit([call(slow, turns=3)])
+    time.sleep(0.6)  # past DEMOTE_AFTER: its process now yields the CPU to everything else
+    niced = {pid for pid in pids(pool) if os.getpriority(os.PRIO_PROCESS, pid) == renderer.PROBATION_NICE}
+    assert len(niced) == 2  # the probation process, and the demoted one
+    running.exception(timeout=30)
+    time.sleep(0.2)
+    assert len(niced & pids(pool)) == 1  # the demoted one is gone; the probation process stays
+    assert pool.render([call(None)])[0].text  # a fresh one at full priority serves
+    priorities = sorted(os.getpriority(os.PRIO_PROCESS, pid) for pid in pids(pool))
+    assert priorities.count(renderer.PROBATION_NICE) == 1 and set(priorities) == {base, renderer.PROBATION_NICE}

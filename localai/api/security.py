@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import ipaddress
 import json
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -198,7 +197,7 @@ class JsonBodyMiddleware:
 
 
 _THREADED_BODY = 256 << 10  # bodies larger than this are checked off the event loop
-_RELEASE_EVERY = 2.0  # seconds between returning memory to the system after refusing large bodies
+_RELEASE_EVERY = 1.0  # seconds after refusing a large body (the last of a burst) that its memory is handed back
 
 
 async def checked_json(body: bytes | str, checker: BodyChecker) -> Any:
@@ -230,7 +229,7 @@ class BodyGuardMiddleware:
         self.app = app
         self.max_bytes = max_bytes
         self.checker = checker or BodyChecker()
-        self._released = 0.0
+        self._release_pending = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH", "DELETE"):
@@ -282,11 +281,18 @@ class BodyGuardMiddleware:
         await self.app(scope, replay, send)
 
     def _release_after(self, size: int) -> None:
-        """After refusing a large body, hand the memory it took back to the system (at most every few seconds)."""
-        now = time.monotonic()
-        if size > _THREADED_BODY and now - self._released > _RELEASE_EVERY:
-            self._released = now
-            asyncio.get_running_loop().run_in_executor(None, release_memory)
+        """After refusing a large body, hand the memory it took back to the system: once, a moment after the last
+        of a burst of them."""
+        if size <= _THREADED_BODY or self._release_pending:
+            return
+        self._release_pending = True
+        loop = asyncio.get_running_loop()
+
+        def release() -> None:
+            self._release_pending = False
+            loop.run_in_executor(None, release_memory)
+
+        loop.call_later(_RELEASE_EVERY, release)
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
         await _refuse(scope, send, 413, "request_too_large",

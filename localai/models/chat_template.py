@@ -29,12 +29,18 @@ CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-RENDER_SECONDS = 5.0  # real templates render in milliseconds, even for 100k-token conversations
+RENDER_SECONDS = 5.0  # real templates render in milliseconds, even for 100k-token conversations (a render process
+# sets it to what its job has left)
 MAX_OUTPUT_CHARS = 64 << 20  # beyond the worker protocol's frame limit anyway
 
 
 class TemplateLimitExceeded(jinja2.TemplateError):
     """A template ran past the time or size a render may take."""
+
+
+class TemplateTimeout(TemplateLimitExceeded):
+    """A template ran past its deadline (seen at a call, an attribute or output; a bare loop is stopped by the
+    render process being killed)."""
 
 
 def _raise(message: str) -> None:
@@ -60,7 +66,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     def check(self) -> None:
         deadline = getattr(self._render, "deadline", None)
         if deadline is not None and time.monotonic() > deadline:
-            raise TemplateLimitExceeded(f"rendering took longer than {RENDER_SECONDS:g} s")
+            raise TemplateTimeout(f"rendering took longer than {RENDER_SECONDS:g} s")
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         __self.check()
@@ -152,9 +158,9 @@ def render_call(call: RenderCall) -> str:
         messages = fold_late_system(messages)
     try:
         return render(source, messages, **options)
-    except InvalidRequest:
+    except InvalidRequest as exc:
         folded = fold_late_system(messages)
-        if folded == messages:
+        if folded == messages or isinstance(exc.__cause__, TemplateLimitExceeded):
             raise
         return render(source, folded, **options)
 

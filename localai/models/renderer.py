@@ -34,13 +34,15 @@ from typing import IO, Any, Literal
 
 from localai import protocol
 from localai.errors import InvalidRequest, ModelfileError, ServerBusy
+from localai.models import chat_template
 from localai.models.chat_template import RENDER_SECONDS, RenderCall
 
 log = logging.getLogger("localai.renderer")
 MEMORY_BYTES = 2 << 30  # address space of a render process: a 64 M-character prompt and its copies fit
 QUARANTINE_SECONDS = 600.0  # how long a template that overran renders in the probation lane
 KILL_GRACE = 0.25  # past the deadline, the time a render has to report its own overrun before it is killed
-PROBATION_NICE = 10  # a template looping on the probation lane takes CPU time only when the engines leave some
+PROBATION_NICE = 19  # a template looping on probation (or demoted) takes CPU time only when the engines leave some
+DEMOTE_AFTER = 0.25  # a render on the main lane still running after this is lowered to PROBATION_NICE
 Lane = Literal["main", "probation"]
 
 
@@ -55,6 +57,7 @@ class Outcome:
 
     text: str | None = None
     error: str | None = None
+    overran: bool = False  # the template stopped itself at its deadline: it counts as overrunning
 
 
 @dataclass
@@ -93,6 +96,7 @@ class HelperProcess:
         self._selector = selectors.DefaultSelector()  # epoll/kqueue: the daemon's fds may be numbered past 1024
         self._selector.register(self._out, selectors.EVENT_READ)
         self.exiting = False
+        self.demoted = False  # its priority was lowered during a slow render (it cannot be raised again)
 
     @property
     def pid(self) -> int:
@@ -100,18 +104,21 @@ class HelperProcess:
 
     @property
     def usable(self) -> bool:
-        """Still running and not on its way out (one killed from outside is noticed before a job is sent)."""
-        return not self.exiting and self.process.poll() is None
+        """Still running, not on its way out and not demoted (one killed from outside is noticed before a job is
+        sent; a demoted one is replaced by one at full priority)."""
+        return not self.exiting and not self.demoted and self.process.poll() is None
 
-    def exchange(self, request: bytes, deadline: float) -> dict[str, Any]:
+    def exchange(self, request: bytes, deadline: float, demote_at: float | None = None) -> dict[str, Any]:
         """Send ``request`` (framed as the module reads it) and return its answer's frame; raises Overran past
-        ``deadline`` (plus a grace), Died when the process died."""
+        ``deadline`` (plus a grace), Died when the process died. Still waiting at ``demote_at``, the process's CPU
+        priority is lowered: a render that takes that long is likely one that never ends, and meanwhile the
+        engines come first."""
         try:
             self._in.write(request)
             self._in.flush()
         except (BrokenPipeError, OSError) as exc:
             raise Died(str(exc)) from exc
-        header = self._read(protocol.HEADER.size, deadline)
+        header = self._read(protocol.HEADER.size, deadline, demote_at)
         (length,) = protocol.HEADER.unpack(header)
         if length > protocol.MAX_FRAME:
             raise Died("an oversized frame")
@@ -119,19 +126,28 @@ class HelperProcess:
         self.exiting = bool(reply.get("exit"))  # it answered, and ends now (out of memory, or told to)
         return reply
 
-    def run(self, calls: list[RenderCall], deadline: float) -> list[Outcome]:
-        """The outcomes of ``calls``; raises RenderFailed when they are too large to send."""
+    def run(self, calls: list[RenderCall], deadline: float, demote_at: float | None = None) -> list[Outcome]:
+        """The outcomes of ``calls``; raises RenderFailed when they are too large to send. The process stops a
+        template itself just before ``deadline`` where it can (a call, an attribute, output), killing it the rest."""
         try:
-            frame = protocol.encode({"calls": calls})
+            frame = protocol.encode({"calls": calls, "seconds": max(0.05, deadline - time.monotonic() - 0.1)})
         except protocol.FrameTooLarge as exc:
             raise RenderFailed(f"the conversation is too large to render: {exc}", param="messages") from exc
-        reply = self.exchange(frame, deadline)
-        return [Outcome(item.get("text"), item.get("error")) for item in reply["results"]]
+        reply = self.exchange(frame, deadline, demote_at)
+        return [Outcome(item.get("text"), item.get("error"), bool(item.get("overran"))) for item in reply["results"]]
 
-    def _read(self, size: int, deadline: float) -> bytes:
+    def _read(self, size: int, deadline: float, demote_at: float | None = None) -> bytes:
         data = bytearray()
         while len(data) < size:
-            remaining = deadline + KILL_GRACE - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline + KILL_GRACE - now
+            if demote_at is not None and not self.demoted:
+                if now >= demote_at:
+                    self._demote()
+                else:
+                    remaining = min(remaining, demote_at - now)
+                    if not self._selector.select(remaining):
+                        continue  # the demotion is due: lower its priority, then wait on
             if remaining <= 0 or not self._selector.select(remaining):
                 raise Overran()
             chunk = os.read(self._out.fileno(), min(size - len(data), 1 << 20))
@@ -139,6 +155,11 @@ class HelperProcess:
                 raise Died(f"exit code {self.process.poll()}")
             data.extend(chunk)
         return bytes(data)
+
+    def _demote(self) -> None:
+        self.demoted = True
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, self.process.pid, PROBATION_NICE)
 
     def kill(self) -> None:
         with contextlib.suppress(OSError):
@@ -309,7 +330,7 @@ class Renderer:
                     self._retire(process)
                 return
             job, until = taken
-            overran = broken = False
+            overran = broken = False  # broken: the process was killed or is no longer to be trusted
             outcomes: list[Outcome] | None = None
             error: Exception | None = None
             try:
@@ -320,15 +341,17 @@ class Renderer:
                     process = self._spawn(lane)
                     if process is None:
                         raise ServerBusy("the daemon is shutting down")
-                outcomes = process.run(job.calls, until)
+                outcomes = process.run(job.calls, until,
+                                       time.monotonic() + DEMOTE_AFTER if lane == "main" else None)
+                overran = any(outcome.overran for outcome in outcomes)
             except Overran:
-                overran = True
+                overran = broken = True
                 log.warning("a chat template ran past its %g s deadline; its render process (pid %s) was killed",
                             self.seconds, process.pid if process else None)
                 error = RenderFailed(f"the chat template ran past its {self.seconds:g} s deadline and was stopped",
                                      param="messages")
             except Died as exc:
-                overran = True  # a template that kills its process (memory) is treated as one that overran
+                overran = broken = True  # a template that kills its process (memory) is one that overran
                 error = RenderFailed(f"the chat template's render process died ({exc}): the template used more "
                                      f"than {MEMORY_BYTES >> 20} MiB or crashed it", param="messages")
             except (RenderFailed, ServerBusy) as exc:
@@ -337,7 +360,7 @@ class Renderer:
                 broken = True
                 log.exception("a render process failed")
                 error = exc
-            if (overran or broken) and process is not None:
+            if process is not None and (broken or not process.usable):
                 self._retire(process)
                 process = None
             self._done(lane, job, overran)  # before the answer: whoever waits sees the template's new standing
@@ -442,12 +465,12 @@ def read_exactly(stream: IO[bytes], size: int) -> bytes | None:
 
 
 def _one(call: RenderCall) -> dict[str, Any]:
-    from localai.models.chat_template import render_call
+    from localai.models.chat_template import TemplateTimeout, render_call
 
     try:
         return {"text": render_call(call)}
     except InvalidRequest as exc:
-        return {"error": exc.message}
+        return {"error": exc.message, "overran": isinstance(exc.__cause__, TemplateTimeout)}
     except MemoryError:
         raise
     except Exception as exc:  # whatever a template does wrong is the template's error, never this process's end
@@ -465,7 +488,9 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
         body = read_exactly(stdin, length)
         if body is None:
             return
-        calls: list[RenderCall] = protocol.decode(body)["calls"]
+        job = protocol.decode(body)
+        calls: list[RenderCall] = job["calls"]
+        chat_template.RENDER_SECONDS = float(job.get("seconds", chat_template.RENDER_SECONDS))  # this process's
         results: list[dict[str, Any]] = []
         exhausted = False
         for call in calls:
