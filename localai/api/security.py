@@ -210,8 +210,8 @@ async def checked_json(body: bytes | str, checker: BodyChecker) -> Any:
         await checker.check(data)
         try:
             return await asyncio.to_thread(limits.parse, data)  # it passed the limits: its parse is bounded
-        except ValueError:
-            return None
+        except ValueError as exc:  # refused here: the handler would parse all of it again on the event loop
+            raise BodyProblem(f"the request body is not valid JSON: {str(exc)[:200]}") from None
     if size > _THREADED_BODY:
         return await asyncio.to_thread(check_json, body)
     return check_json(body)

@@ -123,3 +123,10 @@ def test_limits_checks_the_shape_before_every_value() -> None:
     assert refused.value.status == 413
     with pytest.raises(limits.BodyProblem, match="together"):
         limits.check_json(json.dumps({"tools": [{"d": "x" * 900_000}] * 5}).encode())
+
+
+def test_a_large_body_that_is_not_json_is_a_400(api: TestClient) -> None:
+    body = b'{"model": "smollm2", "messages": [' + b'{"role": "user", "content": "x"},' * 40_000 + b"oops"
+    assert len(body) > LARGE
+    response = api.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "not valid JSON" in response.text, response.text[:200]

@@ -28,6 +28,7 @@ def _stored(home: Path) -> tuple[int, int, int]:
 
 
 def run(report: Report, workdir: Path, turns: int = 1000) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
     weights = metadata_gguf(workdir / "long-context.gguf", arch="llama", context_length=1 << 20)
     home = workdir / "home"
     with daemon(home, engine="scripted", context_length=str(1 << 17), responses_max_bytes=str(8 << 30)) as instance:
