@@ -51,6 +51,12 @@ class RenderFailed(InvalidRequest):
     fault, a 400 (the runtime names the model)."""
 
 
+class RenderTooLarge(RenderFailed):
+    """A conversation too large to send to a render process (a frame over the worker protocol's limit): 413."""
+
+    status_code = 413
+
+
 @dataclass
 class Outcome:
     """One call's result: the prompt text, or why there is none."""
@@ -132,7 +138,7 @@ class HelperProcess:
         try:
             frame = protocol.encode({"calls": calls, "seconds": max(0.05, deadline - time.monotonic() - 0.1)})
         except protocol.FrameTooLarge as exc:
-            raise RenderFailed(f"the conversation is too large to render: {exc}", param="messages") from exc
+            raise RenderTooLarge(f"the conversation is too large to render: {exc}", param="messages") from exc
         reply = self.exchange(frame, deadline, demote_at)
         return [Outcome(item.get("text"), item.get("error"), bool(item.get("overran"))) for item in reply["results"]]
 

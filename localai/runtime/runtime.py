@@ -411,7 +411,8 @@ class Runtime:
         try:
             outcomes = await asyncio.wrap_future(renderer.pool().submit(calls))
         except renderer.RenderFailed as exc:
-            raise InvalidRequest(f"model '{record.name}': {exc.message}", param="messages") from None
+            exc.message, exc.param = f"model '{record.name}': {exc.message}", "messages"
+            raise
         main = outcomes[0]
         if main.text is None:
             raise InvalidRequest(f"model '{record.name}': {main.error}", param="messages")
