@@ -185,8 +185,9 @@ $(VENV)/.installed-stress: pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet -e '.[stress]'
 	touch $@
 
-## stress: the abuse runs with figures (about 30 minutes): security, fuzz, full disk, kill -9 chaos, 64-client load,
-## and the prompt store's 10-minute concurrency soak.
+## stress: the abuse runs with figures (about 45 minutes): security, fuzz, full disk, kill -9 chaos, 64-client load,
+## the prompt store's 10-minute concurrency soak, and hostile input (templates that never end, cross-key cache
+## guesses, a 1,000-turn stored-responses chain, oversized requests, slow headers and the smaller findings).
 ## Needs root for the full-disk check (it mounts a small tmpfs); `python -m tests.stress --help` for one check.
 stress: $(VENV)/.installed-stress
 	$(BIN)/python -m tests.stress

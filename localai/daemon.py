@@ -11,21 +11,29 @@ import os
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 import uvicorn.config
 
 from localai import paths
 from localai.api.app import create_app
+from localai.api.body_check import map_large_blocks
+from localai.api.connections import HeaderDeadlineProtocol
 from localai.client import probe
 from localai.errors import DaemonUnavailable
+from localai.models import renderer
 from localai.models.registry import Registry
 from localai.runtime.runtime import Runtime
 from localai.settings import Settings
 from localai.workers.scheduler import Scheduler
 
 log = logging.getLogger("localai.daemon")
+# From SIGTERM (or Ctrl-C) to exit, whatever is still running: open connections get 5 s, replies being prefilled 10 s,
+# then workers write their queued cache entries; what is not done by then is killed (systemd's unit allows 30 s).
+SHUTDOWN_GRACE = 25.0
 
 
 def bind_unix_socket(path: Path) -> socket.socket:
@@ -132,6 +140,44 @@ def _exit_on_term(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+class Server(uvicorn.Server):
+    """uvicorn's server, with a deadline on its shutdown: ``SHUTDOWN_GRACE`` after the first signal the process
+    kills its workers and render processes, removes its files and exits, whatever still runs (a wedged engine, a
+    thread that never returns)."""
+
+    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self._deadline: threading.Thread | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._deadline is None:
+            self._deadline = threading.Thread(target=self._exit_at_deadline, name="shutdown-deadline", daemon=True)
+            self._deadline.start()
+        super().handle_exit(sig, frame)
+
+    def _exit_at_deadline(self) -> None:
+        time.sleep(SHUTDOWN_GRACE)
+        log.error("the daemon did not stop within %.0f s of the signal; killing its workers and exiting",
+                  SHUTDOWN_GRACE)
+        for loaded in list(self.runtime.scheduler.loaded.values()):
+            pid = loaded.worker.pid
+            if pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            renderer.shutdown()
+        _remove_files()
+        logging.shutdown()
+        os._exit(1)
+
+
+def _remove_files() -> None:
+    for path in (paths.socket_path(), paths.pid_path(), paths.address_path()):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def serve(settings: Settings, log_file: Path | None = None) -> None:
     """Run the daemon until SIGINT/SIGTERM; workers are stopped on the way out. With ``log_file`` its log
     (uvicorn's included) goes to that file, rotated at 10 MiB with three old files kept."""
@@ -148,6 +194,7 @@ def serve(settings: Settings, log_file: Path | None = None) -> None:
     if not settings.debug:  # a line per upstream request (remote models, pulls) would drown the log
         logging.getLogger("httpx").setLevel(logging.WARNING)
     os.umask(0o077)  # conversations, prompt caches and logs are the user's alone (workers inherit this)
+    map_large_blocks()  # a refused 20 MB body's memory goes back to the system
     paths.ensure_home()
     registry = Registry.open()
     try:
@@ -157,14 +204,18 @@ def serve(settings: Settings, log_file: Path | None = None) -> None:
     if settings.discover:
         threading.Thread(target=_discover, args=(registry, settings.discover), name="discover", daemon=True).start()
     runtime = Runtime(settings, registry, Scheduler(settings))
-    app = create_app(settings, runtime)
+    try:
+        app = create_app(settings, runtime)
+    except ValueError as exc:  # an API key file that cannot be read: never serve without the keys asked for
+        raise DaemonUnavailable(str(exc)) from exc
     host, port = settings.bind
     tcp = bind_tcp(host, port)
     unix = bind_unix_socket(paths.socket_path())
-    config = uvicorn.Config(app, log_level="debug" if settings.debug else "warning", access_log=settings.debug,
+    config = uvicorn.Config(app, http=HeaderDeadlineProtocol, log_level="debug" if settings.debug else "warning",
+                            access_log=settings.debug,
                             timeout_graceful_shutdown=5, ws_max_size=settings.max_request_bytes,
                             log_config=None if log_file is not None else uvicorn.config.LOGGING_CONFIG)
-    server = uvicorn.Server(config)
+    server = Server(config, runtime)
     paths.pid_path().write_text(str(os.getpid()))
     paths.address_path().write_text(settings.base_url)  # `localai launch` hands this URL to agents
     log.info("localai listening on http://%s:%s and %s", host, port, paths.socket_path())
@@ -174,6 +225,5 @@ def serve(settings: Settings, log_file: Path | None = None) -> None:
     try:
         asyncio.run(server.serve(sockets=[tcp, unix]))
     finally:
-        for path in (paths.socket_path(), paths.pid_path(), paths.address_path()):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        renderer.shutdown()
+        _remove_files()

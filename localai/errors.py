@@ -63,6 +63,13 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class Forbidden(LocalAIError):
+    """The caller's API key may not do this (another key's data, or the machine owner's operations)."""
+
+    status_code = 403
+    error_type = "permission_error"
+
+
 class ServerBusy(LocalAIError):
     """The request queue is full; retry later."""
 

@@ -81,6 +81,9 @@ class GenerateOp(TypedDict):
     # draft tokens from the context and verify them (engines/speculative); None: where the output stays bit-identical
     speculative: NotRequired[bool | None]
     media: NotRequired[dict[str, str]]  # images the prompt's marks name (base64 by sha256), for a vision projector
+    # whose prefix cache it may reuse: a hash of the API key's id and the request's cache_salt ("" or absent: the
+    # default partition, shared by every caller when no keys differ); never the key itself
+    cache_partition: NotRequired[str]
 
 
 class CancelOp(TypedDict):

@@ -159,6 +159,7 @@ class GenerationRequest:
     speculative: bool | None = None  # None: the model's PARAMETER speculative (default auto: where output is exact)
     # Images a model with a vision projector sees, by sha256 (the rendered prompt marks where each stands)
     images: dict[str, bytes] = field(default_factory=dict)
+    cache_partition: str = ""  # whose cached prefixes it may reuse (api/sessions.cache_partition); "" the default
 
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice.mode != "none"
@@ -280,6 +281,13 @@ class ReplyParts:
     @property
     def reasoning(self) -> str:
         return "".join(self.reasonings)
+
+
+# The reasoning efforts OpenAI's dialects take (chat's reasoning_effort, Responses' reasoning.effort); others are 400s.
+OPENAI_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+OpenAIEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+# Ollama's think: true/false, or a level (gpt-oss).
+OllamaThink = bool | Literal["low", "medium", "high", "true", "false", "none"]
 
 
 def effort_of(value: object) -> Literal["low", "medium", "high"] | None:

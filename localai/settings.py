@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -115,6 +116,12 @@ class Settings(BaseSettings):
         "empty for none.",
     )
     api_key: str | None = Field(default=None, description="When set, TCP requests need it as a bearer token.")
+    api_key_file: Path | None = Field(
+        default=None,
+        description="A file of API keys, one per line (`#` comments; llama-server's `--api-key-file`): TCP requests "
+        "need one of them, or LOCALAI_API_KEY. With more than one key, each key's requests share prompt-cache prefixes "
+        "and stored responses only among themselves.",
+    )
     cache_max_bytes: int = Field(
         default=8 << 30, ge=0, description="Disk quota of the persisted prompt cache in bytes; 0 turns it off."
     )
@@ -132,10 +139,15 @@ class Settings(BaseSettings):
     )
     responses_ttl: float = Field(
         default=30 * 24 * 3600.0,
-        description="How long stored `/v1/responses` results are kept for `previous_response_id`: seconds or "
-        "`720h`.",
+        description="How long stored `/v1/responses` results are kept for `previous_response_id` after their last "
+        "use (continuing a response uses its whole chain): seconds or `720h`.",
     )
     responses_max: int = Field(default=10_000, ge=1, description="Most stored `/v1/responses` results kept.")
+    responses_max_bytes: int = Field(
+        default=1 << 30, ge=1 << 16,
+        description="Bytes the stored `/v1/responses` results may take (their JSON); beyond it the least recently "
+        "used go, a chain's last turns before its first.",
+    )
     ws_idle_timeout: float = Field(
         default=600.0, gt=0,
         description="Seconds a `/v1/responses` WebSocket may stay without a message from its client (while no "

@@ -76,3 +76,18 @@ def test_durations_in_days_unknown_entries_and_option_help(isolated_home: Path) 
     unpin_help = cli("unpin", "--help").stdout
     assert "Unpin this session id" in unpin_help and "Unpin one entry" in unpin_help
     assert "7d=168h" not in cli("prune", "--help").stdout
+
+
+def test_ls_and_rm_by_partition(isolated_home: Path) -> None:
+    cache = PromptStore(paths.cache_dir(), "a" * 32, BytesCodec(), max_bytes=1 << 30)
+    cache.save(TOKENS, state_of(TOKENS), "s", partition="1111aaaa2222bbbb")
+    cache.save([3, *TOKENS], state_of([3, *TOKENS]), "s", partition="1111aaaa2222bbbb.5a1t")
+    cache.save([4, *TOKENS], state_of([4, *TOKENS]), "s", partition="3333cccc4444dddd")
+    cache.save([5, *TOKENS], state_of([5, *TOKENS]), "s")
+    cache.close()
+    assert "PARTITION" in cli("ls").stdout and "3333cccc4444dddd" in cli("ls").stdout
+    mine = json.loads(cli("ls", "--json", "--partition", "1111aaaa2222bbbb").stdout)
+    assert sorted(e["partition"] for e in mine) == ["1111aaaa2222bbbb", "1111aaaa2222bbbb.5a1t"]
+    assert "removed 1 entry" in cli("rm", "--session", "s", "--partition", "3333cccc4444dddd").stdout
+    assert "removed 2 entries" in cli("rm", "--partition", "1111aaaa2222bbbb").stdout
+    assert [e["partition"] for e in json.loads(cli("ls", "--json").stdout)] == [""]

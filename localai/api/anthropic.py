@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localai.api.common import (
     SSE_HEADERS,
+    ParsedBodyRoute,
     check_tool_results,
     check_tool_schema,
     collect,
@@ -34,7 +35,7 @@ from localai.api.common import (
 )
 from localai.api.errors import anthropic_error_type
 from localai.api.media import from_base64, reference
-from localai.api.sessions import session_id
+from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError
 from localai.runtime.media import document_text
 from localai.schema import (
@@ -61,7 +62,7 @@ from localai.schema import (
     effort_of_budget,
 )
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 
 IGNORED_BLOCKS = frozenset({"redacted_thinking", "server_tool_use", "web_search_tool_result", "container_upload",
                             "search_result", "mcp_tool_use", "mcp_tool_result"})
@@ -120,7 +121,8 @@ class AnthropicToolChoice(BaseModel):
 
 class ThinkingConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: str
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=0)
 
 
 # Claude Code (2.1.36 and later) starts the system prompt with a billing line whose hash changes on every request
@@ -178,6 +180,7 @@ class MessagesRequest(BaseModel):
             raise InvalidRequest("a json_schema output format needs 'schema', a JSON schema object",
                                  param=f"{param}.schema")
         return ResponseFormat("json_schema", spec["schema"])
+    cache_salt: str | None = cache_salt_field()
 
     def generation(self, request: Request) -> GenerationRequest:
         messages = self.internal_messages()
@@ -200,6 +203,7 @@ class MessagesRequest(BaseModel):
             sampling=SamplingOptions(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k),
             session_id=session_id(request.headers), tools=tools, tool_choice=choice, reasoning=reasoning,
             reasoning_effort=asked or effort, response_format=self.response_format(),
+            cache_partition=cache_partition(request, self.cache_salt),
             cache_ttl=self.breakpoint_ttl() or None,
         )
 

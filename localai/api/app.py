@@ -15,17 +15,31 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import localai.api.pull as pull_api
 from localai import __version__, paths
-from localai.api import anthropic, cache, info, ollama, openai, responses
+from localai.api import anthropic, cache, info, ollama, openai, responses, responses_socket
+from localai.api.body_check import BodyChecker
 from localai.api.errors import install_error_handlers
-from localai.api.security import BodyGuardMiddleware, GuardMiddleware, JsonBodyMiddleware, is_loopback_host
+from localai.api.security import (
+    BodyGuardMiddleware,
+    GuardMiddleware,
+    JsonBodyMiddleware,
+    KeyRing,
+    has_key,
+    is_loopback_host,
+)
+from localai.models import renderer
 from localai.models.watcher import ModelfileWatcher, stop_quietly
 from localai.runtime.runtime import Runtime
 from localai.settings import Settings
 
 
 def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
+    """The app; raises ValueError when LOCALAI_API_KEY_FILE cannot be read (the daemon must not start open)."""
+    keys = KeyRing.load(settings.api_key, settings.api_key_file)
+    checker = BodyChecker()
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        renderer.pool()  # the render processes start now, not on the first chat
         watcher = app.state.watcher = ModelfileWatcher(paths.user_modelfiles_dir(), runtime.registry,
                                                        unload=runtime.unload)
         watching = asyncio.create_task(watcher.run(), name="modelfile-watcher")
@@ -34,10 +48,15 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         await runtime.settle()  # replies still being prefilled reach their workers before the workers stop
         await runtime.scheduler.shutdown()
         await runtime.remotes.shutdown()
+        renderer.shutdown()
+        checker.close()
 
     app = FastAPI(title="localai", version=__version__, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.settings = settings
+    app.state.keys = keys
+    app.state.body_checker = checker
+    app.state.devices = info.DeviceReport()  # /api/info's device probe, kept
     install_error_handlers(app)
 
     started_at = time.time()
@@ -46,6 +65,9 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
+        """Liveness; the version and the loaded models only for a caller who may see them (open without a key)."""
+        if not has_key(request.scope):
+            return JSONResponse({"status": "ok"})
         body: dict[str, Any] = {"status": "ok", "version": __version__,
                                 "loaded_models": list(runtime.scheduler.loaded)}
         server = request.scope.get("server")
@@ -70,6 +92,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
 
     app.include_router(openai.router)
     app.include_router(responses.router)
+    app.include_router(responses_socket.router)
     app.include_router(anthropic.router)
     app.include_router(ollama.router)
     app.include_router(cache.router)
@@ -79,8 +102,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"], allow_headers=["*"],
         )
-    app.add_middleware(BodyGuardMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(BodyGuardMiddleware, max_bytes=settings.max_request_bytes, checker=checker)
     app.add_middleware(JsonBodyMiddleware)
-    app.add_middleware(GuardMiddleware, loopback_only=loopback, api_key=settings.api_key,
-                       origins=settings.origins)
+    app.add_middleware(GuardMiddleware, loopback_only=loopback, keys=keys, origins=settings.origins)
     return app

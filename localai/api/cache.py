@@ -1,7 +1,8 @@
 """``/api/cache``: the persisted prompt cache's entries, statistics, pins, removal and pruning.
 
 The handlers are plain functions: they scan and delete files, so FastAPI runs them on its thread pool,
-off the event loop that streams everyone's tokens.
+off the event loop that streams everyone's tokens. With several API keys, a key sees and removes only its own
+entries (its cache partitions) and divergences; the machine's owner (the Unix socket) sees them all.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from localai.errors import InvalidRequest
+from localai.api.common import ParsedBodyRoute
+from localai.api.security import KeyRing, principal_of
+from localai.errors import Forbidden, InvalidRequest
 from localai.promptcache import admin, divergences, pins
 from localai.runtime.runtime import Runtime
 from localai.settings import Settings, parse_duration
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 
 
 class PinBody(BaseModel):
@@ -39,12 +42,24 @@ def seconds(value: str | float, field: str) -> float:
         raise InvalidRequest(str(exc), param=field) from exc
 
 
+def visible(request: Request) -> admin.Visible | None:
+    """Which cache partitions the caller may see: all (None) for the machine's owner, or when keys are not
+    distinct; else those of its own key (its salted ones included)."""
+    keys: KeyRing = request.app.state.keys
+    principal = principal_of(request.scope)
+    if not keys.distinct or not principal:
+        return None
+    return lambda partition: partition.split(".", 1)[0] == principal
+
+
 @router.get("/api/cache")
 def list_cache(request: Request) -> dict[str, Any]:
-    totals, entries = admin.overview()
+    shown = visible(request)
+    totals, entries = admin.overview(visible=shown)
+    recent = [d for d in divergences.read() if shown is None or shown(d.partition)][-50:]
     namer = model_namer(request.app.state.runtime)
     return {"stats": totals, "entries": [{**asdict(e), **namer(e.fingerprint, e.session)} for e in entries],
-            "divergences": [asdict(d) for d in divergences.read()[-50:]]}
+            "divergences": [asdict(d) for d in recent]}
 
 
 def model_namer(runtime: Runtime) -> Callable[[str, str | None], dict[str, Any]]:
@@ -69,7 +84,10 @@ def model_namer(runtime: Runtime) -> Callable[[str, str | None], dict[str, Any]]
 
 
 @router.post("/api/cache/pin")
-def pin(body: PinBody) -> dict[str, Any]:
+def pin(body: PinBody, request: Request) -> dict[str, Any]:
+    shown = visible(request)
+    if body.entry and shown is not None and not any(e.id == body.entry for e in admin.list_entries(visible=shown)):
+        raise InvalidRequest(f"no cache entry '{body.entry[:100]}' of this API key", param="entry")
     created = pins.add_pin(session=body.session, entry=body.entry, ttl=seconds(body.ttl, "ttl"))
     return asdict(created)
 
@@ -80,12 +98,16 @@ def unpin(body: PinBody) -> dict[str, Any]:
 
 
 @router.delete("/api/cache/{entry_id}")
-def remove(entry_id: str) -> dict[str, Any]:
-    return {"removed": admin.remove_entries(entry=entry_id)}
+def remove(entry_id: str, request: Request) -> dict[str, Any]:
+    return {"removed": admin.remove_entries(entry=entry_id, visible=visible(request))}
 
 
 @router.post("/api/cache/prune")
 def prune(body: PruneBody, request: Request) -> dict[str, Any]:
+    if visible(request) is not None:
+        raise Forbidden("pruning the whole cache is for the machine's owner when several API keys share the daemon: "
+                        "use the Unix socket or `localai cache prune`; a key removes its own entries with "
+                        "DELETE /api/cache/{id}")
     settings: Settings = request.app.state.settings
     older = seconds(body.older_than, "older_than") if body.older_than is not None else None
     limit = body.max_bytes if body.max_bytes is not None else settings.cache_max_bytes

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.requests import HTTPConnection
 
+from localai.api.limits import PARSED
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.models.registry import ModelRecord
 from localai.runtime import media
@@ -29,6 +31,23 @@ from localai.schema import (
 from localai.upstreams.remote import PROBE
 
 T = TypeVar("T")
+_MISSING = object()
+
+
+class ParsedBodyRoute(APIRoute):
+    """A route that takes the JSON body the body guard already checked and parsed (off the event loop, for a
+    large one), instead of parsing it again here."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def parsed(request: Request) -> Response:
+            value = request.scope.get(PARSED, _MISSING)
+            if value is not _MISSING:
+                request._json = value  # what Starlette's Request.json() returns once it has parsed
+            return await handler(request)
+
+        return parsed
 
 
 def runtime_of(request: HTTPConnection) -> Runtime:

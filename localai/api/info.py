@@ -1,7 +1,8 @@
 """``/api/info`` (``localai info``): what this machine runs models on, and where a given model would run.
 
 The devices come from the installed llama.cpp itself (``engines/llama_devices.py``), asked in a child process: a GPU
-backend's first initialisation takes seconds and device memory the daemon should not keep.
+backend's first initialisation takes seconds and device memory the daemon should not keep. The answer is kept: the
+devices are probed once (however many requests ask at the same time) and again only on ``?refresh=true``.
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from localai.api.common import runtime_of
+from localai.api.common import ParsedBodyRoute, runtime_of
 from localai.engines.placement import Device, DoesNotFit, ModelSizes, place
 from localai.models.loading import (
     apple_silicon,
@@ -27,7 +30,7 @@ from localai.models.loading import (
 from localai.models.registry import ModelRecord
 from localai.settings import Settings
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 PROBE_TIMEOUT = 120.0  # a first Vulkan or CUDA initialisation can compile or load kernels for a while
 
 
@@ -47,6 +50,23 @@ async def llama_cpp_report() -> dict[str, Any]:
         return {"error": f"llama.cpp's device probe failed: {lines[-1] if lines else process.returncode}"}
     report: dict[str, Any] = json.loads(out)
     return report
+
+
+@dataclass
+class DeviceReport:
+    """The last probe's answer, and the one probe in flight (requests that ask meanwhile wait for it)."""
+
+    report: dict[str, Any] | None = None
+    probed_at: float = 0.0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def get(self, refresh: bool = False) -> dict[str, Any]:
+        asked = time.time()
+        async with self.lock:
+            if self.report is None or (refresh and self.probed_at < asked):
+                self.report = await llama_cpp_report()
+                self.probed_at = time.time()
+            return {**self.report, "probed_at": self.probed_at}
 
 
 def model_report(record: ModelRecord, settings: Settings, llama: dict[str, Any],
@@ -80,9 +100,11 @@ def model_report(record: ModelRecord, settings: Settings, llama: dict[str, Any],
 
 
 @router.get("/api/info")
-async def info(request: Request, model: str | None = None) -> dict[str, Any]:
+async def info(request: Request, model: str | None = None, refresh: bool = False) -> dict[str, Any]:
+    """What this machine runs models on (``refresh``: probe the devices again, for their free memory now)."""
     settings: Settings = request.app.state.settings
-    llama = await llama_cpp_report()
+    devices: DeviceReport = request.app.state.devices
+    llama = await devices.get(refresh)
     result: dict[str, Any] = {
         "llama_cpp": llama,
         "mlx": {"installed": mlx_importable(), "apple_silicon": apple_silicon(),

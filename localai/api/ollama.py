@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localai import __version__
 from localai.api.common import (
+    ParsedBodyRoute,
     collect,
     generation_headers,
     parse_arguments,
@@ -26,7 +27,7 @@ from localai.api.common import (
 )
 from localai.api.media import from_base64
 from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
-from localai.api.sessions import session_id
+from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import attention_of, chosen_engine, gguf_metadata, kv_bytes, window
 from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
@@ -40,6 +41,7 @@ from localai.schema import (
     KeepAlive,
     MediaBlock,
     Message,
+    OllamaThink,
     ReasoningBlock,
     ReasoningDelta,
     ResponseFormat,
@@ -53,7 +55,7 @@ from localai.schema import (
 )
 from localai.settings import Settings, parse_duration
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 
 
 class ModelRef(BaseModel):
@@ -101,8 +103,9 @@ class GenerateBody(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     keep_alive: str | float | None = None
     format: Any = None
-    think: bool | str | None = None
+    think: OllamaThink | None = None
     images: list[str] | None = None
+    cache_salt: str | None = cache_salt_field()
 
 
 class ChatBody(BaseModel):
@@ -114,7 +117,8 @@ class ChatBody(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
     keep_alive: str | float | None = None
     format: Any = None
-    think: bool | str | None = None
+    think: OllamaThink | None = None
+    cache_salt: str | None = cache_salt_field()
 
 
 class EmbedBody(BaseModel):
@@ -303,6 +307,7 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
     generation_request.speculative = options.speculative
     generation_request.keep_alive = keep_alive
     generation_request.session_id = session_id(request.headers)
+    generation_request.cache_partition = cache_partition(request, body.cache_salt)
     generation_request.response_format = format_
     generation_request.reasoning = thinking(body.think)
     generation_request.reasoning_effort = effort_of(body.think) if isinstance(body.think, str) else None
@@ -370,7 +375,7 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
         model=body.model, messages=messages, sampling=options.sampling, load_options=options.load,
         max_tokens=options.num_predict, stop=options.stop, keep_alive=keep_alive,
         session_id=session_id(request.headers), fit_context=options.fit_context, speculative=options.speculative,
-        tools=tools_of(body.tools),
+        tools=tools_of(body.tools), cache_partition=cache_partition(request, body.cache_salt),
         response_format=format_, reasoning=thinking(body.think),
         reasoning_effort=effort_of(body.think) if isinstance(body.think, str) else None,
     ))

@@ -18,6 +18,7 @@ from localai import __version__
 from localai.api.common import (
     KEEPALIVE_COMMENT,
     SSE_HEADERS,
+    ParsedBodyRoute,
     check_tool_results,
     check_tool_schema,
     collect,
@@ -29,7 +30,7 @@ from localai.api.common import (
     stream_response,
 )
 from localai.api.media import openai_part, tool_result
-from localai.api.sessions import session_id
+from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import chosen_engine, context_size
 from localai.models.registry import ModelRecord
@@ -40,6 +41,7 @@ from localai.schema import (
     KeepAlive,
     MediaBlock,
     Message,
+    OpenAIEffort,
     ReasoningBlock,
     ReasoningDelta,
     ResponseFormat,
@@ -57,7 +59,7 @@ from localai.schema import (
 )
 from localai.settings import Settings
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 
 
 def content_blocks(content: str | list[dict[str, Any]] | None, param: str) -> list[TextBlock | MediaBlock]:
@@ -214,6 +216,7 @@ class SamplingFields(BaseModel):
     repeat_penalty: float | None = Field(default=None, ge=0)
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported.")
     prompt_cache_key: str | None = None
+    cache_salt: str | None = cache_salt_field()
     ignore_eos: bool = False
     fit_context: bool | None = Field(
         default=None, description="Fit an over-long conversation into the context (default on; false: 400)."
@@ -241,7 +244,8 @@ class SamplingFields(BaseModel):
             ),
             max_tokens=max_tokens, stop=stop, ignore_eos=self.ignore_eos, fit_context=self.fit_context,
             speculative={"on": True, "off": False}.get(self.speculative or "auto"),
-            session_id=session_id(request.headers, self.prompt_cache_key), **kwargs,
+            session_id=session_id(request.headers, self.prompt_cache_key),
+            cache_partition=cache_partition(request, self.cache_salt), **kwargs,
         )
 
 
@@ -250,7 +254,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormatSpec | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: OpenAIEffort | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -13,13 +13,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
+from localai.api.common import ParsedBodyRoute
 from localai.errors import InvalidRequest
 from localai.models import pull as pulling
 from localai.models.hub import TOKEN_HEADER
 from localai.runtime.runtime import Runtime
 from localai.settings import Settings
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 log = logging.getLogger("localai.server.pull")
 
 

@@ -1,4 +1,5 @@
-"""OpenAI Responses API: ``POST /v1/responses`` (Codex's only protocol) and ``GET /v1/responses/{id}``.
+"""OpenAI Responses API: ``POST /v1/responses`` (Codex's only protocol) and ``GET /v1/responses/{id}``; the
+WebSocket mode is ``responses_socket.py``, storage ``response_store.py``.
 
 With ``store`` (the default, as at OpenAI) each response is kept in SQLite, so a later request can
 continue it with ``previous_response_id`` instead of resending the conversation.
@@ -11,7 +12,6 @@ Accepted and ignored: ``include``, ``parallel_tool_calls``, ``truncation``, ``me
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -20,14 +20,15 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import HTTPConnection
 
 from localai.api.common import (
     KEEPALIVE_COMMENT,
     SSE_HEADERS,
+    ParsedBodyRoute,
     check_tool_results,
     check_tool_schema,
     collect,
@@ -39,13 +40,13 @@ from localai.api.common import (
     unless_disconnected,
 )
 from localai.api.media import file_data, from_url, openai_part, reference, tool_result
-from localai.api.sessions import session_id
-from localai.api.validation import describe_validation
+from localai.api.response_store import ResponseStore
+from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError, NotFound
-from localai.models.registry import Registry
 from localai.protocol import DEFAULT_SAMPLING
 from localai.runtime.runtime import Generation
 from localai.schema import (
+    OPENAI_EFFORTS,
     Finished,
     GenerationRequest,
     KeepAlive,
@@ -65,9 +66,8 @@ from localai.schema import (
     ToolChoice,
     effort_of,
 )
-from localai.settings import Settings
 
-router = APIRouter()
+router = APIRouter(route_class=ParsedBodyRoute)
 log = logging.getLogger("localai.server")
 IGNORED_ITEMS = frozenset({"item_reference", "web_search_call", "image_generation_call", "file_search_call",
                            "mcp_list_tools"})
@@ -90,7 +90,7 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None  # effort (checked), summary (accepted, ignored)
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
@@ -98,6 +98,7 @@ class ResponsesRequest(BaseModel):
     store: bool = True
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
+    cache_salt: str | None = cache_salt_field()
     background: bool = False
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = Field(default=None, ge=1)
@@ -110,6 +111,14 @@ class ResponsesRequest(BaseModel):
     safety_identifier: str | None = None
     service_tier: str | None = None
     generate: bool = True  # False: only evaluate and cache the prompt (Codex's WebSocket prewarm), no output
+
+    @field_validator("reasoning")
+    @classmethod
+    def _effort(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        effort = (value or {}).get("effort")
+        if effort is not None and effort not in OPENAI_EFFORTS:
+            raise ValueError(f"reasoning.effort must be one of {', '.join(OPENAI_EFFORTS)}, not {str(effort)[:40]!r}")
+        return value
 
 
 # -- input ----------------------------------------------------------------------------------------
@@ -270,69 +279,6 @@ def text_format(text: dict[str, Any] | None) -> ResponseFormat | None:
     raise InvalidRequest(f"unknown text.format type {spec.get('type')!r}", param="text.format.type")
 
 
-# -- storage --------------------------------------------------------------------------------------
-
-class ResponseStore:
-    """Responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}``.
-
-    Rows hold whole conversations (megabytes for a long agent session), so every read and write runs off the
-    event loop. Retention: rows older than ``LOCALAI_RESPONSES_TTL`` go, and only the newest
-    ``LOCALAI_RESPONSES_MAX`` are kept.
-    """
-
-    def __init__(self, request: HTTPConnection) -> None:
-        self.registry = runtime_of(request).registry
-        self.settings: Settings = request.app.state.settings
-
-    async def get(self, response_id: str) -> dict[str, Any]:
-        return await self.registry.off_loop(lambda registry: _stored(registry, response_id))
-
-    async def conversation(self, response_id: str) -> list[dict[str, Any]]:
-        """The input items that led to a stored response, followed by its output: the history to continue."""
-        def read(registry: Registry) -> list[dict[str, Any]]:
-            row = _stored(registry, response_id)
-            return [*json.loads(row["conversation"]), *json.loads(row["response"])["output"]]
-
-        return await self.registry.off_loop(read)
-
-    async def save(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        ttl, keep = self.settings.responses_ttl, self.settings.responses_max
-
-        def write(registry: Registry) -> None:
-            table = registry.db.table("responses")
-            table.insert({"id": response["id"], "created_at": response["created_at"], "model": response["model"],
-                          "previous_response_id": response.get("previous_response_id"),
-                          "conversation": json.dumps(conversation), "response": json.dumps(response)},
-                         replace=True)
-            with registry.db.conn:
-                registry.db.execute("DELETE FROM responses WHERE created_at < ?", [int(time.time() - ttl)])
-                if table.count > keep:
-                    registry.db.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses "
-                                        "ORDER BY created_at DESC, rowid DESC LIMIT ?)", [keep])
-
-        await self.registry.off_loop(write)
-
-    async def delete(self, response_id: str) -> None:
-        def remove(registry: Registry) -> None:
-            _stored(registry, response_id)
-            registry.db.table("responses").delete(response_id)
-
-        await self.registry.off_loop(remove)
-
-
-class PreviousResponseNotFound(NotFound):
-    code = "previous_response_not_found"
-
-
-def _stored(registry: Registry, response_id: str) -> dict[str, Any]:
-    rows = list(registry.db.table("responses").rows_where("id = ?", [response_id]))
-    if not rows:
-        raise PreviousResponseNotFound(f"no stored response '{response_id[:100]}' (responses are stored unless "
-                                       "'store' is false, and kept for LOCALAI_RESPONSES_TTL)",
-                                       param="previous_response_id")
-    return rows[0]
-
-
 # -- output ---------------------------------------------------------------------------------------
 
 def _id(prefix: str) -> str:
@@ -469,7 +415,8 @@ class ResponseRun:
     body: ResponsesRequest
     generation: Generation
     tools: list[Tool]
-    conversation: list[dict[str, Any]]
+    conversation: list[dict[str, Any]]  # everything before the output: the history and this turn's items
+    items: list[dict[str, Any]]  # this turn's own input items (stored after the previous response's)
     store: ResponseStore
     builder: OutputBuilder = field(default_factory=OutputBuilder)
     id: str = field(default_factory=lambda: _id("resp"))
@@ -483,7 +430,7 @@ class ResponseRun:
         self.builder.close()
         response = self.response("incomplete" if finished.reason == "length" else "completed", finished)
         if self.body.store:
-            await self.store.save(response, self.conversation)
+            await self.store.save(response, self.items, self.conversation, self.body.previous_response_id)
         return response
 
     async def events(self) -> AsyncGenerator[tuple[str, dict[str, Any]] | KeepAlive, None]:
@@ -516,16 +463,16 @@ class ResponseRun:
 async def read_conversation(store: ResponseStore, given: str | list[dict[str, Any]] | None,
                             previous_response_id: str | None,
                             earlier: Mapping[str, list[dict[str, Any]]] | None = None,
-                            ) -> tuple[list[dict[str, Any]], list[Message]]:
+                            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[Message]]:
     """A request's input items after ``previous_response_id``'s conversation (looked up in ``earlier`` first: a
-    WebSocket connection's own responses), and the same as messages."""
+    WebSocket connection's own responses), its own items alone, and the whole as messages."""
     items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else list(given or [])
     history: list[dict[str, Any]] = []
     if previous_response_id:
         known = (earlier or {}).get(previous_response_id)
         history = list(known) if known is not None else await store.conversation(previous_response_id)
     conversation = [*history, *items]
-    return conversation, input_messages(conversation)
+    return conversation, items, input_messages(conversation)
 
 
 def with_instructions(messages: list[Message], instructions: str | None) -> list[Message]:
@@ -543,7 +490,7 @@ async def start_response(body: ResponsesRequest, request: HTTPConnection,
     if body.background:
         raise InvalidRequest("background responses are not supported", param="background")
     store = ResponseStore(request)
-    conversation, messages = await read_conversation(store, body.input, body.previous_response_id, earlier)
+    conversation, items, messages = await read_conversation(store, body.input, body.previous_response_id, earlier)
     if not any(m.role in ("user", "tool") for m in messages):
         raise InvalidRequest("'input' needs at least one user message or tool output", param="input")
     messages = with_instructions(messages, body.instructions)
@@ -554,6 +501,7 @@ async def start_response(body: ResponsesRequest, request: HTTPConnection,
         sampling=SamplingOptions(temperature=body.temperature, top_p=body.top_p,
                                  presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty),
         session_id=session_id(request.headers, body.prompt_cache_key), tools=tools,
+        cache_partition=cache_partition(request, body.cache_salt),
         tool_choice=tool_choice_of(body.tool_choice), response_format=text_format(body.text),
         reasoning=False if effort in ("none", "minimal") else None, reasoning_effort=effort_of(effort),
         prefill_only=not body.generate,
@@ -564,7 +512,7 @@ async def start_response(body: ResponsesRequest, request: HTTPConnection,
         if exc.param == "response_format":
             exc.param = "text.format"
         raise
-    return ResponseRun(body, generation, tools, conversation, store)
+    return ResponseRun(body, generation, tools, conversation, items, store)
 
 
 @router.post("/v1/responses", response_model=None)
@@ -599,93 +547,6 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
     return stream_response(run.generation, stream(), error, headers={**SSE_HEADERS, **headers})
 
 
-# -- WebSocket mode ---------------------------------------------------------------------------------
-
-SOCKET_REMEMBERS = 16  # responses a connection keeps for previous_response_id, stored or not (newest last)
-
-
-def socket_error(exc: LocalAIError) -> dict[str, Any]:
-    """An error event: the request's problem in the HTTP error's shape, with its status."""
-    return {"type": "error", "status": exc.status_code,
-            "error": {"type": exc.error_type, "code": exc.code or exc.error_type, "message": exc.message,
-                      "param": exc.param}}
-
-
-def socket_request(text: str | None, limit: int) -> ResponsesRequest:
-    """A client message as a request: one ``response.create`` event holding POST /v1/responses' fields."""
-    if text is None:
-        raise InvalidRequest("messages must be text frames holding JSON")
-    if len(text.encode()) > limit:
-        raise InvalidRequest(f"the message is over the limit of {limit} bytes (LOCALAI_MAX_REQUEST_BYTES)")
-    try:
-        message = json.loads(text)
-    except ValueError as exc:
-        raise InvalidRequest(f"the message is not valid JSON: {exc}") from exc
-    if not isinstance(message, dict) or message.get("type") != "response.create":
-        raise InvalidRequest("the only client event is {\"type\": \"response.create\", ...}", param="type")
-    fields = {key: value for key, value in message.items() if key not in ("type", "stream")}
-    if isinstance(fields.get("response"), dict):  # the fields nested under "response", as some clients send them
-        fields = {**fields.pop("response"), **fields}
-    try:
-        return ResponsesRequest.model_validate(fields)
-    except ValidationError as exc:
-        message, where = describe_validation(exc)
-        raise InvalidRequest(message, param=where) from exc
-
-
-@router.websocket("/v1/responses")
-async def responses_socket(websocket: WebSocket) -> None:
-    """WebSocket mode: the client sends ``response.create`` events (POST /v1/responses' fields; streaming is
-    implicit) and receives each response's events on the same socket, one response at a time, as many turns as
-    it likes. ``previous_response_id`` also finds the connection's own recent responses when ``store`` is false.
-    A bad message gets an ``error`` event and the connection stays; a client idle for LOCALAI_WS_IDLE_TIMEOUT is
-    closed (1000); the Host/Origin/API-key guards ran before the handshake."""
-    settings: Settings = websocket.app.state.settings
-    await websocket.accept()
-    earlier: dict[str, list[dict[str, Any]]] = {}
-    try:
-        while True:
-            try:
-                text = (await asyncio.wait_for(websocket.receive(), timeout=settings.ws_idle_timeout))
-            except TimeoutError:
-                await websocket.close(code=1000, reason="idle")
-                return
-            if text["type"] == "websocket.disconnect":
-                return
-            run: ResponseRun | None = None
-            body: ResponsesRequest | None = None
-            made = False
-            try:
-                body = socket_request(text.get("text"), settings.max_request_bytes)
-                run = await start_response(body, websocket, earlier)
-                async for out in run.events():
-                    if not isinstance(out, KeepAlive):
-                        await websocket.send_text(json.dumps(out[1]))
-                made = True
-            except Exception as exc:
-                if isinstance(exc, WebSocketDisconnect):
-                    raise
-                if not isinstance(exc, LocalAIError):  # a bug: the client gets a 500 event, the socket stays
-                    log.exception("the WebSocket response failed")
-                    exc = LocalAIError(f"internal error: {type(exc).__name__}")
-                if body is not None and body.previous_response_id:
-                    earlier.pop(body.previous_response_id, None)  # a failed continuation does not leave it behind
-                events = run.failed(exc) if run is not None else []
-                for _, data in events:
-                    await websocket.send_text(json.dumps(data))
-                if run is None:
-                    await websocket.send_text(json.dumps(socket_error(exc)))
-            finally:
-                if run is not None:
-                    await run.generation.aclose()
-            if run is not None and made:  # only a response that completed can be continued
-                earlier[run.id] = [*run.conversation, *run.builder.items]
-                while len(earlier) > SOCKET_REMEMBERS:
-                    earlier.pop(next(iter(earlier)))
-    except WebSocketDisconnect:
-        return  # the client went away: its generation was closed above
-
-
 class CompactRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
@@ -694,6 +555,7 @@ class CompactRequest(BaseModel):
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None  # not in the spec: a client that sends them keeps its cached prefix
     prompt_cache_key: str | None = None
+    cache_salt: str | None = cache_salt_field()
 
 
 def compacted_items(conversation: list[dict[str, Any]], summary: str) -> list[dict[str, Any]]:
@@ -719,13 +581,14 @@ async def compact_response(body: CompactRequest, request: Request) -> JSONRespon
     the result is the user's messages and one compaction item holding the summary. It is stored, so a later request
     continues from it with ``previous_response_id`` (or by sending its output as input)."""
     store = ResponseStore(request)
-    conversation, messages = await read_conversation(store, body.input, body.previous_response_id)
+    conversation, _, messages = await read_conversation(store, body.input, body.previous_response_id)
     if not messages:
         raise InvalidRequest("there is nothing to compact: give 'input' or 'previous_response_id'", param="input")
     messages = [*with_instructions(messages, body.instructions), Message("user", [TextBlock(COMPACT_PROMPT)])]
     generation = await runtime_of(request).start(GenerationRequest(
         model=body.model, messages=messages, tools=tools_of(body.tools), reasoning=False,
-        session_id=session_id(request.headers, body.prompt_cache_key)))
+        session_id=session_id(request.headers, body.prompt_cache_key),
+        cache_partition=cache_partition(request, body.cache_salt)))
     result = await collect(generation, request)
     summary = result.text.strip()
     if not summary:
@@ -733,7 +596,7 @@ async def compact_response(body: CompactRequest, request: Request) -> JSONRespon
     compact = {"id": _id("resp"), "object": "response.compaction", "created_at": int(time.time()),
                "model": body.model, "previous_response_id": body.previous_response_id,
                "output": compacted_items(conversation, summary), "usage": usage_json(result.finished)}
-    await store.save(compact, [])
+    await store.save(compact, [], [], None)  # its output stands for the whole conversation: no parent
     return JSONResponse(compact, headers=generation_headers(generation))
 
 

@@ -1,19 +1,89 @@
-"""Request guards: Host-header check (DNS rebinding), API key on TCP, and which transport asked."""
+"""Request guards: Host-header check (DNS rebinding), API keys on TCP (and whose key asked), which transport asked."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
-import math
-import re
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from localai.api import limits
+from localai.api.body_check import LARGE, BodyChecker, release_memory
+from localai.api.limits import MAX_DEPTH, BodyProblem, check_json  # noqa: F401 - where they were before
+from localai.errors import ServerBusy
+
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 OPEN_PATHS = frozenset({"/", "/health"})
+PRINCIPAL = "localai.principal"  # the scope key holding whose key a request came with ("" for the machine's owner)
+
+
+def key_id(key: str) -> str:
+    """A key's principal id: names whose cache entries and stored responses are whose, never the key itself."""
+    return hashlib.blake2b(key.encode(), digest_size=8, person=b"localai-key").hexdigest()
+
+
+class KeyRing:
+    """The API keys TCP requests may carry: ``LOCALAI_API_KEY`` and the lines of ``LOCALAI_API_KEY_FILE``
+    (llama-server's ``--api-key-file``). With more than one key, each key is a principal of its own: its requests
+    share prompt-cache prefixes and stored responses only among themselves. With one key (or none) every caller is
+    the machine's owner, as through the Unix socket."""
+
+    def __init__(self, keys: Iterable[str] = ()) -> None:
+        self.keys = [key for key in dict.fromkeys(keys) if key]
+
+    @classmethod
+    def load(cls, api_key: str | None, key_file: Path | None) -> KeyRing:
+        """The keys from the settings; a key file that cannot be read is a ValueError naming it (the daemon does
+        not start without the keys it was told to require)."""
+        keys = [api_key] if api_key else []
+        if key_file is not None:
+            try:
+                text = key_file.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"LOCALAI_API_KEY_FILE {key_file}: {exc}") from exc
+            lines = [line.strip() for line in text.splitlines()]
+            keys += [line for line in lines if line and not line.startswith("#")]
+            if not any(line and not line.startswith("#") for line in lines):
+                raise ValueError(f"LOCALAI_API_KEY_FILE {key_file} holds no key (one key per line)")
+        return cls(keys)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.keys)
+
+    @property
+    def distinct(self) -> bool:
+        """Several keys: each its own principal."""
+        return len(self.keys) > 1
+
+    def principal(self, supplied: str) -> str | None:
+        """The principal of ``supplied`` ("" when keys are not distinct), or None when it is no key. Every key is
+        compared, in constant time each, so the time taken does not say which one matched."""
+        found: str | None = None
+        for key in self.keys:
+            if hmac.compare_digest(supplied.encode(), key.encode()):
+                found = key
+        if found is None:
+            return None
+        return key_id(found) if self.distinct else ""
+
+
+def principal_of(scope: Scope) -> str:
+    """Whose key a request came with: a key's id when several keys are configured, "" for the machine's owner (the
+    Unix socket, or every caller when keys are not distinct)."""
+    return scope.get(PRINCIPAL) or ""
+
+
+def has_key(scope: Scope) -> bool:
+    """Whether the request may see more than liveness: it came through the Unix socket, no key is required, or it
+    carried a right key (``/`` and ``/health`` are open to callers without one)."""
+    return scope.get(PRINCIPAL, "") is not None
 
 
 def is_unix_socket(scope: Scope) -> bool:
@@ -58,11 +128,11 @@ class GuardMiddleware:
     """Refuses foreign Host headers while bound to loopback, pages from foreign origins, and TCP requests
     without the API key."""
 
-    def __init__(self, app: ASGIApp, *, loopback_only: bool, api_key: str | None,
-                 origins: list[str] | None = None) -> None:
+    def __init__(self, app: ASGIApp, *, loopback_only: bool, api_key: str | None = None,
+                 keys: KeyRing | None = None, origins: list[str] | None = None) -> None:
         self.app = app
         self.loopback_only = loopback_only
-        self.api_key = api_key
+        self.keys = keys if keys is not None else KeyRing([api_key] if api_key else [])
         self.origins = origins or []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -89,15 +159,17 @@ class GuardMiddleware:
                          f"origin {origin[:200]!r} is not allowed: add it to LOCALAI_ORIGINS to let that page call "
                          "localai")
             return
-        if self.api_key and scope.get("method") != "OPTIONS" and scope["path"] not in OPEN_PATHS:
+        if self.keys.required:
             supplied = headers.get("x-api-key") or ""
             authorization = headers.get("authorization", "")
             if authorization.lower().startswith("bearer "):
                 supplied = authorization[7:].strip()
-            if not hmac.compare_digest(supplied.encode(), self.api_key.encode()):
+            principal = self.keys.principal(supplied)
+            if principal is None and scope.get("method") != "OPTIONS" and scope["path"] not in OPEN_PATHS:
                 await refuse(401, "authentication_error",
                              "missing or wrong API key: send it as 'Authorization: Bearer <LOCALAI_API_KEY>'")
                 return
+            scope = {**scope, PRINCIPAL: principal}  # None on the open paths: a caller without a key
         await self.app(scope, receive, send)
 
 
@@ -124,66 +196,40 @@ class JsonBodyMiddleware:
         await self.app(scope, receive, send)
 
 
-MAX_DEPTH = 100  # JSON nesting; real requests (tool schemas included) stay under 20
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _THREADED_BODY = 256 << 10  # bodies larger than this are checked off the event loop
+_RELEASE_EVERY = 1.0  # seconds after refusing a large body (the last of a burst) that its memory is handed back
 
 
-class BodyProblem(ValueError):
-    """Why a JSON body is refused before any handler sees it."""
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise BodyProblem(f"the number {text[:20]} is out of range")
-    return value
-
-
-def _no_constant(name: str) -> float:
-    raise BodyProblem(f"{name} is not a JSON number")
-
-
-def check_json(body: bytes) -> None:
-    """Raise BodyProblem when a JSON body holds what no handler can use safely: non-finite or huge numbers,
-    lone UTF-16 surrogates (they cannot be encoded as UTF-8), or nesting deeper than ``MAX_DEPTH``.
-    A body that is not JSON at all is left to the handler's own validation."""
-    try:
-        value = json.loads(body, parse_float=_finite, parse_constant=_no_constant)
-    except RecursionError:
-        raise BodyProblem(f"the JSON body is nested more than {MAX_DEPTH} levels deep") from None
-    except BodyProblem:
-        raise
-    except ValueError:
-        return
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            match = _SURROGATE.search(item)
-            if match:
-                raise BodyProblem(f"a string holds a lone UTF-16 surrogate (\\u{ord(match.group()):04x}); "
-                                  "send valid Unicode")
-        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) >= 1 << 64:
-            raise BodyProblem(f"the integer {str(item)[:20]}... is out of range")
-        elif isinstance(item, dict | list):
-            if depth > MAX_DEPTH:
-                raise BodyProblem(f"the JSON body is nested more than {MAX_DEPTH} levels deep")
-            children = item.items() if isinstance(item, dict) else ((None, child) for child in item)
-            for key, child in children:
-                if key is not None:
-                    stack.append((key, depth))
-                stack.append((child, depth + 1))
+async def checked_json(body: bytes | str, checker: BodyChecker) -> Any:
+    """A JSON body (or WebSocket message) checked against ``limits.py`` and parsed, None when it is not JSON;
+    raises BodyProblem or ServerBusy when it is refused. A large one is checked in ``checker``'s process first, so
+    the event loop never waits on more than a small body's parse (or one within the limits)."""
+    size = len(body)
+    if size > LARGE:
+        data = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+        await checker.check(data)
+        try:
+            return await asyncio.to_thread(limits.parse, data)  # it passed the limits: its parse is bounded
+        except ValueError as exc:  # refused here: the handler would parse all of it again on the event loop
+            raise BodyProblem(f"the request body is not valid JSON: {str(exc)[:200]}") from None
+    if size > _THREADED_BODY:
+        return await asyncio.to_thread(check_json, body)
+    return check_json(body)
 
 
 class BodyGuardMiddleware:
-    """Reads request bodies up to ``max_bytes`` (413 beyond) and refuses JSON no handler can use (400), so a
-    65 MB message or a ``"\\ud800"`` never reaches a worker. The body is then replayed to the app, and later
-    ``receive`` calls go to the server, so handlers still see the client disconnect."""
+    """Reads request bodies up to ``max_bytes`` (413 beyond) and refuses JSON no handler can use or that is too
+    big in its counts (``limits.py``: 400 or 413), so a 65 MB message, a ``"\\ud800"`` or 200,000 messages never
+    reach a handler, a template or a worker. A large body is checked in a checker process (``body_check.py``),
+    a middling one on a thread, a small one here; what passes is parsed once and handed to the handlers
+    (``ParsedBodyRoute``). The body is then replayed to the app, and later ``receive`` calls go to the server, so
+    handlers still see the client disconnect."""
 
-    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, checker: BodyChecker | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.checker = checker or BodyChecker()
+        self._release_pending = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH", "DELETE"):
@@ -209,15 +255,20 @@ class BodyGuardMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        del chunks
         if body and headers.get("content-type", "").startswith("application/json"):
             try:
-                if len(body) > _THREADED_BODY:
-                    await asyncio.to_thread(check_json, body)
-                else:
-                    check_json(body)
+                value = await checked_json(body, self.checker)
             except BodyProblem as exc:
-                await _refuse(scope, send, 400, "invalid_request_error", str(exc))
+                kind = "request_too_large" if exc.status == 413 else "invalid_request_error"
+                await _refuse(scope, send, exc.status, kind, str(exc))
+                self._release_after(len(body))
                 return
+            except ServerBusy as exc:
+                await _refuse(scope, send, 503, "overloaded_error", exc.message)
+                return
+            if value is not None:
+                scope = {**scope, limits.PARSED: value}
         replayed = False
 
         async def replay() -> Message:
@@ -228,6 +279,20 @@ class BodyGuardMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _release_after(self, size: int) -> None:
+        """After refusing a large body, hand the memory it took back to the system: once, a moment after the last
+        of a burst of them."""
+        if size <= _THREADED_BODY or self._release_pending:
+            return
+        self._release_pending = True
+        loop = asyncio.get_running_loop()
+
+        def release() -> None:
+            self._release_pending = False
+            loop.run_in_executor(None, release_memory)
+
+        loop.call_later(_RELEASE_EVERY, release)
 
     async def _too_large(self, scope: Scope, send: Send) -> None:
         await _refuse(scope, send, 413, "request_too_large",

@@ -1,10 +1,13 @@
-"""``localai cache ls|stats|pin|unpin|rm|prune``: works on $LOCALAI_HOME/cache directly (no daemon needed)."""
+"""``localai cache ls|stats|pin|unpin|rm|prune``: works on $LOCALAI_HOME/cache directly (no daemon needed), as the
+machine's owner: every API key's entries are listed, each with its partition (the key's id, and a cache_salt's hash
+after a dot); ``--partition`` narrows a listing or a removal to one key's."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import time
+from collections.abc import Callable
 
 import click
 
@@ -16,10 +19,19 @@ def cache() -> None:
     """Inspect and manage the persisted prompt cache."""
 
 
+def _in_partition(partition: str | None) -> Callable[[str], bool] | None:
+    """A filter on entries' partitions: a key's id also matches its salted partitions."""
+    if partition is None:
+        return None
+    return lambda found: found == partition or found.startswith(partition + ".")
+
+
 @cache.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--partition", default=None, help="Only this partition's entries (an API key's id lists its salted "
+              "partitions too; '' the default partition).")
 @fail_cleanly
-def ls(as_json: bool) -> None:
+def ls(as_json: bool, partition: str | None) -> None:
     """List cache entries."""
     from dataclasses import asdict
 
@@ -27,13 +39,15 @@ def ls(as_json: bool) -> None:
     from localai.client import human_size
     from localai.promptcache import admin
 
-    entries = admin.list_entries()
+    entries = admin.list_entries(visible=_in_partition(partition))
     if as_json:
         click.echo(json.dumps([asdict(e) for e in entries], indent=2))
         return
-    _table(["ID", "KIND", "TOKENS", "BLOCKS", "SIZE", "SESSION", "LAST USED", "PINNED UNTIL"], [
+    partitioned = any(e.partition for e in entries)
+    _table(["ID", "KIND", "TOKENS", "BLOCKS", "SIZE", "SESSION", "LAST USED", "PINNED UNTIL",
+            *(["PARTITION"] if partitioned else [])], [
         [e.id[:12], e.kind, str(e.tokens), str(e.blocks), human_size(e.bytes), e.session or "", ago(_iso(e.last_used)),
-         _iso(e.pinned_until) if e.pinned_until else ""] for e in entries
+         _iso(e.pinned_until) if e.pinned_until else "", *([e.partition] if partitioned else [])] for e in entries
     ])
     from localai.promptcache import divergences
 
@@ -114,13 +128,19 @@ def unpin(session: str | None, entry: str | None) -> None:
 @cache.command()
 @click.argument("entry", required=False)
 @click.option("--session", default=None, help="Remove every entry of this session.")
+@click.option("--partition", default=None, help="Only within this partition (an API key's id covers its salted "
+              "partitions); alone, remove all of its entries.")
 @fail_cleanly
-def rm(entry: str | None, session: str | None) -> None:
-    """Remove an entry (by id) or a session's entries."""
+def rm(entry: str | None, session: str | None, partition: str | None) -> None:
+    """Remove an entry (by id), a session's entries, or a partition's."""
     from localai.promptcache import admin
 
-    count = admin.remove_entries(entry=_full_id(entry), session=session)
-    if not count:
+    within = _in_partition(partition)
+    if entry or session:
+        count = admin.remove_entries(entry=_full_id(entry), session=session, visible=within)
+    else:
+        count = admin.remove_entries(partition=partition)
+    if not count and (entry or session):
         from localai.errors import NotFound
 
         what = f"session '{session}'" if session and not entry else f"id '{entry}'"

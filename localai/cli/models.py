@@ -130,7 +130,8 @@ def info(model: str | None, as_json: bool) -> None:
     import urllib.parse
 
     client = _client()
-    report = client.request("GET", "/api/info" + (f"?model={urllib.parse.quote(model)}" if model else ""))
+    query = "?refresh=true" + (f"&model={urllib.parse.quote(model)}" if model else "")  # free memory as of now
+    report = client.request("GET", "/api/info" + query)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

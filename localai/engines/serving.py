@@ -69,6 +69,7 @@ class Slot:
     session: str | None = None  # whose conversation it holds: its own session may cut it back
     deferred: Request | None = None  # its last request left the save to a follow-up that has not come yet
     checkpoints: list[Checkpoint] = field(default_factory=list)  # where it can return to (checkpoint engines)
+    partition: str = ""  # whose KV it holds (a principal, a cache_salt): never reused for another partition
 
 
 @dataclass
@@ -237,7 +238,8 @@ class Serving:
         warm = bool(op.get("warm"))
         session = op.get("session")
         sampler = engine.new_sampler(op.get("sampling") or {}, op.get("constraint"))  # may refuse: before any slot
-        slot, common = self._choose_slot(free, prompt, warm=warm, session=session)
+        partition = op.get("cache_partition") or ""
+        slot, common = self._choose_slot(free, prompt, warm=warm, session=session, partition=partition)
         if slot.deferred is not None and (warm or common < len(slot.tokens)):
             if not warm:  # its reply's follow-up never came, and its state is about to go: keep it
                 self._save_deferred(slot)
@@ -245,11 +247,11 @@ class Serving:
         limit = len(prompt) if warm else len(prompt) - 1  # else the last token is replayed for fresh logits
         common = self._reachable(slot, min(common, limit))
         source = "live" if common else "miss"
-        slot, common, restored = self._restore_if_better(prompt, slot, common, limit)
+        slot, common, restored = self._restore_if_better(prompt, slot, common, limit, partition)
         if restored is not None:
             source = restored.tier
         common = self._cut(slot, min(common, limit))
-        slot.last_used = time.monotonic()
+        slot.last_used, slot.partition = time.monotonic(), partition
         slot.session = session
         room = engine.n_ctx - len(prompt)
         requested = op.get("max_tokens")
@@ -265,7 +267,7 @@ class Serving:
         prefix_text = op.get("system_prefix")
         system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []
         system = prompt[:common_prefix_length(system, prompt)]  # its last tokens may merge with what follows
-        request.snapshot_at = self._system_boundary(system, prompt, common)
+        request.snapshot_at = self._system_boundary(system, prompt, common, partition)
         if warm and engine.checkpoints:
             request.stable = engine.stable_prefix(op["prompt"], prompt)
         request.checkpoint_at = self._next_checkpoint(request)
@@ -275,7 +277,7 @@ class Serving:
             request.drafter.extend(prompt)
         if request.pin_ttl and request.snapshot_at is None and self.cache is not None and system:
             with contextlib.suppress(OSError):  # a pin that cannot be written leaves the entry to the LRU
-                self.cache.pin_prefix(system, request.pin_ttl)  # already stored: keep it
+                self.cache.pin_prefix(system, request.pin_ttl, partition)  # already stored: keep it
         # Busy only once nothing more can fail: a slot marked busy with no request behind it is never freed, and
         # with requests waiting the loop would spin on it.
         slot.busy = True
@@ -289,7 +291,7 @@ class Serving:
             self._finish(request, "length", emit)
 
     def _choose_slot(self, free: list[Slot], prompt: list[int], *, warm: bool = False,
-                     session: str | None = None) -> tuple[Slot, int]:
+                     session: str | None = None, partition: str = "") -> tuple[Slot, int]:
         """The slot for a prompt, and how many of its tokens it already holds.
 
         With a cache, a slot is reused only when all it holds is a prefix of the prompt (the same
@@ -297,16 +299,18 @@ class Serving:
         so another session's live state is never trimmed; otherwise the least recently used slot is taken (its
         state was saved after its last request). Without a cache, the slot sharing the longest prefix wins.
         """
-        scored = [(slot, common_prefix_length(slot.tokens, prompt)) for slot in free]
+        scored = [(slot, common_prefix_length(slot.tokens, prompt) if slot.partition == partition else 0)
+                  for slot in free]
         if warm:  # the conversation's own slot: its reply's tokens give way to the reply as the template renders it
             return max(scored, key=lambda item: (item[1], -item[0].last_used))
         if self.cache is not None:
             keeping = [(slot, common) for slot, common in scored
-                       if common == len(slot.tokens) or (session is not None and slot.session == session)]
+                       if common == len(slot.tokens) or (session is not None and slot.session == session
+                                                               and slot.partition == partition)]
             if keeping:
                 return max(keeping, key=lambda item: (item[1], -item[0].last_used))
             lru = min(free, key=lambda slot: slot.last_used)
-            return lru, common_prefix_length(lru.tokens, prompt)
+            return lru, next(common for slot, common in scored if slot is lru)
         return max(scored, key=lambda item: (item[1], -item[0].last_used))
 
     # -- the prompt cache ------------------------------------------------------------------------
@@ -362,12 +366,12 @@ class Serving:
             del slot.checkpoints[:-LIVE_CHECKPOINTS]
         request.checkpoint_at = self._next_checkpoint(request)
 
-    def _restore_if_better(self, prompt: list[int], slot: Slot, live_common: int,
-                           limit: int) -> tuple[Slot, int, Restored | None]:
+    def _restore_if_better(self, prompt: list[int], slot: Slot, live_common: int, limit: int,
+                           partition: str = "") -> tuple[Slot, int, Restored | None]:
         """Load the longest cached prefix from RAM/disk into the chosen slot when it beats its live KV."""
         if self.cache is None:
             return slot, live_common, None
-        match = self.cache.lookup(prompt, limit)
+        match = self.cache.lookup(prompt, limit, partition)
         if match is None or match.common <= live_common + 16:
             if live_common < MIN_TOKENS:
                 self.cache.count("misses")
@@ -389,7 +393,7 @@ class Serving:
         self.cache.count("tokens_restored", restored.common)
         return slot, restored.common, restored
 
-    def _system_boundary(self, prefix: list[int], prompt: list[int], common: int) -> int | None:
+    def _system_boundary(self, prefix: list[int], prompt: list[int], common: int, partition: str = "") -> int | None:
         """Where the system-and-tools segment (``prefix``: the tokens the prompt shares with it tokenized alone) ends,
         when prefill will cross it and it is not stored yet."""
         if self.cache is None or not prefix:
@@ -397,7 +401,7 @@ class Serving:
         boundary = len(prefix)
         if boundary < MIN_TOKENS or boundary <= common or boundary >= len(prompt) - 1:
             return None
-        if prompt[:boundary] != prefix or self.cache.has(prefix):
+        if prompt[:boundary] != prefix or self.cache.has(prefix, partition):
             return None
         return boundary
 
@@ -448,7 +452,7 @@ class Serving:
         try:
             head = self.cache.save(tokens, state, session, kind=kind,
                                    checkpoints=[(c.n_tokens, c.data) for c in checkpoints or []], held=held,
-                                   end=end.data if end else None)
+                                   end=end.data if end else None, partition=request.slot.partition)
             for checkpoint in [*(checkpoints or []), *([end] if end else [])]:
                 checkpoint.saved = True
             if head is not None and request.pin_ttl > 0:
@@ -651,6 +655,8 @@ def _continues(op: GenerateOp, warm: Request) -> bool:
     without sessions, a prompt that shares at least half its text with the prefilled one (the next turn, or the same
     prompt sent again). Before, a warm prefill with no session held back every other request."""
     session = op.get("session")
+    if (op.get("cache_partition") or "") != warm.slot.partition:
+        return False  # another partition's reply: nothing to start from
     if warm.session is not None or session is not None:
         return warm.session == session
     prompt = op["prompt"]

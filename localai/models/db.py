@@ -67,6 +67,22 @@ def m005_projector(db: sqlite_utils.Database) -> None:
     db["models"].add_column("projector", str)  # type: ignore[union-attr]
 
 
+@migration
+def m006_response_chains(db: sqlite_utils.Database) -> None:
+    """Stored responses as chains (api/response_store.py): a continued response holds only its own turn after
+    ``parent``'s; ``owner`` is the key it was stored with; ``bytes`` and ``last_used`` drive retention. Rows from
+    before hold their whole conversation (no parent)."""
+    table = db["responses"]
+    table.add_column("parent", str)  # type: ignore[union-attr]
+    table.add_column("owner", str, not_null_default="")  # type: ignore[union-attr]
+    table.add_column("bytes", int, not_null_default=0)  # type: ignore[union-attr]
+    table.add_column("last_used", float)  # type: ignore[union-attr]
+    db.execute("UPDATE responses SET bytes = length(CAST(conversation AS BLOB)) + length(CAST(response AS BLOB)), "
+               "last_used = created_at")
+    table.create_index(["parent"])  # type: ignore[union-attr]
+    table.create_index(["last_used"])  # type: ignore[union-attr]
+
+
 def open_database(path: Path) -> sqlite_utils.Database:
     """Open (creating if needed) the database and bring it to the newest schema."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import sqlite_utils
 
 from localai import paths
 from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
-from localai.models import hub, library, weights
+from localai.models import hub, library, renderer, weights
 from localai.models.db import now, open_database
 from localai.models.gguf_meta import read_metadata
 from localai.models.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file
@@ -281,12 +281,17 @@ class Registry:
         except (OSError, ValueError) as exc:
             raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
         projector = self._projector(modelfile, base, fmt)
-        return self._compose_row(
+        row = self._compose_row(
             key, modelfile, base, source or (base.source if base else modelfile.from_), _parameters(base, modelfile),
             path=str(path), format=fmt, sha256=self._digest(path), size=size, family=meta.architecture,
             quantization=meta.quantization, parameter_size=meta.parameter_size, context_length=meta.context_length,
             projector=projector,
         )
+        if row["template"] is not None:  # the template the model will render with: its own, or its weights'
+            renderer.check_renders(row["template"], "TEMPLATE")
+        else:
+            renderer.check_renders(meta.chat_template, f"FROM {modelfile.from_}: the chat template in the weights")
+        return row
 
     def _projector(self, modelfile: Modelfile, base: ModelRecord | None, fmt: str) -> str | None:
         """The vision projector as stored: its path and digest (JSON), from the Modelfile or the base model; a file

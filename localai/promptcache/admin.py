@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ class EntryInfo:
     kind: str
     last_used: float
     pinned_until: float | None
+    partition: str = ""  # whose prefix cache it is: an API key's id and a cache_salt's hash ("" the default)
 
 
 def folders(root: Path | None = None, *, hold: contextlib.ExitStack | None = None) -> list[Folder]:
@@ -49,7 +51,11 @@ def folders(root: Path | None = None, *, hold: contextlib.ExitStack | None = Non
     return found
 
 
-def list_entries(root: Path | None = None, *, scanned: list[Folder] | None = None) -> list[EntryInfo]:
+Visible = Callable[[str], bool]  # which partitions a caller may see (None: all, the machine's owner)
+
+
+def list_entries(root: Path | None = None, *, scanned: list[Folder] | None = None,
+                 visible: Visible | None = None) -> list[EntryInfo]:
     base = root or paths.cache_dir()
     pins = load_pins(base)
     entries = []
@@ -60,7 +66,7 @@ def list_entries(root: Path | None = None, *, scanned: list[Folder] | None = Non
             entries.append(EntryInfo(
                 id=head.id, fingerprint=folder.fingerprint, tokens=head.n_tokens, bytes=size, blocks=len(keys),
                 session=head.session, kind=head.kind, last_used=head.last_used,
-                pinned_until=pinned_until(pins, head.id, head.session),
+                pinned_until=pinned_until(pins, head.id, head.session), partition=folder.partition_of(head.key),
             ))
         for path in folder.path.glob("*.kv"):  # whole-sequence entries from before blocks
             if path.name.startswith("."):
@@ -76,7 +82,7 @@ def list_entries(root: Path | None = None, *, scanned: list[Folder] | None = Non
                 pinned_until=pinned_until(pins, path.stem, header.get("session")),
             ))
     entries.sort(key=lambda e: e.last_used, reverse=True)
-    return entries
+    return entries if visible is None else [entry for entry in entries if visible(entry.partition)]
 
 
 def stats(root: Path | None = None) -> dict[str, Any]:
@@ -84,11 +90,20 @@ def stats(root: Path | None = None) -> dict[str, Any]:
     return overview(root)[0]
 
 
-def overview(root: Path | None = None) -> tuple[dict[str, Any], list[EntryInfo]]:
-    """The totals and the entries, from one scan of the folders (``/api/cache``, which the TUI polls)."""
+def overview(root: Path | None = None, *, visible: Visible | None = None) -> tuple[dict[str, Any], list[EntryInfo]]:
+    """The totals and the entries, from one scan of the folders (``/api/cache``, which the TUI polls). With
+    ``visible``, only those entries, and totals of them alone (blocks and bytes counted per entry)."""
     base = root or paths.cache_dir()
     scanned = folders(base)
-    entries = list_entries(base, scanned=scanned)
+    entries = list_entries(base, scanned=scanned, visible=visible)
+    if visible is not None:
+        return {
+            "entries": len(entries), "blocks": sum(e.blocks for e in entries), "bytes": sum(e.bytes for e in entries),
+            "tokens": sum(e.tokens for e in entries), "block_tokens": sum(e.tokens for e in entries),
+            "pinned": sum(1 for e in entries if e.pinned_until),
+            "sessions": len({e.session for e in entries if e.session}),
+            "fingerprints": len({e.fingerprint for e in entries}), "pins": sum(1 for e in entries if e.pinned_until),
+        }, entries
     legacy_bytes = sum(e.bytes for e in entries if e.kind == "legacy")
     return {
         "entries": len(entries), "blocks": sum(len(f.blocks) for f in scanned),
@@ -113,23 +128,33 @@ def _drop_heads(folder: Folder, head_ids: list[str]) -> None:
         folder.mark_changed()
 
 
-def remove_entries(*, entry: str | None = None, session: str | None = None, root: Path | None = None) -> int:
-    """Delete one entry, or all of a session's; returns how many."""
-    if not entry and not session:
-        raise InvalidRequest("name an entry or a session to remove", param="entry")
+def remove_entries(*, entry: str | None = None, session: str | None = None, partition: str | None = None,
+                   root: Path | None = None, visible: Visible | None = None) -> int:
+    """Delete one entry, all of a session's, or all of a partition's (a principal's: its salted partitions too);
+    with ``visible``, only among those a caller may see. Returns how many."""
+    if not entry and not session and partition is None:
+        raise InvalidRequest("name an entry, a session or a partition to remove", param="entry")
     base = root or paths.cache_dir()
+
+    def doomed(folder: Folder, head_id: str, head_session: str | None) -> bool:
+        mine = folder.partition_of(folder.heads[head_id].key)
+        named = head_id == entry or bool(session and head_session == session) or (
+            partition is not None and (mine == partition or mine.startswith(partition + ".")))
+        return named and (visible is None or visible(mine))
+
     with contextlib.ExitStack() as hold:
-        return _remove_entries(folders(base, hold=hold), entry, session)
+        return _remove_entries(folders(base, hold=hold), entry if visible is None else None, doomed)
 
 
-def _remove_entries(scanned: list[Folder], entry: str | None, session: str | None) -> int:
+def _remove_entries(scanned: list[Folder], entry: str | None,
+                    doomed: Callable[[Folder, str, str | None], bool]) -> int:
     removed = 0
     for folder in scanned:
-        doomed = [h.id for h in folder.heads.values() if h.id == entry or (session and h.session == session)]
-        _drop_heads(folder, doomed)
-        removed += len(doomed)
-        for path in folder.path.glob("*.kv"):
-            if path.stem == entry:
+        doomed_ids = [h.id for h in folder.heads.values() if doomed(folder, h.id, h.session)]
+        _drop_heads(folder, doomed_ids)
+        removed += len(doomed_ids)
+        for path in folder.path.glob("*.kv"):  # old whole-sequence entries: the default partition's
+            if entry and path.stem == entry:
                 path.unlink(missing_ok=True)
                 removed += 1
     return removed

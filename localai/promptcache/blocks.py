@@ -57,6 +57,12 @@ def fingerprint(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
+def root_key(fingerprint: str, partition: str = "") -> str:
+    """Where a chain starts: the fingerprint, or a root of a partition's own (a principal, a ``cache_salt``), so no
+    block is shared across partitions. The default partition keeps the fingerprint: caches from before stay valid."""
+    return f"{fingerprint}:{partition}" if partition else fingerprint
+
+
 def chain_key(parent: str, tokens: list[int]) -> str:
     """The key of a block: its parent's key (the fingerprint for the first block) and its tokens."""
     digest = hashlib.blake2b(parent.encode(), digest_size=16)
@@ -260,7 +266,16 @@ class Folder:
             keys.append(key)
             key = self.blocks[key].parent
         keys.reverse()
-        return keys if key == self.fingerprint else []
+        return keys if self.is_root(key) else []
+
+    def is_root(self, key: str) -> bool:
+        """Whether ``key`` starts chains: the fingerprint, or a partition's root (``root_key``)."""
+        return key == self.fingerprint or key.startswith(self.fingerprint + ":")
+
+    def partition_of(self, key: str) -> str:
+        """The partition of the chain that ends at ``key`` ("" for the default one)."""
+        keys = self.chain(key)
+        return self.blocks[keys[0]].parent.partition(":")[2] if keys else ""
 
     def scan(self, *, repair: bool = False, known: Collection[str] = ()) -> list[str]:
         """Read the folder into the index (headers only); returns complaints about unreadable files.
@@ -307,7 +322,7 @@ class Folder:
                 path.append(key)
                 on_path.add(key)
                 key = self.blocks[key].parent
-            (intact if key in intact or key == self.fingerprint else broken).update(path)
+            (intact if key in intact or self.is_root(key) else broken).update(path)
         return intact
 
     def _broken(self) -> tuple[list[str], list[str]]:
@@ -436,7 +451,7 @@ class Folder:
             if head.key != key:
                 continue
             changed.append(head)
-            if block.parent == self.fingerprint or head.kind == "checkpoint":  # a checkpoint is only its snapshot
+            if self.is_root(block.parent) or head.kind == "checkpoint":  # a checkpoint is only its snapshot
                 del self.heads[head.id]
                 self.head_path(head.id).unlink(missing_ok=True)
             else:

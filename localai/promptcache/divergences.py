@@ -31,6 +31,7 @@ class Divergence:
     cause: str
     detail: str = ""
     early: bool = True  # the last prompt itself stopped matching, not only the reply resent after it
+    partition: str = ""  # the session's cache partition (an API key's id, a cache_salt's hash): whose record it is
 
 
 def append(divergence: Divergence, root: Path | None = None) -> None:

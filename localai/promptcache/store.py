@@ -36,6 +36,7 @@ from localai.promptcache.blocks import (
     pid_alive,
     read_block,
     read_snapshot,
+    root_key,
     snapshot_file,
     write_atomic,
 )
@@ -158,21 +159,21 @@ class PromptStore:
 
     # -- lookup and restore ----------------------------------------------------------------------
 
-    def lookup(self, prompt: list[int], limit: int | None = None) -> Match | None:
-        """The longest stored prefix of ``prompt`` that can be restored. ``limit``: the most tokens the restored
-        state may hold, for states that can only be restored where a snapshot was taken (a request that needs fresh
-        logits evaluates at least its last token: ``len(prompt) - 1``)."""
+    def lookup(self, prompt: list[int], limit: int | None = None, partition: str = "") -> Match | None:
+        """The longest stored prefix of ``prompt`` that can be restored (within ``partition``). ``limit``: the most
+        tokens the restored state may hold, for states that can only be restored where a snapshot was taken (a
+        request that needs fresh logits evaluates at least its last token: ``len(prompt) - 1``)."""
         self._notice_deletions()
         limit = len(prompt) if limit is None else min(limit, len(prompt))
         with self._lock:
             if self.whole:
-                return self._lookup_whole(prompt, limit)
+                return self._lookup_whole(prompt, limit, partition)
             if self._needs_snapshot():
-                return self._lookup_checkpoint(prompt, limit)
+                return self._lookup_checkpoint(prompt, limit, partition)
             folder = self.folder
             keys: list[str] = []
             lengths: list[int] = []
-            parent = self.fingerprint
+            parent = root_key(self.fingerprint, partition)
             position = 0
             while position < len(prompt):
                 chunk = prompt[position:position + BLOCK_TOKENS]
@@ -200,13 +201,13 @@ class PromptStore:
             return None
         return Match(keys, lengths, position)
 
-    def _lookup_checkpoint(self, prompt: list[int], limit: int) -> Match | None:
+    def _lookup_checkpoint(self, prompt: list[int], limit: int, partition: str) -> Match | None:
         """For states with a part that cannot be cut (sliding window, recurrent layers): the deepest snapshot on
         the prompt's path within ``limit`` tokens, at the end of a full block or of a shorter tail block (a
         checkpoint taken inside a block). Caller holds the lock."""
         folder = self.folder
         keys: list[str] = []
-        parent = self.fingerprint
+        parent = root_key(self.fingerprint, partition)
         position = 0
         best: tuple[list[str], list[int]] | None = None
         while True:
@@ -232,7 +233,7 @@ class PromptStore:
             return None
         return Match(best[0], best[1], sum(best[1]), best[0][-1])
 
-    def _lookup_whole(self, prompt: list[int], limit: int) -> Match | None:
+    def _lookup_whole(self, prompt: list[int], limit: int, partition: str) -> Match | None:
         """For engines whose state cannot be cut: the entry sharing the longest prefix (caller holds the lock)."""
         best: Match | None = None
         matched: dict[str, int] = {}  # a block whose whole chain matches the prompt -> the tokens matched through it
@@ -240,6 +241,8 @@ class PromptStore:
             if not head.snapshot or head.key not in self.folder.snapshots:
                 continue
             keys = self.folder.chain(head.key)
+            if not keys or self.folder.blocks[keys[0]].parent != root_key(self.fingerprint, partition):
+                continue
             common, whole = self._common_with(keys, prompt, matched)
             if not self.trims and (not whole or common > limit):
                 continue
@@ -367,9 +370,9 @@ class PromptStore:
 
     # -- saving ----------------------------------------------------------------------------------
 
-    def has(self, tokens: list[int]) -> bool:
+    def has(self, tokens: list[int], partition: str = "") -> bool:
         """Whether this exact sequence is stored (its last block, and a snapshot where one is needed)."""
-        key = self._keys(tokens)[-1][0] if tokens else None
+        key = self._keys(tokens, partition)[-1][0] if tokens else None
         with self._lock:
             if key is None or key not in self.folder.blocks:
                 return False
@@ -382,11 +385,11 @@ class PromptStore:
         except OSError as exc:
             log.warning("could not pin cache entry %s: %s", head_id, exc)
 
-    def pin_prefix(self, tokens: list[int], ttl: float) -> None:
+    def pin_prefix(self, tokens: list[int], ttl: float, partition: str = "") -> None:
         """Pin the entry that ends exactly at ``tokens``, when one is stored."""
         if len(tokens) < MIN_TOKENS:
             return
-        key = self._keys(tokens)[-1][0]
+        key = self._keys(tokens, partition)[-1][0]
         with self._lock:
             found = [head.id for head in self.folder.heads.values() if head.key == key and head.n_tokens == len(tokens)]
         for head_id in found:
@@ -394,7 +397,7 @@ class PromptStore:
 
     def save(self, tokens: list[int], state: StateBytes, session: str | None, kind: str = "history",
              checkpoints: list[tuple[int, bytes]] | None = None, *, held: int | None = None,
-             end: bytes | None = None) -> Head | None:
+             end: bytes | None = None, partition: str = "") -> Head | None:
         """Store a sequence: its new blocks, its snapshot and its head, queued for the disk (never waited on).
 
         ``checkpoints``: (tokens held, ``seq_checkpoint``'s bytes) taken earlier on the way to ``state``, for an
@@ -407,8 +410,8 @@ class PromptStore:
             return None
         self._notice_deletions()
         tokens = list(tokens)
-        chunks = self._keys(tokens)
-        tails = self._checkpoint_tails(tokens, checkpoints or [])
+        chunks = self._keys(tokens, partition)
+        tails = self._checkpoint_tails(tokens, checkpoints or [], partition)
         for _ in range(3):
             with self._lock:
                 missing = [(index, key) for index, (key, _, _) in enumerate(chunks) if key not in self.folder.blocks]
@@ -428,7 +431,7 @@ class PromptStore:
                     tail_pieces = split[1][len(missing):] if split is not None else []
                     if split is not None:
                         split = (split[0], split[1][:len(missing)], split[2])
-                    head = self._index(tokens, chunks, missing, split, state, session, kind)
+                    head = self._index(tokens, chunks, missing, split, state, session, kind, partition)
                     if head is not None and split is not None and split[2]:
                         self._index_checkpoints(tails, dict(zip([t.key for t in cut], tail_pieces, strict=True)),
                                                 session, kind == "system")
@@ -437,7 +440,8 @@ class PromptStore:
         log.info("not saving %d tokens: their blocks kept being evicted while the state was cut", len(tokens))
         return None
 
-    def _checkpoint_tails(self, tokens: list[int], checkpoints: list[tuple[int, bytes]]) -> list[_Tail]:
+    def _checkpoint_tails(self, tokens: list[int], checkpoints: list[tuple[int, bytes]],
+                          partition: str = "") -> list[_Tail]:
         """Where each checkpoint goes: the block ending at it (a tail block of its own beside the chain when it
         falls inside a block) and its snapshot."""
         tails = []
@@ -445,7 +449,7 @@ class PromptStore:
             if not MIN_TOKENS <= n_tokens < len(tokens) or len(data) <= 8:
                 continue
             start = n_tokens - (n_tokens % BLOCK_TOKENS or BLOCK_TOKENS)
-            parent = self._keys(tokens[:start])[-1][0] if start else self.fingerprint
+            parent = self._keys(tokens[:start], partition)[-1][0] if start else root_key(self.fingerprint, partition)
             piece = tokens[start:n_tokens]
             tails.append(_Tail(chain_key(parent, piece), parent, start, n_tokens, piece, data[8:]))
         return tails
@@ -513,7 +517,7 @@ class PromptStore:
 
     def _index(self, tokens: list[int], chunks: list[tuple[str, int, int]], missing: list[tuple[int, str]],
                split: tuple[Any, list[bytes], bytes] | None, state: StateBytes, session: str | None,
-               kind: str) -> Head | None:
+               kind: str, partition: str) -> Head | None:
         """``save``'s second half, under the lock: the new blocks, snapshot and head into the index and the queue."""
         if split is None:
             layout, pieces, rest = None, [b""] * len(missing), state
@@ -528,7 +532,7 @@ class PromptStore:
             tail = bool(rest) or bool(isinstance(layout, dict) and layout.get("tail"))
             self._save_layout({"layout": json.loads(json.dumps(layout)), "rest": tail})
         system = kind == "system"
-        parent = self.fingerprint
+        parent = root_key(self.fingerprint, partition)
         new_pieces = {index: piece for (index, _), piece in zip(missing, pieces, strict=True)}
         for index, (key, start, end) in enumerate(chunks):
             payload = new_pieces.get(index)
@@ -542,7 +546,7 @@ class PromptStore:
                 block.system = block.system or system
             parent = key
         last = chunks[-1][0]
-        head = self._head_for(tokens, session, kind, last)
+        head = self._head_for(tokens, session, kind, last, partition)
         if rest:
             if head.snapshot and head.key != last:
                 if self.whole or head.kind != "history":
@@ -559,7 +563,7 @@ class PromptStore:
         self._wake.notify()
         return head
 
-    def _head_for(self, tokens: list[int], session: str | None, kind: str, last: str) -> Head:
+    def _head_for(self, tokens: list[int], session: str | None, kind: str, last: str, partition: str) -> Head:
         """The entry a sequence updates: the same one, or the same session's entry it grew from (never one a
         live worker beside this one owns); else a new one (a fork keeps its parent's entry)."""
         mine = {os.getpid()}
@@ -570,13 +574,14 @@ class PromptStore:
             for head in self.folder.heads.values():
                 if head.kind == "history" and head.session == session and head.n_tokens < len(tokens) \
                         and (head.owner in mine or not pid_alive(head.owner)) \
-                        and _chain_is_prefix(self.folder, head, tokens):
+                        and _chain_is_prefix(self.folder, head, tokens) \
+                        and self.folder.partition_of(head.key) == partition:
                     return head  # the same conversation, grown: its entry moves forward
         return Head(uuid.uuid4().hex, last, len(tokens), session, kind, time.time(), os.getpid(), written=False)
 
-    def _keys(self, tokens: list[int]) -> list[tuple[str, int, int]]:
+    def _keys(self, tokens: list[int], partition: str = "") -> list[tuple[str, int, int]]:
         keys = []
-        parent = self.fingerprint
+        parent = root_key(self.fingerprint, partition)
         for start in range(0, len(tokens), BLOCK_TOKENS):
             end = min(start + BLOCK_TOKENS, len(tokens))
             parent = chain_key(parent, tokens[start:end])

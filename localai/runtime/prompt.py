@@ -9,13 +9,11 @@ template renders calls but leaves the tool list to the system prompt) or else as
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from localai.errors import InvalidRequest
 from localai.models import chat_template
 from localai.runtime.formats.json_calls import DEEPSEEK_CLOSE, DEEPSEEK_OPEN, DEEPSEEK_OUTER, DEEPSEEK_SEP, SPACE
 from localai.schema import Message, ReasoningBlock, TextBlock, Tool, ToolCallBlock, ToolResultBlock
@@ -212,12 +210,11 @@ def _message(message: Message, native: bool, names: dict[str, str]) -> list[dict
     return out
 
 
-def render(template: Template, messages: list[dict[str, Any]], tools: list[Tool], *,
-           add_generation_prompt: bool = True, reasoning: bool | None = None, effort: str | None = None) -> str:
-    """Prompt text for already-shaped ``messages``. A template that rejects a system message in the
-    middle of a conversation gets it folded into the next user turn instead."""
-    if hoists_late_system(template) and any(m["role"] == "system" for m in messages[1:]):
-        messages = fold_late_system(messages)  # in place, so the prompt's start does not change with each one
+def render_call(template: Template, messages: list[dict[str, Any]], tools: list[Tool], *,
+                add_generation_prompt: bool = True, reasoning: bool | None = None,
+                effort: str | None = None) -> chat_template.RenderCall:
+    """What rendering ``messages`` (already shaped) takes, as data: a render process runs it
+    (``models/renderer.py``), a test may run it here with ``render``."""
     extra: dict[str, Any] = {}
     if tools and template.lists_tools:
         extra["tools"] = [tool_json(tool) for tool in tools]
@@ -225,49 +222,22 @@ def render(template: Template, messages: list[dict[str, Any]], tools: list[Tool]
         extra["enable_thinking"] = reasoning
     if effort is not None or (reasoning is False and template.tool_format == "harmony"):
         extra["reasoning_effort"] = effort or "low"  # Harmony cannot stop reasoning: the least it does is low
-    try:
-        return chat_template.render(template.source, messages, bos_token=template.bos_token,
+    return chat_template.RenderCall(source=template.source, messages=messages, bos_token=template.bos_token,
                                     eos_token=template.eos_token, add_generation_prompt=add_generation_prompt,
-                                    **extra)
-    except InvalidRequest:
-        folded = fold_late_system(messages)
-        if folded == messages:
-            raise
-        return chat_template.render(template.source, folded, bos_token=template.bos_token,
-                                    eos_token=template.eos_token, add_generation_prompt=add_generation_prompt,
-                                    **extra)
+                                    extra=extra)
 
 
-@functools.lru_cache(maxsize=64)
+def render(template: Template, messages: list[dict[str, Any]], tools: list[Tool], *,
+           add_generation_prompt: bool = True, reasoning: bool | None = None, effort: str | None = None) -> str:
+    """Prompt text for already-shaped ``messages``, rendered in this process (the daemon renders through
+    ``models/renderer.py`` instead: a template is not trusted)."""
+    return chat_template.render_call(render_call(template, messages, tools, add_generation_prompt=add_generation_prompt,
+                                                 reasoning=reasoning, effort=effort))
+
+
 def hoists_late_system(template: Template) -> bool:
-    """Whether the template moves a system message from the middle of a conversation to the front (some join every
-    system message into one system prompt). Agents send such messages as reminders; moved to the front, each new
-    one changes the prompt's start, and the cached prefix of the whole conversation is lost."""
-    probe = [{"role": "system", "content": "\u2063first-system\u2063"}, {"role": "user", "content": "\u2063user\u2063"},
-             {"role": "assistant", "content": "\u2063reply\u2063"},
-             {"role": "system", "content": "\u2063late-system\u2063"},
-             {"role": "user", "content": "\u2063next\u2063"}]
-    try:
-        text = chat_template.render(template.source, probe, bos_token=template.bos_token,
-                                    eos_token=template.eos_token, add_generation_prompt=True)
-    except Exception:  # refuses late system messages: render() folds them already
-        return False
-    late, user = text.find("\u2063late-system\u2063"), text.find("\u2063user\u2063")
-    return 0 <= late < user
+    """Whether the template moves a late system message to the front (``chat_template.hoists_late_system``)."""
+    return chat_template.hoists_late_system(template.source, template.bos_token, template.eos_token)
 
 
-def fold_late_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """System messages after the first turn, merged into the following user message."""
-    out: list[dict[str, Any]] = []
-    pending: list[str] = []
-    for position, message in enumerate(messages):
-        if message["role"] == "system" and position > 0:
-            pending.append(str(message["content"]))
-            continue
-        if pending and message["role"] == "user":
-            message = {**message, "content": "\n\n".join([*pending, str(message["content"])])}
-            pending = []
-        out.append(message)
-    if pending:
-        out.append({"role": "user", "content": "\n\n".join(pending)})
-    return out
+fold_late_system = chat_template.fold_late_system

@@ -9,12 +9,14 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
 from localai.metrics import Metrics
+from localai.models import renderer
+from localai.models.chat_template import RenderCall
 from localai.models.loading import chosen_engine
 from localai.models.modelfile import LOAD_PARAMETERS
 from localai.models.registry import ModelRecord, Registry
@@ -51,7 +53,10 @@ SAMPLING_KEYS = frozenset(Sampling.__annotations__)
 MAX_FIT_ATTEMPTS = 12
 SESSIONS_REMEMBERED = 4096  # sessions whose model /api/cache can name
 NEXT_TURN = "\u2063localai-next-turn\u2063"  # the next message, when rendering a reply as the next turn will
-FollowUp = Callable[[str, list[ToolCallEnd], str], None]
+FollowUp = Callable[[str, list[ToolCallEnd], str], Awaitable[None]]
+# How long the end of a reply waits for its follow-up prefill to be on its way to the worker (a render, milliseconds):
+# sent before the client has the end, it reaches the worker before the conversation's next request can.
+FOLLOW_UP_WAIT = 0.5
 
 
 @dataclass
@@ -111,7 +116,7 @@ class Generation:
                         if parser.calls and reason == "stop":
                             reason = "tool_calls"
                     if self.follow_up is not None and reason != "cancelled":
-                        self.follow_up(reply.text, reply.calls, reply.reasoning)
+                        await self.follow_up(reply.text, reply.calls, reply.reasoning)
                     usage = Usage(**frame["usage"])
                     if self._metrics is not None:
                         self._metrics.request_done(self.model, usage.prompt_tokens, usage.cached_tokens,
@@ -170,7 +175,7 @@ class Runtime:
             fitting = self._fitting_enabled(record, request)
             fit: Fit | None = None
             original = request.messages
-            key = conversation_key(record.name, request.session_id, original) if original else ""
+            key = conversation_key(record.name, session_key(request), original) if original else ""
             dropped, tool_level = self.fit_memory.get(key) if (fitting and original) else (0, 0)
             last_error = ""
             cut_chars = 0
@@ -180,7 +185,7 @@ class Runtime:
                 if original is not None and (dropped or cut_chars):
                     messages = fitting_apply(original, dropped, cut_chars)
                 fitted = replace(request, tools=slim_tools(request.tools, tool_level)) if tool_level else request
-                op = await asyncio.to_thread(target.operation, fitted, messages)
+                op = await target.operation(fitted, messages)
                 length = target.size(op)
                 if previous_length is not None and (length >= previous_length
                                                     or (fit is not None and fit.attempts >= MAX_FIT_ATTEMPTS)):
@@ -262,11 +267,11 @@ class Runtime:
                       prompt_tokens: int, fitted: tuple[int, int, int]) -> None:
         """Does this prompt extend its session's last one? When not, log and record where and why it parts (the
         token offset is counted by the worker, after the request is on its way)."""
-        session = request.session_id
-        assert session is not None
+        session, key = request.session_id, session_key(request)
+        assert session is not None and key is not None
         turn = divergence.turn_of(messages, request.tools, prompt, fitted=fitted)
         turn.tokens = prompt_tokens
-        found = self.divergences.compare(target.record.name, session, turn)
+        found = self.divergences.compare(target.record.name, key, turn)
         if found is None:
             return
         offset, previous = found
@@ -280,7 +285,7 @@ class Runtime:
             await asyncio.to_thread(self.divergences.record, Divergence(
                 model=target.record.name, session=session, at=time.time(), offset_tokens=tokens,
                 previous_tokens=previous.tokens, offset_chars=offset, cause=cause, detail=detail,
-                early=offset < len(previous.prompt)))
+                early=offset < len(previous.prompt), partition=request.cache_partition))
 
         task = asyncio.get_running_loop().create_task(report())
         self._reports.add(task)
@@ -296,31 +301,39 @@ class Runtime:
         """After the reply: have the worker prefill it as the next turn will render it, then save the sequence,
         so the next request computes only the new user or tool message (the worker holds that request until the
         prefill is done). Runs after the response; a failure costs the next turn a few tokens, nothing else."""
-        async def prefill(text: str) -> None:
-            op = GenerateOp(op="generate", id=new_request_id(), prompt=text, max_tokens=0, stop=[], sampling={},
-                            session=request.session_id, warm=True, pin_ttl=request.cache_ttl)
-            with contextlib.suppress(Exception):  # the worker may be gone (unloaded, crashed): nothing to keep
-                async for _ in target.loaded.worker.generate(op):
-                    pass
-
-        def start(text: str, calls: list[ToolCallEnd], reasoning: str) -> None:
-            # Rendered here, before the client has the end of the response, so the prefill reaches the worker
-            # before the conversation's next request can.
+        async def prefill(text: str, calls: list[ToolCallEnd], reasoning: str, sent: asyncio.Future[None]) -> None:
             try:
-                rendered = self._next_turn_prefix(target, request, messages, text, calls, reasoning)
+                rendered = await self._next_turn_prefix(target, request, messages, text, calls, reasoning)
             except Exception:  # a template that cannot render the reply: still save what the worker holds
                 log.debug("could not render the reply as the next turn", exc_info=True)
                 rendered = None
-            if rendered and request.session_id:
-                self.divergences.expect(target.record.name, request.session_id, prompt, rendered, reasoning)
-            task = asyncio.get_running_loop().create_task(prefill(rendered or prompt))
+            key = session_key(request)
+            if rendered and key:
+                self.divergences.expect(target.record.name, key, prompt, rendered, reasoning)
+            op = GenerateOp(op="generate", id=new_request_id(), prompt=rendered or prompt, max_tokens=0, stop=[],
+                            sampling={}, session=request.session_id, warm=True, pin_ttl=request.cache_ttl,
+                            cache_partition=request.cache_partition)
+            frames = target.loaded.worker.generate(op)
+            if not sent.done():
+                sent.set_result(None)  # the op is written when the loop below starts, before the waiter resumes
+            with contextlib.suppress(Exception):  # the worker may be gone (unloaded, crashed): nothing to keep
+                async for _ in frames:
+                    pass
+
+        async def start(text: str, calls: list[ToolCallEnd], reasoning: str) -> None:
+            sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            task = asyncio.get_running_loop().create_task(prefill(text, calls, reasoning, sent))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+            task.add_done_callback(lambda _: _settle(sent))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(sent), FOLLOW_UP_WAIT)
 
         return start
 
-    def _next_turn_prefix(self, target: LocalTarget, request: GenerationRequest, messages: list[Message] | None,
-                          text: str, calls: list[ToolCallEnd], reasoning: str) -> str | None:
+    async def _next_turn_prefix(self, target: LocalTarget, request: GenerationRequest,
+                                messages: list[Message] | None, text: str, calls: list[ToolCallEnd],
+                                reasoning: str) -> str | None:
         """The conversation with this reply, rendered up to where the next message's content will start."""
         if messages is None:
             return None
@@ -331,8 +344,9 @@ class Runtime:
             following = Message(role="tool", content=[ToolResultBlock(calls[0].id, NEXT_TURN, name=calls[0].name)])
         else:
             following = Message(role="user", content=[TextBlock(NEXT_TURN)])
-        rendered = self.render_prompt(target.record, target.loaded, request,
-                                      [*messages, Message(role="assistant", content=content), following])
+        rendered, _ = await self.render(target.record, target.loaded, request,
+                                        [*messages, Message(role="assistant", content=content), following],
+                                        system=False)
         cut = rendered.find(NEXT_TURN)
         return rendered[:cut] if cut > 0 else None
 
@@ -381,9 +395,9 @@ class Runtime:
         request = replace(request, messages=prepared.messages)
         if record.remote:  # the upstream's tokenizer is not here: an estimate
             target = await self._remote_target(record)
-            return estimated_tokens(target.operation(request, request.messages))
+            return estimated_tokens(await target.operation(request, request.messages))
         async with self.scheduler.lease(record, keep_alive=request.keep_alive) as loaded:
-            prompt = await asyncio.to_thread(self.render_prompt, record, loaded, request, request.messages)
+            prompt, _ = await self.render(record, loaded, request, request.messages, system=False)
             return await loaded.worker.count_tokens(prompt, media=media_of(prepared.images, prompt))
 
     def sees_images(self, record: ModelRecord) -> bool:
@@ -425,49 +439,58 @@ class Runtime:
         assert info is not None
         return prompting.Template(record.template or info["chat_template"], info["bos_token"], info["eos_token"])
 
-    def render_prompt(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
-                      messages: list[Message] | None) -> str:
-        """The prompt text: ``messages`` (and tools) through the chat template, or the raw completion prompt."""
+    async def render(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
+                     messages: list[Message] | None, *, system: bool = True) -> tuple[str, str | None]:
+        """The prompt text (``messages`` and tools through the chat template, or the raw completion prompt) and,
+        with ``system``, the rendered system-and-tools segment when it is a prefix of the prompt (cached as shared).
+        The template runs in a render process (``models/renderer.py``), never here: it is not trusted. A template
+        that fails or overruns is a 400 naming the model."""
         if messages is None:
-            return request.prompt or ""
+            return request.prompt or "", None
+        calls = await asyncio.to_thread(self._render_calls, record, loaded, request, messages, system)
+        try:
+            outcomes = await asyncio.wrap_future(renderer.pool().submit(calls))
+        except renderer.RenderFailed as exc:
+            exc.message, exc.param = f"model '{record.name}': {exc.message}", "messages"
+            raise
+        main = outcomes[0]
+        if main.text is None:
+            raise InvalidRequest(f"model '{record.name}': {main.error}", param="messages")
+        for index, outcome in enumerate(outcomes[1:]):  # the segment with a first user message's header, or without
+            text = outcome.text or ""
+            if index == 0:
+                text = text[:max(0, text.find(NEXT_TURN))]
+            if text and main.text.startswith(text):
+                return main.text, text
+        return main.text, None
+
+    def _render_calls(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
+                      messages: list[Message], system: bool) -> list[RenderCall]:
+        """The prompt's render and, with ``system``, the system-and-tools segment's (called off the event loop:
+        shaping a long conversation and its tools' schemas takes a while)."""
         template = self.template(record, loaded)
+        style = self.tool_format(record, loaded)
         shaped = prompting.template_messages(messages, template, request.tools, default_system=record.system,
                                              extra_messages=[{"role": m["role"], "content": m["content"]}
-                                                             for m in record.messages],
-                                             style=self.tool_format(record, loaded))
-        return prompting.render(template, shaped, request.tools, reasoning=request.reasoning,
-                                effort=request.reasoning_effort)
-
-    def _system_prefix(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
-                       messages: list[Message] | None, prompt: str) -> str | None:
-        """The rendered system-and-tools segment, when it is a prefix of the prompt (cached as shared)."""
-        if not messages:
-            return None
+                                                             for m in record.messages], style=style)
+        calls = [prompting.render_call(template, shaped, request.tools, reasoning=request.reasoning,
+                                       effort=request.reasoning_effort)]
         leading = []
         for message in messages:
             if message.role not in ("system", "developer"):
                 break
             leading.append(message)
-        if not leading and not request.tools and not record.system:
-            return None  # nothing before the conversation (a Modelfile's SYSTEM is: personas share its blocks)
-        template = self.template(record, loaded)
-        style = self.tool_format(record, loaded)
-        # The segment runs up to where a first user message's content starts: its header is shared too (a model whose
-        # state returns only to checkpoints keeps one there), and some templates refuse a conversation without a
-        # user message (Qwen3's "No user query found"); else (an assistant message first) the system part alone
-        for following in ([Message(role="user", content=[TextBlock(NEXT_TURN)])], []):
-            shaped = prompting.template_messages([*leading, *following], template, request.tools,
-                                                 default_system=record.system, style=style)
-            try:
-                text = prompting.render(template, shaped, request.tools, add_generation_prompt=False,
-                                        reasoning=request.reasoning, effort=request.reasoning_effort)
-            except LocalAIError:
-                continue
-            if following:
-                text = text[:max(0, text.find(NEXT_TURN))]
-            if text and prompt.startswith(text):
-                return text
-        return None
+        if system and (leading or request.tools or record.system):  # a Modelfile's SYSTEM: personas share it
+            # The segment runs up to where a first user message's content starts: its header is shared too (a model
+            # whose state returns only to checkpoints keeps one there), and some templates refuse a conversation
+            # without a user message (Qwen3's "No user query found"); else (an assistant message first) the system
+            # part alone
+            for following in ([Message(role="user", content=[TextBlock(NEXT_TURN)])], []):
+                segment = prompting.template_messages([*leading, *following], template, request.tools,
+                                                      default_system=record.system, style=style)
+                calls.append(prompting.render_call(template, segment, request.tools, add_generation_prompt=False,
+                                                   reasoning=request.reasoning, effort=request.reasoning_effort))
+        return calls
 
     def _parser(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
                 prompt: str | None = None) -> Parser | None:
@@ -524,8 +547,8 @@ class Runtime:
                               tools=[{"name": t.name, "parameters": t.parameters} for t in request.tools])
         return None
 
-    def _operation(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
-                   messages: list[Message] | None) -> GenerateOp:
+    async def _operation(self, record: ModelRecord, loaded: LoadedModel, request: GenerationRequest,
+                         messages: list[Message] | None) -> GenerateOp:
         params = record.parameters
         sampling = requested_sampling(record, request)
         model_stops = list(params.get("stop", [])) if isinstance(params.get("stop"), list) else []  # type: ignore[arg-type]
@@ -533,7 +556,7 @@ class Runtime:
         max_tokens = request.max_tokens
         if max_tokens is None and isinstance(params.get("num_predict"), int) and int(params["num_predict"]) >= 0:  # type: ignore[arg-type]
             max_tokens = int(params["num_predict"])  # type: ignore[arg-type]
-        prompt = self.render_prompt(record, loaded, request, messages)
+        prompt, system_prefix = await self.render(record, loaded, request, messages)
         info = loaded.worker.info
         images = media_of(request.images, prompt)
         if request.prefill_only:
@@ -541,9 +564,10 @@ class Runtime:
         return GenerateOp(
             op="generate", id=new_request_id(), prompt=prompt,
             reserve=output_reserve(max_tokens, info["n_ctx"] if info else 0),
-            system_prefix=self._system_prefix(record, loaded, request, messages, prompt),
+            system_prefix=system_prefix,
             max_tokens=max_tokens, stop=stop, sampling=sampling,  # type: ignore[typeddict-item]
             session=request.session_id, ignore_eos=request.ignore_eos, pin_ttl=request.cache_ttl,
+            cache_partition=request.cache_partition,
             constraint=self._constraint(record, loaded, request),
             follow_up=messages is not None and self.settings.cache_max_bytes > 0 and not request.prefill_only,
             warm=request.prefill_only,
@@ -556,8 +580,8 @@ class Runtime:
 class Target(Protocol):
     """Where a request is served: what the fitting loop in ``Runtime.start`` needs of it."""
 
-    def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
-        """The request as the target takes it (called off the event loop: it may render a template)."""
+    async def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+        """The request as the target takes it (its heavy parts run off the event loop)."""
 
     def size(self, op: dict[str, Any]) -> int:
         """How big the prompt is: fitting must make it smaller each attempt."""
@@ -572,6 +596,14 @@ class Target(Protocol):
 # Families whose models open with <think> (GLM-4.5+, DeepSeek-V3.1 in thinking mode) even when a Modelfile's PARSER
 # names them over a template that does not show it (Harmony's analysis channel is parsed whenever it is the format).
 THINKING_FORMATS = frozenset({"glm-4.5", "deepseek-v3.1"})
+
+
+def session_key(request: GenerationRequest) -> str | None:
+    """A request's session as the daemon's per-session memories know it (fitting, divergences): within its cache
+    partition, so a session id another principal also uses never shares them."""
+    if request.session_id is None or not request.cache_partition:
+        return request.session_id
+    return f"{request.cache_partition}/{request.session_id}"
 
 
 def requested_sampling(record: ModelRecord, request: GenerationRequest) -> dict[str, Any]:
@@ -599,8 +631,8 @@ class LocalTarget:
     record: ModelRecord
     loaded: LoadedModel
 
-    def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
-        return dict(self.runtime._operation(self.record, self.loaded, request, messages))
+    async def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+        return dict(await self.runtime._operation(self.record, self.loaded, request, messages))
 
     def size(self, op: dict[str, Any]) -> int:
         return len(op["prompt"])
@@ -622,7 +654,10 @@ class RemoteTarget:
     kind: str
     n_ctx: int
 
-    def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+    async def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+        return await asyncio.to_thread(self._operation, request, messages)
+
+    def _operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
         path, body = request_body(self.record, request, messages, self.model_id, self.kind, self.pool.spec.priority)
         headers: dict[str, str] = {}
         if request.session_id:
@@ -663,6 +698,11 @@ def output_reserve(max_tokens: int | None, n_ctx: int) -> int:
 
 def _load_overrides(request: GenerationRequest) -> dict[str, Any]:
     return {k: v for k, v in request.load_options.items() if k in LOAD_PARAMETERS}
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _close_quietly(frames: AsyncIterator[dict[str, Any]]) -> None:

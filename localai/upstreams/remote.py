@@ -251,6 +251,8 @@ def request_body(record: ModelRecord, request: GenerationRequest, messages: Sequ
         body["chat_template_kwargs"] = {"enable_thinking": False}  # vLLM, SGLang and llama-server read it
     if request.session_id:
         body["prompt_cache_key"] = request.session_id
+    if request.cache_partition and kind in ("vllm", "dynamo", "localai"):
+        body["cache_salt"] = request.cache_partition  # the upstream's prefix cache is partitioned as this one is
     if kind == "dynamo":
         hints: dict[str, Any] = {}
         if priority is not None:
@@ -270,8 +272,9 @@ def estimated_tokens(op: dict[str, Any]) -> int:
 def routing_key(record: ModelRecord, request: GenerationRequest) -> str:
     """The session a request belongs to: its id, else its first messages (or the prompt's start)."""
     if request.session_id:
-        return f"session\0{request.session_id}"
-    digest = hashlib.sha256(record.name.encode())
+        partition = f"{request.cache_partition}\0" if request.cache_partition else ""
+        return f"session\0{partition}{request.session_id}"
+    digest = hashlib.sha256(record.name.encode() + request.cache_partition.encode())
     if request.messages is not None:
         for message in request.messages[:2]:
             digest.update(message.role.encode() + b"\0" + message.text()[:4096].encode() + b"\0")

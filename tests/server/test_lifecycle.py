@@ -6,13 +6,15 @@ import concurrent.futures
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import Daemon, start_daemon
+from tests.conftest import Daemon, free_port, start_daemon
 
 PROMPT = [{"role": "user", "content": "Count slowly from one to one thousand."}]
 LONG = {"model": "smollm2", "messages": PROMPT, "max_tokens": 4000, "ignore_eos": True, "temperature": 0}
@@ -207,3 +209,60 @@ def test_ollama_chat_streams_ndjson_with_timings(daemon: Daemon) -> None:
     assert all(not line["done"] for line in lines[:-1])
     assert "".join(line["message"]["content"] for line in lines)
     _ = httpx  # the module is used through Daemon.http
+
+
+HANGS_ON_LONG = ("{% if messages | length > 4 %}{% set r = range(99999) %}{% for a in r %}{% for b in r %}{% endfor %}"
+                 "{% endfor %}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")
+
+
+def test_sigterm_stops_the_daemon_while_templates_hang(tmp_path: Path) -> None:
+    daemon = start_daemon(tmp_path / "d", engine="scripted")
+    modelfile = f'FROM smollm2\nTEMPLATE """{HANGS_ON_LONG}"""\n'
+    long = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(5)]
+    with daemon.http(timeout=60) as http:
+        assert http.post("/api/create", json={"model": "hangs", "modelfile": modelfile}).status_code == 200
+
+    def ask() -> int:
+        try:
+            return httpx.post(f"{daemon.base_url}/api/chat", timeout=60,
+                              json={"model": "hangs", "stream": False, "messages": long}).status_code
+        except httpx.HTTPError:
+            return 0
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        asking = [pool.submit(ask) for _ in range(12)]
+        time.sleep(1.5)
+        daemon.process.send_signal(signal.SIGTERM)
+        code = daemon.process.wait(timeout=40)  # the documented grace is 25 s; this must be far under it
+        assert code == 0, daemon.log()[-2000:]
+        # 400: the template was stopped; 500/503/none: cut off by the shutdown (uvicorn's, for requests it cancels)
+        assert {future.result(timeout=60) for future in asking} <= {0, 400, 500, 503}
+    assert not daemon.socket_path.exists() and not (daemon.home / "localai.pid").exists()
+
+
+def test_a_shutdown_that_never_finishes_is_cut_at_the_grace_period(tmp_path: Path) -> None:
+    """Whatever hangs in the shutdown (here: the wait for replies being prefilled), the process exits once the grace
+    period is over, its workers killed and its files removed."""
+    script = ("import asyncio\nfrom localai import daemon\nfrom localai.runtime.runtime import Runtime\n"
+              "from localai.settings import Settings\ndaemon.SHUTDOWN_GRACE = 2.0\n"
+              "async def stuck(self, timeout=10.0):\n    await asyncio.sleep(3600)\n"
+              "Runtime.settle = stuck\ndaemon.serve(Settings())\n")
+    home, port = tmp_path / "home", free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
+    env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{port}", "LOCALAI_DISCOVER": "",
+                "LOCALAI_ENGINE": "scripted"})
+    with subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True) as process:
+        assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/health"), 60)
+        assert httpx.post(f"http://127.0.0.1:{port}/api/chat", timeout=60, json={
+            "model": "smollm2", "stream": False, "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1 and "did not stop within 2 s" in stderr, stderr[-2000:]
+    assert not (home / "localai.sock").exists() and not (home / "localai.pid").exists()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -8,10 +8,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.stress import cachesoak, chaos, disk, fuzz, load, security
+from tests.stress import cachesoak, chaos, disk, edges, fuzz, isolation, load, oversized, security, stored, templates
 from tests.stress.common import Report
 
-CHECKS = ("security", "fuzz", "disk", "chaos", "load", "cache")
+# templates, isolation, stored, oversized, edges: issue 38's hostile input (templates that never end, a shared
+# cache that answers guesses, stored responses without bounds, oversized requests, the smaller findings)
+CHECKS = ("security", "fuzz", "disk", "chaos", "load", "cache", "templates", "isolation", "stored", "oversized",
+          "edges")
+SECTIONS = {"templates": templates.run, "isolation": isolation.run, "oversized": oversized.run, "edges": edges.run}
 
 
 def main() -> int:
@@ -22,6 +26,8 @@ def main() -> int:
     parser.add_argument("--load-seconds", type=float, default=180.0, help="how long 64 clients load each daemon")
     parser.add_argument("--examples", type=int, default=25, help="schemathesis examples per operation")
     parser.add_argument("--soak-seconds", type=float, default=600.0, help="how long the prompt store's soak runs")
+    parser.add_argument("--chain-turns", type=int, default=1000,
+                        help="turns of the stored-responses chain (50 KB each)")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="localai-stress-"))
@@ -42,6 +48,10 @@ def main() -> int:
                 chaos.run(report, folder, args.kills)
             elif name == "cache":
                 cachesoak.run(report, folder, args.soak_seconds)
+            elif name == "stored":
+                stored.run(report, folder, args.chain_turns)
+            elif name in SECTIONS:
+                SECTIONS[name](report, folder)
             else:
                 load.run(report, folder, args.load_seconds)
         except Exception as exc:  # a check that crashes is a finding, and the others still run

@@ -103,3 +103,62 @@ def wait_until(predicate: Any, timeout: float, step: float = 0.05) -> bool:
             return True
         time.sleep(step)
     return False
+
+
+PROBE_SCRIPT = """
+import json, sys, time, httpx
+url, stop, out = sys.argv[1], sys.argv[2], sys.argv[3]
+from pathlib import Path
+latencies = []
+with httpx.Client(timeout=60) as http:
+    while not Path(stop).exists():
+        started = time.perf_counter()
+        try:
+            http.get(url)
+        except httpx.HTTPError:
+            pass
+        latencies.append(time.perf_counter() - started)
+        time.sleep(0.01)
+Path(out).write_text(json.dumps(latencies))
+"""
+
+
+class HealthProbe:
+    """``/health`` asked every 10 ms from a process of its own (so the check's own work never delays it), for as
+    long as the ``with`` block runs; then ``p99`` and ``worst`` in milliseconds."""
+
+    def __init__(self, base_url: str, workdir: Path) -> None:
+        import subprocess
+        import sys
+        import uuid
+
+        self.stop = workdir / f"probe-{uuid.uuid4().hex}.stop"
+        self.out = self.stop.with_suffix(".json")
+        workdir.mkdir(parents=True, exist_ok=True)
+        self._command = [sys.executable, "-c", PROBE_SCRIPT, f"{base_url}/health", str(self.stop), str(self.out)]
+        self._process: Any = None
+        self._subprocess = subprocess
+        self.latencies: list[float] = []
+
+    def __enter__(self) -> HealthProbe:
+        self._process = self._subprocess.Popen(self._command)
+        time.sleep(0.5)  # it is asking before the check starts
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        import json
+
+        self.stop.touch()
+        self._process.wait(timeout=120)
+        self.latencies = sorted(json.loads(self.out.read_text()))
+
+    @property
+    def p99(self) -> float:
+        return 1000 * self.latencies[max(0, int(len(self.latencies) * 0.99) - 1)] if self.latencies else 0.0
+
+    @property
+    def worst(self) -> float:
+        return 1000 * self.latencies[-1] if self.latencies else 0.0
+
+    def __str__(self) -> str:
+        return f"/health p99 {self.p99:.0f} ms, worst {self.worst:.0f} ms ({len(self.latencies)} asked)"

@@ -1,0 +1,91 @@
+"""Connections that never finish their headers are closed at a deadline, and only so many may wait: a real uvicorn
+server with the daemon's protocol (``api/connections.py``), raw sockets as the slow clients."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from localai.api.connections import HeaderDeadlineProtocol
+from tests.conftest import free_port
+
+
+async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    monkeypatch.setattr(HeaderDeadlineProtocol, "header_seconds", 1.0)
+    monkeypatch.setattr(HeaderDeadlineProtocol, "max_waiting", 5)
+    port = free_port()
+    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=HeaderDeadlineProtocol,
+                                             log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=instance.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not instance.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield port
+    instance.should_exit = True
+    thread.join(10)
+
+
+def slow_client(port: int) -> socket.socket:
+    """A connection that sends half a request line and never the rest."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+    sock.settimeout(15)
+    return sock
+
+
+def closed(sock: socket.socket) -> bool:
+    """Whether the server closed the connection before the socket's timeout."""
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_connection_that_never_finishes_its_headers_is_closed(server: int) -> None:
+    sock = slow_client(server)
+    assert closed(sock)  # within the deadline (1 s here), not never
+    sock.close()
+    assert httpx.get(f"http://127.0.0.1:{server}/").text == "ok"
+
+
+def test_only_so_many_connections_wait_for_their_headers(server: int) -> None:
+    clients = [slow_client(server) for _ in range(8)]
+    time.sleep(0.3)
+    assert not HeaderDeadlineProtocol.waiting or len(HeaderDeadlineProtocol.waiting) <= 5
+    with httpx.Client() as http:  # a client that sends its request at once still gets in
+        assert http.get(f"http://127.0.0.1:{server}/").text == "ok"
+    for sock in clients[:3]:
+        sock.settimeout(0.5)  # the longest waiting were closed to make room, well before the deadline
+        assert closed(sock)
+    for sock in clients:
+        sock.close()
+
+
+def test_a_keep_alive_connection_waits_for_its_next_headers_again(server: int) -> None:
+    sock = socket.create_connection(("127.0.0.1", server))
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    sock.settimeout(15)
+    answer = b""
+    while not answer.endswith(b"0\r\n\r\n"):  # the end of the chunked body
+        answer += sock.recv(4096)
+    assert b"200 OK" in answer
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: 127")  # the next request, never finished
+    assert closed(sock)
+    sock.close()
