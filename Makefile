@@ -113,7 +113,7 @@ $(GPU_VENV)/.installed-$(GPU_BACKEND): pyproject.toml packaging/gpu/build-llama-
 	touch $@
 
 ## test-gpu: build llama.cpp for a GPU (GPU_BACKEND=vulkan, or cuda) and run the GPU tier on the device it finds
-test-gpu: $(GPU_VENV)/.installed-$(GPU_BACKEND)
+test-gpu: $(GPU_VENV)/.installed-$(GPU_BACKEND) fixtures
 	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) $(GPU_VENV)/bin/python -m localai.engines.llama_devices; echo
 	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) GPU_TIER_REQUIRED=1 $(GPU_VENV)/bin/python -m pytest -q -o timeout=900 --durations=10 tests/gpu tests/test_placement.py
 

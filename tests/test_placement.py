@@ -216,3 +216,53 @@ def test_ps_show_and_info_report_the_cpu(cpu_daemon: Daemon) -> None:
         assert described.returncode == 0 and "backends: CPU" in described.stdout, described
         missing = cpu_daemon.cli("info", "no-such-model")
         assert missing.returncode != 0 and "no-such-model" in missing.stderr
+
+
+# A mixture of experts: 30 layers of 100 MiB, 80 MiB of them expert tensors
+MOE = ModelSizes(layer_bytes=[100 * MiB] * 30, output_bytes=300 * MiB, kv_bytes=30 * 20 * MiB,
+                 total_bytes=30 * 100 * MiB + 600 * MiB, expert_bytes=[80 * MiB] * 30)
+
+
+@pytest.mark.parametrize("kept", [1, 7, 30])
+def test_a_mixture_of_experts_keeps_its_first_layers_experts_on_the_cpu_before_moving_layers(kept: int) -> None:
+    """As llama.cpp's --n-cpu-moe: every layer on the GPU, the expert tensors of as few first layers as it takes
+    kept on the CPU (attention and shared weights run on every token; a token's few experts run fine on the CPU)."""
+    whole = device_bytes(MOE, 31)
+    needed = whole - kept * 80 * MiB
+    assert device_bytes(MOE, 31, kept) == needed
+    exact = place(MOE, [gpu(needed + DEVICE_RESERVE)])
+    short = place(MOE, [gpu(needed + DEVICE_RESERVE - 1)])
+    assert (exact.layers, exact.cpu_moe, exact.device_bytes) == (31, kept, needed)
+    assert short.cpu_moe == kept + 1 or (kept == 30 and short.layers < 31)
+    assert exact.processor != "100% GPU" and exact.experts == f"experts of {kept}/30 layers on the CPU"
+    assert f"the experts of {kept} of 30 layers on the CPU" in exact.reason
+    assert exact.report()["experts"] == exact.experts
+
+
+def test_when_every_layers_experts_on_the_cpu_is_not_enough_whole_layers_move_too() -> None:
+    # every expert on the CPU leaves 20 MiB of weights + 20 MiB of KV per layer and the 300 MiB output layer
+    room = 300 * MiB + 10 * 40 * MiB
+    placed = place(MOE, [gpu(room + DEVICE_RESERVE)])
+    assert (placed.layers, placed.cpu_moe) == (11, 30)
+    assert placed.device_bytes == room
+
+
+def test_num_cpu_moe_sets_it_and_a_dense_model_has_no_experts() -> None:
+    assert place(MOE, [gpu(40 * GiB)]).cpu_moe == 0  # it all fits: nothing kept back
+    asked = place(MOE, [gpu(40 * GiB)], num_cpu_moe=12)
+    assert (asked.layers, asked.cpu_moe, asked.reason) == (31, 12, "num_cpu_moe 12")
+    assert asked.device_bytes == device_bytes(MOE, 31) - 12 * 80 * MiB
+    both = place(MOE, [gpu(40 * GiB)], num_gpu=10, num_cpu_moe=25)  # layers 21-29 offloaded; 21-24 keep experts
+    assert both.device_bytes == device_bytes(MOE, 10) - 4 * 80 * MiB
+    dense = place(SIZES, [gpu(300 * MiB + DEVICE_RESERVE)], num_cpu_moe=5)
+    assert (dense.cpu_moe, dense.layers_moe, dense.experts) == (0, 0, "")
+    assert place(MOE, []).experts == "experts on the CPU"
+
+
+def test_the_experts_are_read_from_the_file(arch_fixtures: Path) -> None:
+    for name in ("qwen3moe", "gpt-oss", "glm4moe", "qwen35moe", "qwen3next", "deepseek2"):
+        meta = read_metadata(arch_fixtures / f"{name}.gguf")
+        assert meta.expert_bytes and meta.layer_bytes and all(
+            expert <= layer for expert, layer in zip(meta.expert_bytes, meta.layer_bytes, strict=True)), name
+    for name in ("llama", "qwen35", "nemotron_h"):
+        assert read_metadata(arch_fixtures / f"{name}.gguf").expert_bytes is None

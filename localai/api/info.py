@@ -85,12 +85,13 @@ def model_report(record: ModelRecord, settings: Settings, llama: dict[str, Any],
         return result
     options = load_options(record, settings)
     layer_bytes = options["layer_bytes"]
-    sizes = (ModelSizes(layer_bytes, options["output_bytes"], options["kv_bytes"], options["weights_bytes"])
+    sizes = (ModelSizes(layer_bytes, options["output_bytes"], options["kv_bytes"], options["weights_bytes"],
+                        options["expert_bytes"])
              if layer_bytes is not None else ModelSizes.uniform(options["weights_bytes"], 32, options["kv_bytes"]))
     devices = [Device(**device) for device in llama["devices"]]
     try:
         placed = place(sizes, devices, num_gpu=options["num_gpu"], overhead=options["gpu_overhead"],
-                       host_free=available_memory())
+                       host_free=available_memory(), num_cpu_moe=options["num_cpu_moe"])
     except DoesNotFit as exc:
         result["error"] = str(exc)
         return result

@@ -463,6 +463,7 @@ async def ps(request: Request) -> dict[str, Any]:
             "context_length": info["n_ctx"] if info else None, "active_requests": loaded.active,
             "processor": placed.get("processor", "100% CPU"),
             "placement": placed,  # localai extension: layers on the GPU, the devices, and why
+            "experts": placed.get("experts", ""),  # localai extension: where a mixture of experts' experts are
             "pid": loaded.worker.pid, "keep_alive": loaded.keep_alive,
             # localai extension: the models served by the same worker (one copy of the weights, one prompt cache)
             "shared_with": loaded.sharing_with(),

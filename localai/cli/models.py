@@ -110,6 +110,9 @@ def ps() -> None:
           _until(m)]
          for m in models],
     )
+    for model in models:
+        if "CPU" in model.get("experts", "") and model.get("processor") != "100% CPU":
+            click.echo(f"{model['name']}: {model['experts']} (the rest of the model on the GPU)")
     shared = [m for m in models if m.get("shared_with")]
     if shared:
         click.echo("\nModels on one worker share its memory (one copy of the weights) and its prompt cache.")
@@ -160,7 +163,9 @@ def info(model: str | None, as_json: bool) -> None:
             if placement:
                 click.echo(f"  {label:<12} {placement['processor']}: {placement['layers']}/{placement['layers_total']} "
                            f"layers, {placement['device_bytes'] / 2**30:.2f} GiB on the GPU of "
-                           f"{placement['total_bytes'] / 2**30:.2f} GiB; {placement['reason']}")
+                           f"{placement['total_bytes'] / 2**30:.2f} GiB"
+                           + (f", {placement['experts']}" if placement.get("experts") else "")
+                           + f"; {placement['reason']}")
 
 
 def _worker(model: dict[str, Any]) -> str:
@@ -251,7 +256,8 @@ def show(model: str, part: str | None) -> None:
             click.echo(f"    {'note':<16}{memory['advice']}")
     placement = info.get("placement")
     if placement:
-        click.echo(f"    {'processor':<16}{placement['processor']}: {on_the_gpu(placement)}")
+        click.echo(f"    {'processor':<16}{placement['processor']}: {on_the_gpu(placement)}"
+                   + (f"; {placement['experts']}" if placement.get("experts") else ""))
     remote = info.get("remote")
     if remote:
         click.echo("\n  Remote")

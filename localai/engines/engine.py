@@ -25,6 +25,7 @@ class LoadOptions:
     n_threads: int = 2
     n_batch: int = 512
     num_gpu: int = -1
+    num_cpu_moe: int = -1  # the first layers whose expert tensors stay on the CPU (-1: by free memory)
     use_mmap: bool = True
     flash_attention: bool = False
     cpu_repack: str = "auto"  # auto, on, off: llama.cpp's weight repacking (extra buffer types)
@@ -38,6 +39,7 @@ class LoadOptions:
     # For placing layers on a GPU (engines/placement.py), from the GGUF header and the window's KV estimate:
     layer_bytes: list[int] | None = None  # each repeating layer's weights (None: not read; llama.cpp offloads all)
     output_bytes: int = 0
+    expert_bytes: list[int] | None = None  # each layer's expert tensors (a mixture of experts)
     weights_bytes: int = 0
     kv_bytes: int = 0
     gpu_overhead: int = 0  # bytes to leave free on each GPU (LOCALAI_GPU_OVERHEAD)

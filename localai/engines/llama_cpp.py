@@ -72,6 +72,13 @@ def repacks_weights(setting: str, system_info: str | None = None) -> bool:
 GREEDY = object()
 
 
+class TensorBufferOverride(ctypes.Structure):
+    """llama.h's ``llama_model_tensor_buft_override`` (llama-cpp-python leaves it unbound): tensors whose name
+    matches ``pattern`` (a regex) are allocated in ``buft``."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
 def load_failure(path: str, error: str | None) -> str:
     """What to tell about a model llama.cpp would not load, from what it said."""
     unknown = re.search(r"unknown model architecture: '([^']*)'", error or "")
@@ -102,6 +109,9 @@ class LlamaCppEngine:
                      "are not repacked (LOCALAI_CPU_REPACK=on to repack anyway)")
         global _LOAD_REPORT
         model_params.n_gpu_layers = self.placement.layers
+        self._overrides = self._expert_overrides(self.placement.cpu_moe if self.placement.layers else 0)
+        if self._overrides is not None:
+            model_params.tensor_buft_overrides = ctypes.addressof(self._overrides)
         _LOAD_REPORT = report = LoadReport()
         try:
             self.model = L.llama_model_load_from_file(options.model_path.encode(), model_params)
@@ -159,12 +169,29 @@ class LlamaCppEngine:
             layers = options.num_gpu if options.num_gpu >= 0 else 999
             return Placement(layers, 0, 0, options.weights_bytes + options.kv_bytes, [], "the model's sizes are "
                              "not known: " + (f"num_gpu {layers}" if layers < 999 else "every layer"))
-        sizes = ModelSizes(options.layer_bytes, options.output_bytes, options.kv_bytes, options.weights_bytes)
+        sizes = ModelSizes(options.layer_bytes, options.output_bytes, options.kv_bytes, options.weights_bytes,
+                           options.expert_bytes)
         chosen = place(sizes, gpus, num_gpu=options.num_gpu, overhead=options.gpu_overhead,
-                       host_free=options.host_free)
+                       host_free=options.host_free, num_cpu_moe=options.num_cpu_moe)
         log.info("placement: %d/%d layers on %s: %s", chosen.layers, chosen.layers_total,
                  ", ".join(f"{d.name} ({d.description})" for d in gpus), chosen.reason)
         return chosen
+
+    @staticmethod
+    def _expert_overrides(layers: int) -> Any:
+        """llama.cpp's tensor buffer-type overrides that keep the expert tensors of the first ``layers`` layers in
+        host memory (as ``--n-cpu-moe`` does): a NULL-terminated array, kept alive while the model loads."""
+        if layers <= 0:
+            return None
+        cpu = llama_devices.cpu_buffer_type()
+        if not cpu:
+            log.warning("llama.cpp has no CPU buffer type to keep experts in: offloading them with their layers")
+            return None
+        overrides = (TensorBufferOverride * (layers + 1))()  # zeroed: the last one ends the list
+        for index in range(layers):
+            overrides[index].pattern = rf"blk\.{index}\.ffn_(up|down|gate|gate_up)_(ch|)exps".encode()
+            overrides[index].buft = cpu
+        return overrides
 
     def _reported(self, report: LoadReport) -> None:
         """The placement as llama.cpp carried it out: its own layer count and device buffer sizes where it said

@@ -38,6 +38,7 @@ def _lib() -> Any:
             ("ggml_backend_dev_backend_reg", [pointer], pointer),
             ("ggml_backend_reg_name", [pointer], ctypes.c_char_p),
             ("ggml_backend_reg_count", [], size), ("ggml_backend_reg_get", [size], pointer),
+            ("ggml_backend_dev_buffer_type", [pointer], pointer),
         ):
             function = getattr(lib, name)
             function.argtypes, function.restype = args, result
@@ -53,6 +54,17 @@ def backends() -> list[str]:
     """The ggml backends this llama.cpp build registered ("CPU", "Vulkan", "CUDA", "Metal", ...)."""
     lib = _lib()
     return [_text(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i))) for i in range(lib.ggml_backend_reg_count())]
+
+
+def cpu_buffer_type() -> int | None:
+    """llama.cpp's host buffer type (its CPU device's), where tensors overridden to stay on the CPU go."""
+    lib = _lib()
+    for index in range(lib.ggml_backend_dev_count()):
+        handle = lib.ggml_backend_dev_get(index)
+        if TYPES.get(lib.ggml_backend_dev_type(handle)) == "cpu":
+            found = lib.ggml_backend_dev_buffer_type(handle)
+            return int(found) if found else None
+    return None
 
 
 def devices() -> list[Device]:

@@ -41,6 +41,7 @@ class ModelSizes:
     output_bytes: int
     kv_bytes: int
     total_bytes: int  # the whole file: weights that stay on the CPU (the token embeddings) count here
+    expert_bytes: list[int] | None = None  # each layer's expert tensors (a mixture of experts), part of layer_bytes
 
     @classmethod
     def uniform(cls, total_bytes: int, layers: int, kv_bytes: int) -> ModelSizes:
@@ -64,6 +65,8 @@ class Placement:
     total_bytes: int  # weights and KV cache in all
     devices: list[dict[str, Any]] = field(default_factory=list)  # the devices used: name, description, backend
     reason: str = ""
+    cpu_moe: int = 0  # the first layers whose expert tensors stay on the CPU (llama.cpp's --n-cpu-moe)
+    layers_moe: int = 0  # the layers with experts (0: not a mixture of experts)
 
     @property
     def processor(self) -> str:
@@ -71,28 +74,42 @@ class Placement:
         of the bytes on each (the token embeddings stay on the CPU in llama.cpp even with every layer offloaded)."""
         if self.layers <= 0 or self.device_bytes <= 0:
             return "100% CPU"
-        if self.layers >= self.layers_total:
+        if self.layers >= self.layers_total and not self.cpu_moe:
             return "100% GPU"
         gpu = min(99, max(1, round(100 * self.device_bytes / max(self.total_bytes, 1))))
         return f"{100 - gpu}%/{gpu}% CPU/GPU"
 
+    @property
+    def experts(self) -> str:
+        """Where a mixture of experts' expert tensors are, in words ("" for a dense model)."""
+        if not self.layers_moe:
+            return ""
+        if self.layers <= 0:
+            return "experts on the CPU"
+        if not self.cpu_moe:
+            return "experts on the GPU" if self.layers >= self.layers_total else "experts with their layers"
+        return f"experts of {min(self.cpu_moe, self.layers_moe)}/{self.layers_moe} layers on the CPU"
+
     def report(self) -> dict[str, Any]:
-        return {**asdict(self), "processor": self.processor}
+        return {**asdict(self), "processor": self.processor, "experts": self.experts}
 
 
 def cpu_only(total_bytes: int, layers_total: int, reason: str) -> Placement:
     return Placement(0, layers_total, 0, total_bytes, [], reason)
 
 
-def device_bytes(sizes: ModelSizes, layers: int) -> int:
+def device_bytes(sizes: ModelSizes, layers: int, cpu_moe: int = 0) -> int:
     """The bytes ``layers`` offloaded layers (llama.cpp's count: the output layer, then the last repeating ones)
-    put on the devices: their weights and their share of the KV cache."""
+    put on the devices: their weights and their share of the KV cache, less the experts of the first ``cpu_moe``
+    layers (kept on the CPU)."""
     n = len(sizes.layer_bytes)
     kv_per_layer = sizes.kv_bytes / n if n else 0
     if layers <= 0:
         return 0
     repeating = min(layers - 1, n)
     moved = sizes.output_bytes + sum(sizes.layer_bytes[n - repeating:]) + kv_per_layer * repeating
+    experts = sizes.expert_bytes or []
+    moved -= sum(experts[index] for index in range(max(n - repeating, 0), min(cpu_moe, n, len(experts))))
     return int(moved)
 
 
@@ -102,8 +119,12 @@ def budget(devices: list[Device], overhead: int = 0) -> int:
 
 
 def place(sizes: ModelSizes, devices: list[Device], *, num_gpu: int = -1, overhead: int = 0,
-          host_free: int | None = None) -> Placement:
+          host_free: int | None = None, num_cpu_moe: int = -1) -> Placement:
     """The layers to offload: ``num_gpu`` when it is set (>= 0), else as many as the devices' free memory holds.
+    A mixture of experts that does not fit whole first keeps the expert tensors of its first layers on the CPU
+    (as few as it takes, every other tensor on the GPU: attention and the shared weights run on every token, a
+    token's few experts are cheap to run on the CPU), and moves whole layers only when every layer's experts on
+    the CPU is not enough. ``num_cpu_moe`` (>= 0) sets how many layers keep their experts on the CPU.
 
     Raises ``DoesNotFit`` when, with the most the devices hold, the rest is larger than ``host_free`` (the system's
     free memory; None: not checked), naming what would fit."""
@@ -112,25 +133,38 @@ def place(sizes: ModelSizes, devices: list[Device], *, num_gpu: int = -1, overhe
     total = sizes.total_bytes + sizes.kv_bytes
     offload = [d for d in devices if d.offloads]
     used = [{"name": d.name, "description": d.description, "backend": d.backend} for d in offload]
+    moe = sum(1 for size in sizes.expert_bytes or [] if size)
     if not offload:
-        return cpu_only(total, total_layers, "no GPU: llama.cpp found no device to offload to")
-    if num_gpu >= 0:
-        layers = min(num_gpu, total_layers)
-        return Placement(layers, total_layers, device_bytes(sizes, layers), total, used if layers else [],
-                         f"num_gpu {num_gpu}")
+        return Placement(0, total_layers, 0, total, [], "no GPU: llama.cpp found no device to offload to",
+                         layers_moe=moe)
+    if num_gpu >= 0 or num_cpu_moe >= 0:
+        layers = min(num_gpu, total_layers) if num_gpu >= 0 else total_layers
+        cpu_moe = min(max(num_cpu_moe, 0), n) if moe else 0
+        asked = ", ".join(f"{name} {value}" for name, value in (("num_gpu", num_gpu), ("num_cpu_moe", num_cpu_moe))
+                          if value >= 0)
+        return Placement(layers, total_layers, device_bytes(sizes, layers, cpu_moe), total, used if layers else [],
+                         asked, cpu_moe, moe)
     room = budget(offload, overhead)
-    layers = 0
-    while layers < total_layers and device_bytes(sizes, layers + 1) <= room:
-        layers += 1
-    on_device = device_bytes(sizes, layers)
+    layers, cpu_moe = total_layers, 0
+    if device_bytes(sizes, layers) > room and moe:
+        while cpu_moe < n and device_bytes(sizes, layers, cpu_moe) > room:
+            cpu_moe += 1
+    if device_bytes(sizes, layers, cpu_moe) > room:
+        layers = 0
+        while layers < total_layers and device_bytes(sizes, layers + 1, cpu_moe) <= room:
+            layers += 1
+    on_device = device_bytes(sizes, layers, cpu_moe)
     free = ", ".join(f"{d.name} {d.free / 2**30:.1f} GiB free" for d in offload)
+    experts = f", the experts of {cpu_moe} of {moe} layers on the CPU" if cpu_moe else ""
     if layers == total_layers:
-        reason = f"every layer fits: {on_device / 2**30:.2f} GiB of {room / 2**30:.2f} GiB usable ({free})"
+        reason = (f"every layer fits{experts}: {on_device / 2**30:.2f} GiB of {room / 2**30:.2f} GiB usable "
+                  f"({free})")
     elif layers:
-        reason = (f"{layers} of {total_layers} layers fit in {room / 2**30:.2f} GiB usable ({free}); the rest run "
-                  "on the CPU")
+        reason = (f"{layers} of {total_layers} layers fit in {room / 2**30:.2f} GiB usable ({free}){experts}; the "
+                  "rest run on the CPU")
     else:
         reason = f"not one layer fits in {room / 2**30:.2f} GiB usable ({free}): running on the CPU"
+        cpu_moe = 0
     if host_free is not None and total - on_device > host_free:
         raise DoesNotFit(
             f"the model needs {total / 2**30:.1f} GiB (weights {sizes.total_bytes / 2**30:.1f} GiB + KV cache "
@@ -138,4 +172,4 @@ def place(sizes: ModelSizes, devices: list[Device], *, num_gpu: int = -1, overhe
             f"{host_free / 2**30:.1f} GiB are free in RAM. What fits: weights and KV cache up to "
             f"{(on_device + host_free) / 2**30:.1f} GiB: a smaller window (num_ctx), fewer sequences "
             "(LOCALAI_NUM_PARALLEL), a q8_0 KV cache, or a smaller quantization")
-    return Placement(layers, total_layers, on_device, total, used if layers else [], reason)
+    return Placement(layers, total_layers, on_device, total, used if layers else [], reason, cpu_moe, moe)

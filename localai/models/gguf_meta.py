@@ -133,6 +133,7 @@ class GGUFMetadata:
     attention: AttentionShape | None = None  # None when the file does not say (the memory rule then guesses)
     layer_bytes: list[int] | None = None  # each repeating layer's tensors (None: a split GGUF, read in part)
     output_bytes: int = 0  # the output layer's (the token embeddings' when the output is tied to them)
+    expert_bytes: list[int] | None = None  # each layer's expert tensors, part of layer_bytes (a mixture of experts)
 
 
 class _Header:
@@ -274,12 +275,13 @@ def _parse(header: _Header) -> GGUFMetadata:
         tensors.append((tensor_name, header.take(_U64)))
     if not size_label:
         size_label = _human_count(total)
-    layer_bytes, output_bytes = None, 0
+    layer_bytes, output_bytes, expert_bytes = None, 0, None
     alignment = fields.get("general.alignment")
     alignment = alignment if isinstance(alignment, int) and alignment > 0 else 32
     if not (isinstance(fields.get("split.count"), int) and fields["split.count"] > 1):
         data_start = -(-header.at // alignment) * alignment
-        layer_bytes, output_bytes = _tensor_sizes(tensors, header.size - data_start, _attention_layers(fields, arch))
+        layer_bytes, output_bytes, expert_bytes = _tensor_sizes(tensors, header.size - data_start,
+                                                                 _attention_layers(fields, arch))
     file_type = fields.get("general.file_type")
     template = fields.get("tokenizer.chat_template")
     context = fields.get(f"{arch}.context_length")
@@ -295,10 +297,13 @@ def _parse(header: _Header) -> GGUFMetadata:
         attention=attention,
         layer_bytes=layer_bytes,
         output_bytes=output_bytes,
+        expert_bytes=expert_bytes if expert_bytes and any(expert_bytes) else None,
     )
 
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
+# A mixture of experts' expert tensors (llama.cpp's LLM_FFN_EXPS_REGEX, what --n-cpu-moe keeps on the CPU)
+_EXPERTS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 
 
 def _attention_layers(fields: dict[str, Any], arch: str) -> int:
@@ -307,25 +312,28 @@ def _attention_layers(fields: dict[str, Any], arch: str) -> int:
 
 
 def _tensor_sizes(tensors: list[tuple[str, int]], data_size: int,
-                  layers: int) -> tuple[list[int] | None, int]:
-    """Each repeating layer's bytes and the output layer's, from the tensors' offsets (each tensor runs to the next
-    one's start, padding included). None when the offsets do not make sense (the file is damaged or cut)."""
+                  layers: int) -> tuple[list[int] | None, int, list[int] | None]:
+    """Each repeating layer's bytes, the output layer's, and each layer's expert tensors', from the tensors' offsets
+    (each tensor runs to the next one's start, padding included). None when the offsets do not make sense (the file
+    is damaged or cut)."""
     if not tensors:  # a header-only file (metadata written for tests, or a damaged one): nothing to place by
-        return None, 0
+        return None, 0, None
     ordered = sorted(tensors, key=lambda item: item[1])
     sizes: dict[str, int] = {}
     for (name, start), (_, end) in zip(ordered, [*ordered[1:], ("", data_size)], strict=True):
         if end < start:
-            return None, 0
+            return None, 0, None
         sizes[name] = end - start
-    per_layer = [0] * layers
+    per_layer, experts = [0] * layers, [0] * layers
     for name, size in sizes.items():
         if (match := _BLOCK.match(name)) is not None and int(match[1]) < layers:
             per_layer[int(match[1])] += size
+            if _EXPERTS.search(name):
+                experts[int(match[1])] += size
     output = sum(size for name, size in sizes.items() if name.startswith("output"))
     if "output.weight" not in sizes:  # tied: llama.cpp puts a copy of the token embeddings in the output layer
         output += sizes.get("token_embd.weight", 0)
-    return (per_layer if layers else None), output
+    return (per_layer if layers else None), output, (experts if layers else None)
 
 
 def _attention(fields: dict[str, Any], arch: str) -> AttentionShape | None:

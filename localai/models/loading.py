@@ -155,6 +155,7 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "n_threads": int(params.get("num_thread") or settings.threads()),
         "n_batch": int(params.get("num_batch") or 512),
         "num_gpu": int(params.get("num_gpu", -1)),
+        "num_cpu_moe": int(params.get("num_cpu_moe", -1)),
         "use_mmap": bool(params.get("use_mmap", True)),
         "flash_attention": settings.flash_attention,
         "cpu_repack": settings.cpu_repack,
@@ -171,6 +172,7 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         # for placing layers on a GPU (engines/placement.py): the same sizes the window was fitted with
         "layer_bytes": meta.layer_bytes if meta is not None else None,
         "output_bytes": meta.output_bytes if meta is not None else 0,
+        "expert_bytes": meta.expert_bytes if meta is not None else None,
         "weights_bytes": record.size,
         "kv_bytes": chosen.kv_bytes,
         "gpu_overhead": settings.gpu_overhead,

@@ -14,8 +14,8 @@ from typing import Any
 from localai.errors import ModelfileError
 
 INT_PARAMETERS = frozenset(
-    {"num_ctx", "num_predict", "num_keep", "num_batch", "num_thread", "num_gpu", "main_gpu", "seed", "top_k",
-     "repeat_last_n", "priority"}
+    {"num_ctx", "num_predict", "num_keep", "num_batch", "num_thread", "num_gpu", "num_cpu_moe", "main_gpu", "seed",
+     "top_k", "repeat_last_n", "priority"}
 )
 FLOAT_PARAMETERS = frozenset(
     {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
@@ -44,12 +44,13 @@ SECRET_PARAMETERS = frozenset({"api_key", "key", "token", "password"})  # refuse
 PARAMETERS = (INT_PARAMETERS | FLOAT_PARAMETERS | BOOL_PARAMETERS | LIST_PARAMETERS | STRING_PARAMETERS
               | frozenset(CHOICE_PARAMETERS))
 # Parameters that change how the model is loaded (a change means a reload), not how it samples.
-LOAD_PARAMETERS = frozenset({"num_ctx", "num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread"})
+LOAD_PARAMETERS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_cpu_moe", "main_gpu", "use_mmap", "num_thread"})
 # What each numeric parameter may be. Values outside would crash or overflow the engine (1e400), allocate without
 # limit (repeat_last_n 200000000) or make no sense (num_ctx -1); they are refused naming the parameter and range.
 BOUNDS: dict[str, tuple[float, float]] = {
     "num_ctx": (128, 1 << 24), "num_predict": (-2, 1 << 24), "num_keep": (-1, 1 << 24),
     "num_batch": (1, 16384), "num_thread": (1, 1024), "num_gpu": (-1, 100_000), "main_gpu": (0, 255),
+    "num_cpu_moe": (-1, 100_000),  # the first layers whose expert tensors stay on the CPU (-1: by free memory)
     "seed": (-(1 << 63), (1 << 64) - 1), "top_k": (0, 1 << 20), "repeat_last_n": (-1, 1 << 20),
     "temperature": (0.0, 100.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0), "typical_p": (0.0, 1.0),
     "repeat_penalty": (0.0, 100.0), "presence_penalty": (-100.0, 100.0), "frequency_penalty": (-100.0, 100.0),

@@ -207,3 +207,29 @@ def test_a_device_that_disappears_falls_back_to_the_cpu(tmp_path: Path, gguf_pat
         assert (model["processor"], model["size_vram"]) == ("100% CPU", 0)
         log = (daemon.home / "logs" / "workers.log").read_text()
         assert "found no device" in log and "running on the CPU" in log, log[-2000:]
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "gpt-oss"])
+def test_a_mixture_of_experts_keeps_experts_on_the_cpu_before_layers(arch_fixtures: Path, name: str, gpu: Device,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MoE fixture with free memory injected so every layer fits only with the first layer's experts in host
+    memory: llama.cpp keeps them there (its own buffer report), every layer is offloaded, the reports say where the
+    experts are, and the answer agrees with the CPU's."""
+    path = arch_fixtures / f"{name}.gguf"
+    meta = read_metadata(path)
+    base = options(path, kv_bytes=0, expert_bytes=meta.expert_bytes)
+    sizes = ModelSizes(base.layer_bytes or [], base.output_bytes, 0, base.weights_bytes, meta.expert_bytes)
+    whole = device_bytes(sizes, len(sizes.layer_bytes) + 1)
+    free = DEVICE_RESERVE + whole - 1  # not everything: one layer's experts stay on the CPU
+    injected = Device(gpu.name, gpu.description, gpu.backend, gpu.type, free, gpu.total)
+    monkeypatch.setattr(llama_devices, "devices", lambda: [injected])
+    engine = LlamaCppEngine(base)
+    placed = engine.placement
+    assert (placed.layers, placed.cpu_moe) == (placed.layers_total, 1), placed
+    assert placed.experts == f"experts of 1/{placed.layers_moe} layers on the CPU"
+    host = sum(size for key, size in engine.load_report.buffers.items()
+               if key.split()[1] == "model" and key.startswith("CPU"))
+    assert host >= (meta.expert_bytes or [0])[0] * 0.9, engine.load_report.buffers  # the experts, in host memory
+    cpu = LlamaCppEngine(options(path, num_gpu=0))
+    tokens = cpu.tokenize(PROMPT)[:100]
+    assert greedy(cpu, 0, tokens, 6) == greedy(engine, 0, tokens, 6)
