@@ -129,6 +129,10 @@ class ModelInfo(TypedDict):
     flash_attention: bool
     kv_type: str
     placement: dict[str, Any]  # engines/placement.Placement.report(): layers on the GPU, bytes there, processor
+    # what the prompt cache keeps of a sequence (blocks of attention KV, and checkpoints where part of the state
+    # cannot be cut) and whether speculative decoding can run on it, in words
+    state: NotRequired[str]
+    speculative: NotRequired[str]
 
 
 class Usage(TypedDict):

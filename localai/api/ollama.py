@@ -28,6 +28,7 @@ from localai.api.common import (
 from localai.api.media import from_base64
 from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
 from localai.api.sessions import cache_partition, cache_salt_field, session_id
+from localai.engines.descriptions import speculative_support, state_kind
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import attention_of, chosen_engine, gguf_metadata, kv_bytes, window
 from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
@@ -531,6 +532,8 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         # localai extension: the context the daemon loads the model with (launch gives it to agents)
         "num_ctx": num_ctx,
         "engine": chosen_engine(record, request.app.state.settings.engine),  # localai extension
+        # localai extension: what the prompt cache keeps of a sequence, and whether speculative decoding runs
+        **_state_of(request, record),
         "parser": await parser_of(record),  # localai extension: the tool-call format and where it came from
         # localai extension: the memory the model takes at that window, and how the window was chosen
         **({"memory": {"num_ctx": fitted.num_ctx, "kv_type": fitted.kv_type, "weights_bytes": fitted.weights_bytes,
@@ -540,6 +543,20 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         **({"remote": remote} if remote else {}),  # localai extension: upstream model, kind, replicas' health
         **({"placement": placement} if (placement := _placement_of(request, record.name)) else {}),
     }
+
+
+def _state_of(request: Request, record: ModelRecord) -> dict[str, str]:
+    """``state`` and ``speculative`` as the loaded worker reports them, else as the GGUF header says."""
+    loaded = runtime_of(request).scheduler.loaded.get(record.name)
+    info = loaded.worker.info if loaded is not None else None
+    if info and info.get("speculative"):
+        return {"state": str(info.get("state", "")), "speculative": str(info["speculative"])}
+    shape = attention_of(record)
+    if shape is None or chosen_engine(record, request.app.state.settings.engine) != "llama.cpp":
+        return {}
+    recurrent, window = shape.recurrent_bytes > 0, shape.sliding_window if shape.sliding_share else 0
+    return {"state": state_kind(recurrent, window),
+            "speculative": speculative_support(not recurrent and not window, recurrent, window)}
 
 
 def _placement_of(request: Request, name: str) -> dict[str, Any] | None:

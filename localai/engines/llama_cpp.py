@@ -19,6 +19,7 @@ import llama_cpp as L
 import numpy as np
 
 from localai.engines import llama_devices, llama_state
+from localai.engines.descriptions import speculative_support, state_kind
 from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
 from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.engines.llama_devices import LoadReport
@@ -269,6 +270,8 @@ class LlamaCppEngine:
             flash_attention=self.options.flash_attention,
             kv_type=self.options.kv_type,
             placement=self.placement.report(),
+            state=state_kind(self.recurrent, self.n_swa),
+            speculative=speculative_support(self.can_draft, self.recurrent, self.n_swa),
         )
 
     def _meta(self, key: str) -> str | None:

@@ -203,3 +203,26 @@ def _copy_with_architecture(source: Path, target: Path, arch: str) -> None:
     empty = [field.name for field in reader.fields.values()
              if field.types and field.types[0] == gguf.GGUFValueType.ARRAY and not field.data]
     copy_with_new_metadata(reader, writer, {}, [*renamed, *empty])
+
+
+def test_show_says_what_the_cache_keeps_and_whether_speculative_decoding_runs(arch_fixtures: Path,
+                                                                              tmp_path: Path) -> None:
+    """Speculative decoding never runs on a state that cannot drop a rejected draft (recurrent layers, a sliding
+    window): off for those models even when asked, and /api/show says so, before and after the model loads."""
+    with start_daemon(tmp_path / "home") as daemon, daemon.http() as http:
+        for name in ("llama", "qwen35", "gpt-oss"):
+            create(daemon, name, arch_fixtures / f"{name}.gguf")
+        shown = {name: http.post("/api/show", json={"model": name}).json() for name in ("llama", "qwen35", "gpt-oss")}
+        assert shown["llama"]["speculative"].startswith("when asked") and "checkpoints" not in shown["llama"]["state"]
+        assert shown["qwen35"]["speculative"].startswith("off: recurrent layers")
+        assert shown["gpt-oss"]["speculative"].startswith("off: a 32-token sliding window")
+        for name in ("qwen35", "gpt-oss"):
+            assert "checkpoints" in shown[name]["state"]
+            asked = http.post("/v1/chat/completions", json={
+                "model": name, "max_tokens": 16, "temperature": 0, "speculative": "on",
+                "messages": [{"role": "user", "content": "Repeat: one two three one two three one two three"}]})
+            assert asked.status_code == 200, asked.text
+            details = asked.json()["usage"].get("completion_tokens_details") or {}
+            assert not details.get("accepted_prediction_tokens") and not details.get("rejected_prediction_tokens")
+            again = http.post("/api/show", json={"model": name}).json()  # loaded: the worker's own report
+            assert (again["state"], again["speculative"]) == (shown[name]["state"], shown[name]["speculative"])
