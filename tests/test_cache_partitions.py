@@ -24,7 +24,7 @@ def store(root: Path, whole: bool = False) -> PromptStore:
 
 
 def common(cache: PromptStore, prompt: list[int], partition: str = "") -> int:
-    match = cache.lookup(prompt, partition)
+    match = cache.lookup(prompt, partition=partition)
     return match.common if match else 0
 
 

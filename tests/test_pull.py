@@ -143,7 +143,7 @@ def test_pull_a_library_model(puller: Daemon, hub_server: HubServer, smollm2_pat
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" in shown["path"]
     library = puller.cli("list", "--library").stdout
     row = next(line for line in library.splitlines() if line.startswith("qwen2.5-coder:1.5b "))
-    assert "hf.co/Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M" in row and " yes " in row
+    assert "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF:Q4_K_M" in row and " yes " in row
     assert "qwen3:4b" in library and "llama3.2:1b" in library
 
     status, message = pull_error(puller, "qwen2.5-coder")

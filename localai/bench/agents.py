@@ -263,12 +263,21 @@ def settle(base_url: str, model: str) -> None:
 
 def kv_bytes_per_token(cache_dir: Path) -> int:
     """KV bytes per token of the blocks, from the store's layout (one fingerprint folder expected)."""
+    from localai.engines.llama_state import StateFormatError, layout_from_json
+
     for layout in cache_dir.glob("*/layout.json"):
         data = json.loads(layout.read_text()).get("layout") or {}
-        return sum(layer["k_row"] + layer["v_row"] for module, cut in zip(data.get("modules", []),
-                                                                           data.get("sliced", []), strict=False)
-                   if cut for layer in module["layers"])
+        try:
+            return layout_from_json(data).bytes_per_token() if "modules" in data else 0
+        except (StateFormatError, KeyError, TypeError):
+            return 0
     return 0
+
+
+def checkpoint_bytes(cache_dir: Path) -> int:
+    """The bytes of one checkpoint (a snapshot of the state that cannot be cut: the recurrent layers' or the
+    sliding window's), the largest on disk; 0 for a model without them."""
+    return max((path.stat().st_size for path in cache_dir.glob("*/snaps/*.snp")), default=0)
 
 
 def disk_bytes(cache_dir: Path) -> int:

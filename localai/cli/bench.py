@@ -259,6 +259,12 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
             if per_token and grown > 0:
                 storage.append(f"disk writes, turns 1-{turns - 1}: {later_bytes / 1e6:.1f} MB for {grown} new tokens "
                                f"x {per_token} KV bytes = {later_bytes / (grown * per_token):.2f}x the new tokens' KV")
+                state = trace.checkpoint_bytes(cache_dir)
+                saves = sessions * (turns - 1)
+                if state:  # a model with checkpoints: a turn may write one beside its new KV
+                    beside = (later_bytes - saves * state) / (grown * per_token)
+                    storage.append(f"  per turn: {later_bytes / saves / 1e3:.1f} KB = one checkpoint "
+                                   f"({state / 1e3:.1f} KB) + {beside:.2f}x the turn's new tokens' KV")
             if long_turns:
                 samples, long_bytes = trace.run_long(daemon.base_url, model, turns=long_turns, growth_words=150,
                                                      reply_tokens=reply_tokens, seed=seed)

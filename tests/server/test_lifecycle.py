@@ -119,7 +119,9 @@ def test_full_queue_answers_503_with_retry_after(tmp_path: Path, smollm2_path: P
 
 def test_keep_alive_zero_unloads_and_max_loaded_models_evicts(tmp_path: Path, smollm2_path: Path) -> None:
     with start_daemon(tmp_path / "d", max_loaded_models="1") as daemon, daemon.http() as http:
-        assert http.post("/api/copy", json={"source": "smollm2", "destination": "other"}).status_code == 200
+        # another load of the same weights (a copy would share smollm2's worker: see test_personas)
+        assert http.post("/api/create", json={"model": "other", "modelfile": "FROM smollm2\nPARAMETER num_ctx 2048\n"}
+                         ).status_code == 200
         http.post("/api/generate", json={"model": "smollm2"})
         assert [m["name"] for m in loaded(daemon)] == ["smollm2:135m"]
         http.post("/api/generate", json={"model": "other"})
