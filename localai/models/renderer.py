@@ -407,6 +407,23 @@ def check_renders(source: str | None, where: str) -> None:
                              "must render in milliseconds (a loop that never ends?)") from None
 
 
+def warm(source: str | None, bos_token: str = "", eos_token: str = "") -> None:
+    """Render a short conversation with a template in every main process (after once on probation, which makes it
+    trusted), so the first requests after a model loads, or after a restart, find it compiled in whichever process
+    takes them: a large template's first render in a process costs tens of milliseconds (gpt-oss's: ~45 ms on
+    this 2-core VM), which a restarted daemon's first turns paid. Errors are the requests' to report, not this."""
+    if source is None:
+        return
+    renderer = pool()
+    calls = [RenderCall(source=source, messages=PROBE_MESSAGES, bos_token=bos_token, eos_token=eos_token,
+                        add_generation_prompt=True, extra={})]
+    with contextlib.suppress(Exception):
+        renderer.render(calls)
+        if renderer.trusted(source):
+            for future in [renderer.submit(calls) for _ in range(2 * renderer.main)]:  # most land on each
+                future.result(timeout=renderer.seconds + 30)
+
+
 _pool: Renderer | None = None
 _pool_lock = threading.Lock()
 

@@ -155,6 +155,7 @@ class Runtime:
         self.session_models: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._cache_models_noted: set[tuple[str, str]] = set()
         self.documents = media.DocumentReader()
+        self._warmed: set[tuple[str, int | None]] = set()  # (model, worker pid) whose template the renderers compiled
 
     async def start(self, request: GenerationRequest) -> Generation:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
@@ -359,7 +360,18 @@ class Runtime:
             self.scheduler.lease(record, keep_alive=request.keep_alive, overrides=_load_overrides(request))
         )
         await self._note_cache_use(record.name, loaded.shared.fingerprint, request.session_id)
+        await self._warm_template(record, loaded)
         return LocalTarget(self, record, loaded)
+
+    async def _warm_template(self, record: ModelRecord, loaded: LoadedModel) -> None:
+        """The first request after a model loads (or after a restart) has the render processes compile its template
+        first, all of them, so the next ones never pay a process's first render."""
+        key = (record.name, loaded.worker.pid)
+        if key in self._warmed or loaded.worker.info is None:
+            return
+        self._warmed.add(key)
+        template = self.template(record, loaded)
+        await asyncio.to_thread(renderer.warm, template.source, template.bos_token, template.eos_token)
 
     async def _note_cache_use(self, model: str, fingerprint: str | None, session: str | None) -> None:
         if session:
@@ -430,8 +442,8 @@ class Runtime:
         if record.remote:
             await self._remote_target(record)  # raises when no replica answered
             return
-        async with self.scheduler.lease(record, keep_alive=keep_alive):
-            pass
+        async with self.scheduler.lease(record, keep_alive=keep_alive) as loaded:
+            await self._warm_template(record, loaded)
 
     @staticmethod
     def template(record: ModelRecord, loaded: LoadedModel) -> prompting.Template:
