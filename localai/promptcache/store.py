@@ -53,6 +53,7 @@ MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
 # restored where one was taken). A recurrent state is 10-70 MB on real hybrid models: 8 is ~0.6 GB a session at
 # most, and covers the turns an agent edits or retries (the latest turns), beside each session's own end.
 CHECKPOINTS_PER_SESSION = 8
+OTHERS_SECONDS = 30.0  # how old the writer's view of the other folders' bytes may be (enforce_quota)
 
 
 class Codec(Protocol):
@@ -128,6 +129,8 @@ class PromptStore:
         self._queued_bytes = 0
         self._busy = False
         self._failed_writes = 0  # write failures not logged yet (see _abandon)
+        self._tidy_due = False  # an entry was written: garbage and quota are due once the queue drains
+        self._others_scan: tuple[float, int, list[tuple[float, int, Path]]] | None = None
         self._failed_logged_at = -math.inf
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
@@ -636,6 +639,13 @@ class PromptStore:
                 self._busy = True
             try:
                 self._write(kind, item)
+                with self._lock:
+                    tidy = self._tidy_due and not self._queue
+                if tidy:
+                    self._tidy_due = False
+                    with self._lock:
+                        self.folder.collect_garbage(keep=self._queued_keys() | self._others_recent())
+                    self.enforce_quota(fresh=False)
             except Exception as exc:
                 self._abandon(kind, item, exc)
             finally:
@@ -689,9 +699,7 @@ class PromptStore:
                 write_atomic(self.folder.head_path(head.id), [data])
                 with self._lock:
                     head.written, head.disk_key = True, key
-            with self._lock:
-                self.folder.collect_garbage(keep=self._queued_keys() | self._others_recent())
-            self.enforce_quota()
+            self._tidy_due = True  # garbage and quota once the queue drains, not after every entry
 
     def _abandon(self, kind: str, item: Any, exc: Exception) -> None:
         """A write that failed (a full disk, a vanished folder): its payload is let go, so failed writes never pile
@@ -723,10 +731,40 @@ class PromptStore:
 
     # -- retention -------------------------------------------------------------------------------
 
-    def enforce_quota(self) -> None:
+    def enforce_quota(self, *, fresh: bool = True) -> None:
         """Evict until the whole cache folder is under quota: folders no live worker uses first (least recently
         used files), then this one's least recently used leaf blocks; never a pinned chain, never another live
-        worker's entries."""
+        worker's entries. Not ``fresh`` (the writer, after each burst of writes): the other folders' bytes may
+        be up to ``OTHERS_SECONDS`` old unless they would put the cache over quota; reading every other model's
+        files after each turn cost a turn tens of milliseconds of the engine thread's time (the GIL) once the cache
+        held ~10,000 files."""
+        with self._lock:
+            total = self.folder.bytes_on_disk()
+        others_total, others = self._scan_others(fresh)
+        if not fresh and total + others_total > self.max_bytes:
+            others_total, others = self._scan_others(True)
+        total += others_total
+        if total <= self.max_bytes:
+            return
+        # The disk work (other folders' files, a rescan of this one, the pins) happens outside the lock: lookups and
+        # saves on the engine thread never wait for it. Only the index changes and this folder's eviction take it.
+        for _, size, path in sorted(others):
+            if total <= self.max_bytes:
+                return
+            with contextlib.suppress(OSError):
+                path.unlink()
+                total -= size
+                self.count("evictions")
+        self._others_scan = None
+        pins = load_pins(self.root)
+        with self.folder.locked(exclusive=True):
+            self._evict(total, pins)
+
+    def _scan_others(self, fresh: bool) -> tuple[int, list[tuple[float, int, Path]]]:
+        """The other fingerprint folders' bytes, and the files of those no live worker uses (mtime, size, path)."""
+        cached = self._others_scan
+        if not fresh and cached is not None and time.monotonic() - cached[0] < OTHERS_SECONDS:
+            return cached[1], cached[2]
         others: list[tuple[float, int, Path]] = []
         total = 0
         for folder in self.root.iterdir() if self.root.exists() else []:
@@ -741,22 +779,8 @@ class PromptStore:
                     total += stat.st_size
                     if not live:
                         others.append((stat.st_mtime, stat.st_size, path))
-        with self._lock:
-            total += self.folder.bytes_on_disk()
-        if total <= self.max_bytes:
-            return
-        # The disk work (other folders' files, a rescan of this one, the pins) happens outside the lock: lookups and
-        # saves on the engine thread never wait for it. Only the index changes and this folder's eviction take it.
-        for _, size, path in sorted(others):
-            if total <= self.max_bytes:
-                return
-            with contextlib.suppress(OSError):
-                path.unlink()
-                total -= size
-                self.count("evictions")
-        pins = load_pins(self.root)
-        with self.folder.locked(exclusive=True):
-            self._evict(total, pins)
+        self._others_scan = (time.monotonic(), total, others)
+        return total, others
 
     def _evict(self, total: int, pins: list[Pin]) -> None:
         """This folder's eviction, under its exclusive lock (the caller's): nobody else deletes meanwhile."""
