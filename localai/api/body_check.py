@@ -21,7 +21,7 @@ from typing import Any
 from localai import protocol
 from localai.api import limits
 from localai.errors import ServerBusy
-from localai.models.renderer import Died, HelperProcess, Overran, limit_process, read_exactly
+from localai.models.renderer import Died, HelperProcess, Overran, read_exactly, start_helper
 
 log = logging.getLogger("localai.server")
 LARGE = 1 << 20  # bodies over this are checked in the checker process
@@ -148,15 +148,7 @@ def serve() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-    import os
-
-    parser = argparse.ArgumentParser(prog="python -m localai.api.body_check")
-    parser.add_argument("--memory", type=int, default=MEMORY_BYTES)
-    parser.add_argument("--nice", type=int, default=0)
-    parser.add_argument("--parent", type=int, default=os.getppid())
-    args = parser.parse_args(argv)
-    limit_process(args.memory, args.nice, args.parent)
+    start_helper("python -m localai.api.body_check", MEMORY_BYTES, argv)
     serve()
 
 

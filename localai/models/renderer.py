@@ -452,6 +452,18 @@ atexit.register(shutdown)
 # -- the render process ----------------------------------------------------------------------------------
 
 
+def start_helper(prog: str, memory: int, argv: list[str] | None = None) -> None:
+    """A helper process's start (``HelperProcess`` passes these): its limits from the command line, applied."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--memory", type=int, default=memory)
+    parser.add_argument("--nice", type=int, default=0)
+    parser.add_argument("--parent", type=int, default=os.getppid())
+    args = parser.parse_args(argv)
+    limit_process(args.memory, args.nice, args.parent)
+
+
 def limit_process(memory: int, nice: int, parent: int) -> None:
     """Cap the address space, lower the priority, and end with the parent (never an orphan that loops)."""
     import resource
@@ -534,14 +546,7 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m localai.models.renderer")
-    parser.add_argument("--memory", type=int, default=MEMORY_BYTES)
-    parser.add_argument("--nice", type=int, default=0)
-    parser.add_argument("--parent", type=int, default=os.getppid())
-    args = parser.parse_args(argv)
-    limit_process(args.memory, args.nice, args.parent)
+    start_helper("python -m localai.models.renderer", MEMORY_BYTES, argv)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must never corrupt a frame
     serve(stdin, stdout)
