@@ -13,7 +13,7 @@ import socket
 import struct
 import threading
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import IO, Any, Literal, NotRequired, TypedDict
 
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
@@ -171,6 +171,27 @@ def encode(message: Mapping[str, Any]) -> bytes:
     if len(body) > MAX_FRAME:
         raise FrameTooLarge(len(body))
     return HEADER.pack(len(body)) + body
+
+
+def read_frame(stream: IO[bytes]) -> bytes | None:
+    """The next frame's body from a byte stream (a helper process's stdin: the daemon writes it), or None when the
+    stream ended."""
+    header = read_exactly(stream, HEADER.size)
+    if header is None:
+        return None
+    (length,) = HEADER.unpack(header)
+    return read_exactly(stream, length)
+
+
+def read_exactly(stream: IO[bytes], size: int) -> bytes | None:
+    """``size`` bytes from a stream; None when it ends first."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            return None
+        data.extend(chunk)
+    return bytes(data)
 
 
 def decode(body: bytes) -> dict[str, Any]:

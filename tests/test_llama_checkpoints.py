@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 from localai.engines import llama_state
-from localai.engines.engine import BatchItem, LoadOptions
+from localai.engines.engine import LoadOptions
 from localai.engines.llama_cpp import LlamaCppEngine
 from localai.promptcache.blocks import BLOCK_TOKENS, fingerprint
 from localai.promptcache.store import PromptStore
 from tests.archfixtures import BY_NAME, FIXTURES
+from tests.test_llama_state import prefill
 
 NAMES = [fixture.name for fixture in FIXTURES]
 TEXT = ("<|im_start|>system\nYou are a coding agent. Read the files, run the tests, keep the diff small.<|im_end|>\n"
@@ -29,14 +30,6 @@ TEXT = ("<|im_start|>system\nYou are a coding agent. Read the files, run the tes
 def load(folder: Path, name: str, **options: object) -> LlamaCppEngine:
     return LlamaCppEngine(LoadOptions(model_path=str(folder / f"{name}.gguf"), **{  # type: ignore[arg-type]
         "num_ctx": 2048, "n_parallel": 2, **options}))
-
-
-def prefill(engine: LlamaCppEngine, seq: int, tokens: list[int], start: int = 0) -> None:
-    """Evaluate ``tokens[start:]`` after what the sequence holds, in n_batch chunks; logits for the last."""
-    for at in range(start, len(tokens), engine.n_batch):
-        chunk = tokens[at:at + engine.n_batch]
-        last = at + len(chunk) == len(tokens)
-        engine.decode([BatchItem(seq, t, at + i, last and i == len(chunk) - 1) for i, t in enumerate(chunk)])
 
 
 def logits(engine: LlamaCppEngine) -> np.ndarray:

@@ -16,12 +16,12 @@ import logging
 import sys
 import threading
 import time
-from typing import Any
+from typing import IO, Any
 
 from localai import protocol
 from localai.api import limits
 from localai.errors import ServerBusy
-from localai.models.renderer import Died, HelperProcess, Overran, read_exactly, start_helper
+from localai.models.renderer import Died, HelperProcess, Overran, start_helper
 
 log = logging.getLogger("localai.server")
 LARGE = 1 << 20  # bodies over this are checked in the checker process
@@ -119,18 +119,10 @@ def release_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def serve() -> None:
-    """Check bodies from stdin until it closes: one JSON frame answers each."""
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # a stray print must never corrupt a frame
-    while True:
-        header = read_exactly(stdin, protocol.HEADER.size)
-        if header is None:
-            return
-        (length,) = protocol.HEADER.unpack(header)
-        body = read_exactly(stdin, length)
-        if body is None:
-            return
+def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    """Check bodies from ``stdin`` until it closes: one JSON frame answers each."""
+    while (body := protocol.read_frame(stdin)) is not None:
+        length = len(body)
         answer: dict[str, Any] = {"ok": True}
         try:
             limits.check_json(body)
@@ -148,8 +140,7 @@ def serve() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    start_helper("python -m localai.api.body_check", MEMORY_BYTES, argv)
-    serve()
+    serve(*start_helper("python -m localai.api.body_check", MEMORY_BYTES, argv))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,22 @@ class EmbeddingsUnsupported(ValueError):
     """This engine has no embeddings; the request gets a 400 saying so."""
 
 
+class NoCheckpoints:
+    """For an engine whose states are cut anywhere by token or kept whole per entry: no checkpoints to take or
+    return to, and a text's tokens all stable (the prompt cache then never asks for the rest)."""
+
+    checkpoints: bool = False
+
+    def stable_prefix(self, text: str, tokens: list[int]) -> int:
+        return len(tokens)
+
+    def seq_checkpoint(self, seq: int) -> bytes:
+        raise NotImplementedError("this engine keeps no checkpoints")
+
+    def seq_rollback(self, seq: int, checkpoint: bytes, n_tokens: int) -> bool:
+        return False
+
+
 class Engine(Protocol):
     """A loaded model behind the serving loop."""
 

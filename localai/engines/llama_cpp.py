@@ -135,8 +135,8 @@ class LlamaCppEngine:
         # token: such a sequence returns only to checkpoints, the part llama.cpp writes with PARTIAL_ONLY
         self.checkpoints = bool(self.n_swa) or self.recurrent
         # Latent attention (DeepSeek's MLA: GLM-4.7-Flash, Kimi) caches K alone: its state has no V section
-        arch = self._meta("general.architecture") or ""
-        self.latent_attention = all(int(self._meta(f"{arch}.attention.{key}") or 0) > 0
+        self.architecture = self._meta("general.architecture") or "unknown"
+        self.latent_attention = all(int(self._meta(f"{self.architecture}.attention.{key}") or 0) > 0
                                     for key in ("key_length_mla", "value_length_mla"))
         # Rejected drafts are dropped from the end of the KV; a window's cells past it, or a recurrent state's
         # earlier values, may be gone already: no speculative decoding on such models
@@ -266,7 +266,7 @@ class LlamaCppEngine:
             bos_token=self._token_text(self.bos_id),
             eos_token=self._token_text(int(L.llama_vocab_eos(self.vocab))),
             chat_template=template.decode() if template else None,
-            architecture=self._meta("general.architecture") or "unknown",
+            architecture=self.architecture,
             flash_attention=self.options.flash_attention,
             kv_type=self.options.kv_type,
             placement=self.placement.report(),

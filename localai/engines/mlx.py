@@ -26,7 +26,7 @@ from mlx_lm.models import cache as mlx_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 from mlx_lm.utils import load
 
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, NoCheckpoints
 from localai.engines.grammars import GrammarError, lark_for
 from localai.engines.placement import Placement, cpu_only
 from localai.promptcache.store import StateBytes
@@ -85,7 +85,7 @@ def _parse_state(state: bytes | bytearray | memoryview) -> tuple[dict[str, Any],
     return header, 4 + length
 
 
-class MlxEngine:
+class MlxEngine(NoCheckpoints):
     """A loaded MLX model with ``n_parallel`` sequences."""
 
     backend: ClassVar[str] = "mlx"
@@ -108,7 +108,6 @@ class MlxEngine:
         self.caches = [mlx_cache.make_prompt_cache(self.model) for _ in range(self.n_seq)]
         self.can_trim = not any(isinstance(layer, _UNTRIMMABLE) for layer in self.caches[0])
         self.can_draft = self.can_trim  # a rotating or recurrent cache cannot drop a rejected draft
-        self.checkpoints = False  # such caches are kept as whole states per entry (state_split gives None)
         self.drafts_exact = False  # a forward pass of several tokens is not bit-identical to one of each
         self.n_vocab = int(self.config.get("vocab_size") or len(self.hf))
         self._rows: dict[int, Any] = {}  # batch position -> logits of the last decode
@@ -286,15 +285,6 @@ class MlxEngine:
         for layer in cache:
             layer.trim(current - n_tokens)
         return True
-
-    def stable_prefix(self, text: str, tokens: list[int]) -> int:
-        return len(tokens)
-
-    def seq_checkpoint(self, seq: int) -> bytes:
-        raise NotImplementedError("this engine keeps no checkpoints")
-
-    def seq_rollback(self, seq: int, checkpoint: bytes, n_tokens: int) -> bool:
-        return False
 
     def seq_clear(self, seq: int) -> None:
         self.caches[seq] = mlx_cache.make_prompt_cache(self.model)

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, NoCheckpoints
 from localai.engines.grammars import JSON_ARGUMENT_CALLS, NATIVE_FORCED, TAGGED_CALLS
 from localai.engines.placement import cpu_only
 from localai.promptcache.store import StateBytes
@@ -96,12 +96,11 @@ def native_call(style: str, name: str, arguments: dict[str, Any]) -> str:
     return call_open + name_open + name + name_close + values + call_close
 
 
-class ScriptedEngine:
+class ScriptedEngine(NoCheckpoints):
     """Answers from a script instead of a model."""
 
     backend: ClassVar[str] = "scripted"
     can_trim = True
-    checkpoints = False
     can_draft = True
     drafts_exact = True
 
@@ -197,15 +196,6 @@ class ScriptedEngine:
     def seq_keep(self, seq: int, n_tokens: int) -> bool:
         del self.sequences[seq][n_tokens:]
         return True
-
-    def stable_prefix(self, text: str, tokens: list[int]) -> int:
-        return len(tokens)
-
-    def seq_checkpoint(self, seq: int) -> bytes:
-        raise NotImplementedError("this engine keeps no checkpoints")
-
-    def seq_rollback(self, seq: int, checkpoint: bytes, n_tokens: int) -> bool:
-        return False
 
     def seq_clear(self, seq: int) -> None:
         self.sequences[seq] = []

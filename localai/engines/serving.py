@@ -320,7 +320,8 @@ class Serving:
         engine cuts anywhere, else the latest checkpoint at or before ``wanted``."""
         if wanted >= len(slot.tokens) or not self.engine.checkpoints:
             return min(wanted, len(slot.tokens))
-        return max((c.n_tokens for c in slot.checkpoints if c.n_tokens <= wanted), default=0)
+        point = _checkpoint_before(slot, wanted)
+        return point.n_tokens if point else 0
 
     def _cut(self, slot: Slot, wanted: int) -> int:
         """Cut a slot back to ``wanted`` tokens, or, where its state cannot be cut there, to the latest checkpoint
@@ -328,8 +329,8 @@ class Serving:
         engine = self.engine
         kept = min(wanted, len(slot.tokens))
         if kept < len(slot.tokens) and not engine.seq_keep(slot.seq, kept):
-            point = max((c for c in slot.checkpoints if c.n_tokens <= kept), key=lambda c: c.n_tokens, default=None)
-            if engine.checkpoints and point is not None and engine.seq_rollback(slot.seq, point.data, point.n_tokens):
+            point = _checkpoint_before(slot, kept)  # only a checkpoint engine's slots have any
+            if point is not None and engine.seq_rollback(slot.seq, point.data, point.n_tokens):
                 kept = point.n_tokens
             else:
                 engine.seq_clear(slot.seq)
@@ -648,6 +649,11 @@ class Serving:
                 request.slot.tokens, request.slot.checkpoints = [], []
                 emit({"ev": "error", "id": request.id, "kind": "engine", "message": message})
                 self._release(request)
+
+
+def _checkpoint_before(slot: Slot, n_tokens: int) -> Checkpoint | None:
+    """The slot's latest checkpoint at or before ``n_tokens``."""
+    return max((c for c in slot.checkpoints if c.n_tokens <= n_tokens), key=lambda c: c.n_tokens, default=None)
 
 
 def _continues(op: GenerateOp, warm: Request) -> bool:

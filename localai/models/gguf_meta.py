@@ -336,10 +336,15 @@ def _tensor_sizes(tensors: list[tuple[str, int]], data_size: int,
     return (per_layer if layers else None), output, (experts if layers else None)
 
 
+def _number(fields: dict[str, Any], arch: str, key: str) -> int:
+    """``{arch}.<key>`` as an integer, 0 where the file does not give one."""
+    value = fields.get(f"{arch}.{key}")
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _attention(fields: dict[str, Any], arch: str) -> AttentionShape | None:
     def number(key: str) -> int:
-        value = fields.get(f"{arch}.{key}")
-        return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+        return _number(fields, arch, key)
 
     def per_layer(key: str, default: int) -> list[int]:
         value = fields.get(f"{arch}.{key}")
@@ -406,8 +411,7 @@ def _recurrent_state(fields: dict[str, Any], arch: str) -> int:
     """One recurrent layer's state for one sequence, in bytes (llama.cpp keeps it in f32): the convolution's last
     columns and the SSM state (llama_hparams::n_embd_r and n_embd_s)."""
     def number(key: str) -> int:
-        value = fields.get(f"{arch}.{key}")
-        return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+        return _number(fields, arch, key)
 
     l_cache = number("shortconv.l_cache")
     if l_cache:  # LFM2's short convolutions

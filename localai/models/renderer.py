@@ -452,8 +452,9 @@ atexit.register(shutdown)
 # -- the render process ----------------------------------------------------------------------------------
 
 
-def start_helper(prog: str, memory: int, argv: list[str] | None = None) -> None:
-    """A helper process's start (``HelperProcess`` passes these): its limits from the command line, applied."""
+def start_helper(prog: str, memory: int, argv: list[str] | None = None) -> tuple[IO[bytes], IO[bytes]]:
+    """A helper process's start (``HelperProcess`` passes these): its limits from the command line, applied; its
+    frames' streams (stdin, stdout), with ``sys.stdout`` moved to stderr so a stray print never corrupts a frame."""
     import argparse
 
     parser = argparse.ArgumentParser(prog=prog)
@@ -462,6 +463,9 @@ def start_helper(prog: str, memory: int, argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, default=os.getppid())
     args = parser.parse_args(argv)
     limit_process(args.memory, args.nice, args.parent)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr
+    return stdin, stdout
 
 
 def limit_process(memory: int, nice: int, parent: int) -> None:
@@ -488,17 +492,6 @@ def limit_process(memory: int, nice: int, parent: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def read_exactly(stream: IO[bytes], size: int) -> bytes | None:
-    """``size`` bytes from a helper's stdin; None when its parent closed it."""
-    data = bytearray()
-    while len(data) < size:
-        chunk = stream.read(size - len(data))
-        if not chunk:
-            return None
-        data.extend(chunk)
-    return bytes(data)
-
-
 def _one(call: RenderCall) -> dict[str, Any]:
     from localai.models.chat_template import TemplateTimeout, render_call
 
@@ -515,14 +508,7 @@ def _one(call: RenderCall) -> dict[str, Any]:
 def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     """Render jobs from ``stdin`` until it closes; a job that runs out of memory ends the process after its
     answer (the daemon starts another)."""
-    while True:
-        header = read_exactly(stdin, protocol.HEADER.size)
-        if header is None:
-            return
-        (length,) = protocol.HEADER.unpack(header)
-        body = read_exactly(stdin, length)
-        if body is None:
-            return
+    while (body := protocol.read_frame(stdin)) is not None:
         job = protocol.decode(body)
         calls: list[RenderCall] = job["calls"]
         chat_template.RENDER_SECONDS = float(job.get("seconds", chat_template.RENDER_SECONDS))  # this process's
@@ -546,10 +532,7 @@ def serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    start_helper("python -m localai.models.renderer", MEMORY_BYTES, argv)
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # a stray print must never corrupt a frame
-    serve(stdin, stdout)
+    serve(*start_helper("python -m localai.models.renderer", MEMORY_BYTES, argv))
 
 
 if __name__ == "__main__":

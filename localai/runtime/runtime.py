@@ -147,7 +147,7 @@ class Runtime:
         self.scheduler = scheduler
         self.fit_memory = FitMemory()
         self.remotes = Remotes(scheduler.metrics, settings.remote_health_interval)
-        self._background: set[asyncio.Task[None]] = set()  # follow-up prefills in flight
+        self._background: set[asyncio.Task[None]] = set()  # follow-up prefills and template warm-ups in flight
         self._reports: set[asyncio.Task[None]] = set()  # divergence reports being written
         self.divergences = divergence.Tracker()
         # Which model each recent session asked for, and which models each cache folder served: the cache's entries
@@ -360,12 +360,15 @@ class Runtime:
             self.scheduler.lease(record, keep_alive=request.keep_alive, overrides=_load_overrides(request))
         )
         await self._note_cache_use(record.name, loaded.shared.fingerprint, request.session_id)
-        await self._warm_template(record, loaded)
+        if (record.name, loaded.worker.pid) not in self._warmed:  # beside this request, not before it
+            task = asyncio.get_running_loop().create_task(self._warm_template(record, loaded))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
         return LocalTarget(self, record, loaded)
 
     async def _warm_template(self, record: ModelRecord, loaded: LoadedModel) -> None:
-        """The first request after a model loads (or after a restart) has the render processes compile its template
-        first, all of them, so the next ones never pay a process's first render."""
+        """Have every render process compile the model's template once per worker (awaited by an explicit load,
+        beside the first request otherwise), so later requests never pay a process's first render."""
         key = (record.name, loaded.worker.pid)
         if key in self._warmed or loaded.worker.info is None:
             return

@@ -198,12 +198,16 @@ class Scheduler:
         for key, shared in list(self.workers.items()):
             if shared.worker is worker:
                 del self.workers[key]
-                for name, model in shared.models.items():
-                    if self.loaded.get(name) is model:
-                        del self.loaded[name]
-                    if model._expiry is not None:
-                        model._expiry.cancel()
-                shared.models.clear()
+                self._forget_models(shared)
+
+    def _forget_models(self, shared: SharedWorker) -> None:
+        """Every model a worker served is no longer loaded (the worker is gone or going)."""
+        for name, model in shared.models.items():
+            if self.loaded.get(name) is model:
+                del self.loaded[name]
+            if model._expiry is not None:
+                model._expiry.cancel()
+        shared.models.clear()
 
     def _schedule_expiry(self, model: LoadedModel) -> None:
         if model.keep_alive < 0:
@@ -235,12 +239,7 @@ class Scheduler:
         if self.workers.get(shared.key) is not shared:
             return  # already stopping
         del self.workers[shared.key]
-        for name, model in shared.models.items():  # the worker goes, and every model it served with it
-            if self.loaded.get(name) is model:
-                del self.loaded[name]
-            if model._expiry is not None:
-                model._expiry.cancel()
-        shared.models.clear()
+        self._forget_models(shared)  # the worker goes, and every model it served with it
         # One stop per key at a time: a load of it waits for the stop, so no second worker exists to stop.
         stopping = self.stopping[shared.key] = Stopping(set(shared.served))
         try:
