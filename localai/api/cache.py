@@ -72,7 +72,7 @@ def model_namer(runtime: Runtime) -> Callable[[str, str | None], dict[str, Any]]
     for shared in list(runtime.scheduler.workers.values()):
         if shared.fingerprint is not None:
             used.setdefault(shared.fingerprint, set()).update(list(shared.models))
-    sessions = dict(runtime.session_models)
+    sessions = dict(runtime.sessions.models)
 
     def name(fingerprint: str, session: str | None) -> dict[str, Any]:
         models = sorted(used.get(fingerprint, ()))

@@ -18,7 +18,8 @@ from localai.api.limits import PARSED
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.models.registry import ModelRecord
 from localai.runtime import media
-from localai.runtime.runtime import Generation, Runtime
+from localai.runtime.generation import Generation
+from localai.runtime.runtime import Runtime
 from localai.schema import (
     Finished,
     Message,

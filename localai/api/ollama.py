@@ -33,8 +33,9 @@ from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import attention_of, chosen_engine, gguf_metadata, kv_bytes, window
 from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
 from localai.models.registry import ModelRecord
+from localai.runtime.generation import Generation
+from localai.runtime.local import SAMPLING_KEYS
 from localai.runtime.prompt import Template, format_choice
-from localai.runtime.runtime import SAMPLING_KEYS, Generation
 from localai.schema import (
     Block,
     Finished,

@@ -44,7 +44,7 @@ from localai.api.response_store import ResponseStore
 from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError, NotFound
 from localai.protocol import DEFAULT_SAMPLING
-from localai.runtime.runtime import Generation
+from localai.runtime.generation import Generation
 from localai.schema import (
     OPENAI_EFFORTS,
     Finished,

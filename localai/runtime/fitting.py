@@ -197,3 +197,11 @@ def next_cut(messages: list[Message], dropped: int, cut_chars: int, prompt_token
     if cut_chars >= capacity:
         return None  # nothing long enough is left to shorten: the caller answers 400
     return dropped, min(cut_chars + max(excess_chars, 64), capacity)
+
+
+def output_reserve(max_tokens: int | None, n_ctx: int) -> int:
+    """Room a prompt must leave for its reply: what the request may generate (512 when it sets no limit), at most
+    a quarter of the context. ``localai launch`` gives agents that quarter as their output limit, so a reply is
+    never cut by a full context before the limit the agent was told (agents treat that as an error, or loop)."""
+    wanted = max_tokens if max_tokens is not None and max_tokens >= 0 else 512
+    return min(wanted, n_ctx // 4)
