@@ -8,13 +8,18 @@ it knows about a model arrives in a ``ready`` frame.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import struct
 import threading
 from collections.abc import Mapping
-from typing import IO, Any, Literal, NotRequired, TypedDict
+from typing import IO, TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
+if TYPE_CHECKING:
+    from localai.schema import Event, FinishReason
+
+log = logging.getLogger("localai.protocol")
 HEADER = struct.Struct(">I")
 MAX_FRAME = 64 * 1024 * 1024
 
@@ -147,6 +152,141 @@ class Usage(TypedDict):
     accepted_tokens: NotRequired[int]
 
 
+# -- frames: worker -> daemon (and what a target yields to runtime/generation.py) ----------------------------------
+# Every frame is a JSON object whose ``ev`` names its kind; the union ``Frame`` is what crosses the boundary, and
+# mypy narrows it on ``frame["ev"] == ...``. Build them with these constructors; read them with ``decode_frame``.
+
+
+class CacheSource(TypedDict):
+    """Where a request's reused prefix came from: ``live`` (its slot), a cache tier (``ram``, ``disk``), ``miss``."""
+
+    source: str
+    restored: int  # tokens restored from the cache
+    restore_ms: float
+
+
+class PromptFrame(TypedDict):
+    """The request was taken: its prompt fits, is tokenized, and this many tokens of it were reused."""
+
+    ev: Literal["prompt"]
+    id: str
+    prompt_tokens: int
+    cached_tokens: int
+    cache: NotRequired[CacheSource | None]
+    replica: NotRequired[str | None]  # the remote replica serving it (remote models)
+
+
+class TextFrame(TypedDict):
+    """Generated text (whole UTF-8 characters, held back while a stop sequence may be starting)."""
+
+    ev: Literal["text"]
+    id: str
+    text: str
+
+
+class EventFrame(TypedDict):
+    """An already parsed event (text, reasoning, a tool-call delta): a remote model's upstream parsed its output.
+    In-process only: it never crosses a socket."""
+
+    ev: Literal["event"]
+    id: str
+    event: Event
+
+
+class DoneFrame(TypedDict):
+    """The request ended: why (stop, length, cancelled, tool_calls), the stop sequence matched, its usage."""
+
+    ev: Literal["done"]
+    id: str
+    finish_reason: FinishReason
+    stop_sequence: str | None
+    usage: Usage
+
+
+ErrorKind = Literal["invalid", "constraint", "context_length", "engine", "too_large", "foreign_token_ids"]
+
+
+class ErrorFrame(TypedDict):
+    """The request (or op) failed; ``context_length`` says how far over (for fitting)."""
+
+    ev: Literal["error"]
+    id: str | None
+    kind: ErrorKind
+    message: str
+    prompt_tokens: NotRequired[int]  # context_length: the prompt's tokens and the context
+    n_ctx: NotRequired[int]
+
+
+class TokensFrame(TypedDict):
+    """A tokenize op's answer: the count, and the tokens unless only the count was asked."""
+
+    ev: Literal["tokens"]
+    id: str
+    count: int
+    tokens: NotRequired[list[int]]
+
+
+class EmbeddingsFrame(TypedDict):
+    """An embed op's answer."""
+
+    ev: Literal["embeddings"]
+    id: str
+    vectors: list[list[float]]
+    prompt_tokens: int
+
+
+class StatsFrame(TypedDict):
+    """The worker's prompt cache counters (cumulative), after each request."""
+
+    ev: Literal["stats"]
+    cache: dict[str, int]
+
+
+class ReadyFrame(TypedDict):
+    """The model loaded: what the daemon knows of it."""
+
+    ev: Literal["ready"]
+    info: ModelInfo
+
+
+class LoadErrorFrame(TypedDict):
+    """The model could not load (the worker exits)."""
+
+    ev: Literal["load_error"]
+    message: str
+
+
+class FatalFrame(TypedDict):
+    """The engine failed (the worker exits; the daemon reloads the model on the next request)."""
+
+    ev: Literal["fatal"]
+    message: str
+
+
+class IdleFrame(TypedDict):
+    """Daemon side only: nothing came from the worker for the stream's keepalive interval."""
+
+    ev: Literal["idle"]
+
+
+# What a worker sends; what a request's stream carries (``Target.generate``: a worker's or an upstream's frames)
+WorkerFrame = (ReadyFrame | LoadErrorFrame | FatalFrame | PromptFrame | TextFrame | DoneFrame | ErrorFrame
+               | TokensFrame | EmbeddingsFrame | StatsFrame)
+RequestFrame = PromptFrame | TextFrame | EventFrame | DoneFrame | ErrorFrame | IdleFrame
+Frame = WorkerFrame | EventFrame | IdleFrame
+FRAME_KINDS = frozenset({"ready", "load_error", "fatal", "prompt", "text", "done", "error", "tokens", "embeddings",
+                         "stats"})
+
+
+def decode_frame(body: bytes) -> WorkerFrame:
+    """A worker's frame from its JSON body; a kind the protocol does not have is a ValueError (a broken peer)."""
+    value = decode(body)
+    kind = value.get("ev")
+    if not isinstance(kind, str) or kind not in FRAME_KINDS:
+        raise ValueError(f"unknown frame kind {str(value.get('ev'))[:40]!r}")
+    return value  # type: ignore[return-value]
+
+
 IMAGE_MARK_START = "<__localai_image_"
 IMAGE_MARK = re.compile(r"<__localai_image_([0-9a-f]{64})__>")
 
@@ -209,10 +349,25 @@ class FrameSocket:
         self._sock = sock
         self._write_lock = threading.Lock()
 
-    def send(self, message: dict[str, Any]) -> None:
-        data = encode(message)
+    def send(self, frame: WorkerFrame) -> None:
+        data = encode(frame)
         with self._write_lock:
             self._sock.sendall(data)
+
+    def emit(self, frame: WorkerFrame) -> None:
+        """Send a frame from the serving loop: one over the size limit is replaced by a ``too_large`` error for its
+        request (it has no other answer); a daemon that is gone is left to the reader, whose ``receive`` ends."""
+        try:
+            self.send(frame)
+        except FrameTooLarge as exc:
+            log.warning("not sending a %s frame: %s", frame["ev"], exc)
+            request = frame.get("id") if isinstance(frame, Mapping) else None
+            if request is not None:
+                self.send(ErrorFrame(ev="error", id=str(request), kind="too_large",
+                                     message=f"the answer is too large for one response ({exc}); send less per "
+                                             "request"))
+        except OSError:
+            pass
 
     def receive(self) -> dict[str, Any] | None:
         """The next frame, or None when the peer closed the socket."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
+from localai import protocol
 from localai.errors import RequestTooLarge, WorkerCrashed
 from localai.protocol import MAX_FRAME, GenerateOp
 from localai.workers.handle import Worker
@@ -73,9 +75,16 @@ sock = socket.socket(fileno=int(sys.argv[1]))
 body = json.dumps({"ev": "ready", "info": {"n_parallel": 1}}).encode()
 sock.sendall(struct.pack(">I", len(body)) + body)
 sock.recv(1 << 20)  # the generate op
-sock.sendall(struct.pack(">I", 100 << 20))  # announces a 100 MiB frame: a broken protocol
+ANSWER
 time.sleep(3600)  # and would sit on its memory forever
 """
+BAD_ANSWERS = {
+    # announces a 100 MiB frame: a broken protocol
+    "oversized frame": 'sock.sendall(struct.pack(">I", 100 << 20))',
+    # a kind of frame the protocol does not have (protocol.decode_frame refuses it): a broken peer too
+    "unknown frame kind": 'body = json.dumps({"ev": "tokenz", "id": "x"}).encode(); '
+                          'sock.sendall(struct.pack(">I", len(body)) + body)',
+}
 
 
 class BadWorker(Worker):
@@ -87,9 +96,10 @@ class BadWorker(Worker):
         return [sys.executable, str(self.script), str(fd)]
 
 
-def test_a_worker_the_daemon_gives_up_on_is_killed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("answer", list(BAD_ANSWERS))
+def test_a_worker_the_daemon_gives_up_on_is_killed(tmp_path: Path, answer: str) -> None:
     script = tmp_path / "bad_worker.py"
-    script.write_text(BAD_WORKER)
+    script.write_text(BAD_WORKER.replace("ANSWER", BAD_ANSWERS[answer]))
 
     async def scenario() -> None:
         worker = BadWorker(script)
@@ -100,6 +110,35 @@ def test_a_worker_the_daemon_gives_up_on_is_killed(tmp_path: Path) -> None:
         assert await asyncio.wait_for(worker.process.wait(), 30) is not None  # killed, not left running
 
     asyncio.run(scenario())
+
+
+def test_a_frame_over_the_limit_reaches_the_daemon_as_a_too_large_error_for_its_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving loop's frames go through FrameSocket.emit: one the daemon would refuse is replaced by an error
+    naming the request (it would otherwise wait for an answer that never comes); frames without a request are
+    dropped; a daemon that is gone is no error for the engine thread."""
+    monkeypatch.setattr(protocol, "MAX_FRAME", 4096)
+    ours, theirs = socket.socketpair()
+    worker_side, daemon_side = protocol.FrameSocket(ours), protocol.FrameSocket(theirs)
+    worker_side.emit(protocol.TextFrame(ev="text", id="req-1", text="x" * 5000))
+    worker_side.emit(protocol.StatsFrame(ev="stats", cache={"x" * 5000: 1}))
+    worker_side.emit(protocol.TextFrame(ev="text", id="req-2", text="fits"))
+    first, second = daemon_side.receive(), daemon_side.receive()
+    assert first is not None and first["ev"] == "error" and first["id"] == "req-1" and first["kind"] == "too_large"
+    assert "too large for one response" in first["message"]
+    assert second == {"ev": "text", "id": "req-2", "text": "fits"}
+    theirs.close()
+    worker_side.emit(protocol.TextFrame(ev="text", id="req-3", text="nobody listens"))  # no exception
+    ours.close()
+
+
+def test_only_the_protocol_s_frame_kinds_decode() -> None:
+    assert protocol.decode_frame(b'{"ev": "text", "id": "a", "text": "b"}') == {"ev": "text", "id": "a", "text": "b"}
+    for body in (b'{"ev": "crashed"}', b'{"kind": "text"}', b'{"ev": ["text"]}'):
+        with pytest.raises(ValueError, match="unknown frame kind"):
+            protocol.decode_frame(body)
+    with pytest.raises(ValueError):
+        protocol.decode_frame(b"[1, 2]")
 
 
 STARTS_BADLY = {

@@ -24,11 +24,27 @@ from localai.engines.speculative import Drafter
 from localai.engines.token_ids import ForeignTokens, check_own
 from localai.promptcache.blocks import fingerprint
 from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, StateBytes
-from localai.protocol import EmbedOp, GenerateOp, ModelInfo
+from localai.protocol import (
+    CacheSource,
+    DoneFrame,
+    EmbeddingsFrame,
+    EmbedOp,
+    ErrorFrame,
+    ErrorKind,
+    GenerateOp,
+    ModelInfo,
+    PromptFrame,
+    StatsFrame,
+    TextFrame,
+    TokensFrame,
+    Usage,
+    WorkerFrame,
+)
+from localai.schema import FinishReason
 from localai.text import StopMatcher, common_prefix_length
 
 log = logging.getLogger("localai.worker")
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[WorkerFrame], None]
 
 # Text is sent to the daemon at most this often (the first token at once): every frame wakes the daemon
 # and the client, which on a small CPU preempts the engine's compute threads mid-token. A token is held back only
@@ -152,7 +168,7 @@ class Serving:
                         self._handle(op, emit)
                     except Exception as exc:  # one bad op gets its error; the engine keeps serving the rest
                         log.exception("op %s %s failed", op.get("op"), op.get("id"))
-                        emit({"ev": "error", "id": op.get("id"), "kind": "invalid", "message": str(exc)[:2000]})
+                        emit(ErrorFrame(ev="error", id=op.get("id"), kind="invalid", message=str(exc)[:2000]))
             except queue.Empty:
                 pass
             self._admit(emit)
@@ -175,7 +191,7 @@ class Serving:
             self.waiting = [item for item in self.waiting if item["id"] != op["id"]]
         elif kind == "tokenize":
             tokens = self.engine.tokenize(op["text"])
-            answer: dict[str, Any] = {"ev": "tokens", "id": op["id"], "count": len(tokens)}
+            answer = TokensFrame(ev="tokens", id=op["id"], count=len(tokens))
             if not op.get("count_only"):
                 answer["tokens"] = tokens
             emit(answer)
@@ -192,10 +208,10 @@ class Serving:
                 tokens = [engine.tokenize(text) for text in op["texts"]]
             vectors, counted = engine.embed(tokens, truncate=op["truncate"])
         except ValueError as exc:
-            kind = "foreign_token_ids" if isinstance(exc, ForeignTokens) else "invalid"
-            emit({"ev": "error", "id": op["id"], "kind": kind, "message": str(exc)})
+            kind: ErrorKind = "foreign_token_ids" if isinstance(exc, ForeignTokens) else "invalid"
+            emit(ErrorFrame(ev="error", id=op["id"], kind=kind, message=str(exc)))
             return
-        emit({"ev": "embeddings", "id": op["id"], "vectors": vectors, "prompt_tokens": counted})
+        emit(EmbeddingsFrame(ev="embeddings", id=op["id"], vectors=vectors, prompt_tokens=counted))
 
     # -- admission -------------------------------------------------------------------------------
 
@@ -212,10 +228,10 @@ class Serving:
             try:
                 self._start(op, free, emit)
             except GrammarError as exc:
-                emit({"ev": "error", "id": op["id"], "kind": "constraint", "message": str(exc)})
+                emit(ErrorFrame(ev="error", id=op["id"], kind="constraint", message=str(exc)))
             except Exception as exc:  # a bad request must not take the worker down
                 log.exception("request %s failed to start", op.get("id"))
-                emit({"ev": "error", "id": op["id"], "kind": "invalid", "message": str(exc)})
+                emit(ErrorFrame(ev="error", id=op["id"], kind="invalid", message=str(exc)))
         self.waiting[:0] = held
 
     def _start(self, op: GenerateOp, free: list[Slot], emit: Emit) -> None:
@@ -227,13 +243,13 @@ class Serving:
         reserve = max(0, int(op.get("reserve") or 0))
         if len(prompt) >= engine.n_ctx or len(prompt) + reserve > engine.n_ctx:
             needs = f" and its reply needs room for up to {reserve}" if len(prompt) < engine.n_ctx else ""
-            emit({
-                "ev": "error", "id": op["id"], "kind": "context_length",
-                "message": f"the prompt is {len(prompt)} tokens{needs}, but the model's context (num_ctx) is "
-                           f"{engine.n_ctx} tokens; shorten the conversation, ask for fewer output tokens or raise "
-                           "num_ctx",
-                "prompt_tokens": len(prompt), "n_ctx": engine.n_ctx,
-            })
+            emit(ErrorFrame(
+                ev="error", id=op["id"], kind="context_length",
+                message=f"the prompt is {len(prompt)} tokens{needs}, but the model's context (num_ctx) is "
+                        f"{engine.n_ctx} tokens; shorten the conversation, ask for fewer output tokens or raise "
+                        "num_ctx",
+                prompt_tokens=len(prompt), n_ctx=engine.n_ctx,
+            ))
             return
         warm = bool(op.get("warm"))
         session = op.get("session")
@@ -282,9 +298,9 @@ class Serving:
         # with requests waiting the loop would spin on it.
         slot.busy = True
         self.requests[request.id] = request
-        emit({"ev": "prompt", "id": request.id, "prompt_tokens": len(prompt), "cached_tokens": common,
-              "cache": {"source": request.source, "restored": request.restored,
-                        "restore_ms": round(request.restore_ms, 2)}})
+        emit(PromptFrame(ev="prompt", id=request.id, prompt_tokens=len(prompt), cached_tokens=common,
+                         cache=CacheSource(source=request.source, restored=request.restored,
+                                           restore_ms=round(request.restore_ms, 2))))
         if warm and request.next_prompt >= len(prompt):
             self._finish(request, "stop", emit)
         elif max_tokens <= 0 and not warm:
@@ -589,7 +605,7 @@ class Serving:
         request.unsent += request.matcher.feed(self.engine.token_bytes(token))
         now = time.perf_counter()
         if request.unsent and (not request.sent_at or now - request.sent_at + self.step_seconds >= FLUSH_INTERVAL):
-            emit({"ev": "text", "id": request.id, "text": request.unsent})
+            emit(TextFrame(ev="text", id=request.id, text=request.unsent))
             request.unsent, request.sent_at = "", now
         if request.matcher.stopped:
             self._finish(request, "stop", emit)
@@ -600,33 +616,33 @@ class Serving:
             if request.drafter is not None:
                 request.drafter.extend([token])
 
-    def _finish(self, request: Request, reason: str, emit: Emit) -> None:
+    def _finish(self, request: Request, reason: FinishReason, emit: Emit) -> None:
         tail = request.unsent + request.matcher.flush()
         if tail and reason != "cancelled":
-            emit({"ev": "text", "id": request.id, "text": tail})
+            emit(TextFrame(ev="text", id=request.id, text=tail))
         now = time.perf_counter()
         prompt_done = request.prompt_done or now
         drafter = request.drafter
         if drafter is not None and drafter.drafted:
             self.engine.seq_keep(request.slot.seq, len(request.slot.tokens))  # drafts past where it stopped
-        emit({
-            "ev": "done", "id": request.id, "finish_reason": reason, "stop_sequence": request.matcher.matched,
-            "usage": {
-                "prompt_tokens": len(request.prompt), "completion_tokens": request.generated,
-                "cached_tokens": request.cached,
-                "prompt_ms": (prompt_done - request.started) * 1000.0,
-                "decode_ms": (now - prompt_done) * 1000.0,
-                "drafted_tokens": drafter.drafted if drafter else 0,
-                "accepted_tokens": drafter.accepted if drafter else 0,
-            },
-        })
+        emit(DoneFrame(
+            ev="done", id=request.id, finish_reason=reason, stop_sequence=request.matcher.matched,
+            usage=Usage(
+                prompt_tokens=len(request.prompt), completion_tokens=request.generated,
+                cached_tokens=request.cached,
+                prompt_ms=(prompt_done - request.started) * 1000.0,
+                decode_ms=(now - prompt_done) * 1000.0,
+                drafted_tokens=drafter.drafted if drafter else 0,
+                accepted_tokens=drafter.accepted if drafter else 0,
+            ),
+        ))
         if reason != "cancelled" and not request.follow_up:
             self._save(request)
         elif reason != "cancelled":
             request.slot.deferred = request
         self._release(request)
         if self.cache is not None:
-            emit({"ev": "stats", "cache": self.cache.stats_snapshot()})
+            emit(StatsFrame(ev="stats", cache=self.cache.stats_snapshot()))
 
     def _release(self, request: Request) -> None:
         self.engine.free_sampler(request.sampler)
@@ -647,7 +663,7 @@ class Serving:
             if request.id in self.requests:
                 self.engine.seq_clear(request.slot.seq)
                 request.slot.tokens, request.slot.checkpoints = [], []
-                emit({"ev": "error", "id": request.id, "kind": "engine", "message": message})
+                emit(ErrorFrame(ev="error", id=request.id, kind="engine", message=message))
                 self._release(request)
 
 

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from localai.errors import ContextLengthExceeded, InvalidRequest, WorkerCrashed
+from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
+from localai.protocol import ErrorFrame, PromptFrame, RequestFrame
 from localai.runtime.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.runtime.fitting import apply as fitting_apply
 from localai.runtime.generation import Target, close_quietly
@@ -22,12 +23,12 @@ MAX_FIT_ATTEMPTS = 12
 class Admitted:
     """A request its target took: the op sent, the frames that follow its first one, and how it was fitted."""
 
-    target: Target
+    target: Target[Any]
     request: GenerationRequest  # as sent: its tools slimmed when fitting had to
     messages: list[Message] | None  # as sent: fitted
-    op: dict[str, Any]
-    first: dict[str, Any]  # the ``prompt`` frame: tokens, tokens reused, where from
-    frames: AsyncIterator[dict[str, Any]]
+    op: Mapping[str, Any]
+    first: PromptFrame  # tokens, tokens reused, where from
+    frames: AsyncIterator[RequestFrame]
     fit: Fit | None
     cuts: tuple[int, int, int]  # messages dropped, characters cut, tools' slimming level
 
@@ -44,7 +45,7 @@ class _Attempt:
     previous_length: int | None = None
 
 
-async def admit(request: GenerationRequest, open_target: Callable[[], Awaitable[Target]], *, model: str,
+async def admit(request: GenerationRequest, open_target: Callable[[], Awaitable[Target[Any]]], *, model: str,
                 session: str | None, fitting: bool, memory: FitMemory) -> Admitted:
     """Send ``request`` to the target ``open_target`` gives (again, for a fresh worker) until one takes it.
 
@@ -67,7 +68,7 @@ async def admit(request: GenerationRequest, open_target: Callable[[], Awaitable[
         frames = target.generate(op)
         try:
             first = await frames.__anext__()
-            while first.get("ev") == "idle":  # waiting for a slot: nothing to tell the client yet
+            while first["ev"] == "idle":  # waiting for a slot: nothing to tell the client yet
                 first = await frames.__anext__()
         except WorkerCrashed:
             # The worker died before it took the request (killed, or crashed on another one): nothing has reached
@@ -80,9 +81,11 @@ async def admit(request: GenerationRequest, open_target: Callable[[], Awaitable[
             target = await open_target()
             at.previous_length = None
             continue
-        if first.get("ev") != "error":
+        if first["ev"] == "prompt":
             break
         await close_quietly(frames)
+        if first["ev"] != "error":
+            raise LocalAIError(f"the worker for {model} answered a request with a {first['ev']} frame")
         _next_attempt(at, request, original, op, first, fitting)
     cuts = (at.dropped, at.cut_chars, at.tool_level)
     fit = at.fit
@@ -104,20 +107,20 @@ def _check_shrinks(at: _Attempt, length: int) -> None:
     at.previous_length = length
 
 
-def _next_attempt(at: _Attempt, request: GenerationRequest, original: list[Message] | None, op: dict[str, Any],
-                  error: dict[str, Any], fitting: bool) -> None:
+def _next_attempt(at: _Attempt, request: GenerationRequest, original: list[Message] | None,
+                  op: Mapping[str, Any], error: ErrorFrame, fitting: bool) -> None:
     """What the next attempt cuts after the target refused ``op`` with ``error``; raises when it is the answer."""
-    if error.get("kind") == "constraint":
+    if error["kind"] == "constraint":
         constraint = op.get("constraint") or {}
-        raise InvalidRequest(error.get("message", "the output constraint cannot be built"),
+        raise InvalidRequest(error["message"] or "the output constraint cannot be built",
                              param="tools" if constraint.get("type") == "tool_call" else "response_format")
-    if error.get("kind") != "context_length":
-        raise InvalidRequest(error.get("message", "the request was rejected"))
+    if error["kind"] != "context_length":
+        raise InvalidRequest(error["message"] or "the request was rejected")
     step = None
     if fitting and original is not None:
-        n_ctx = int(error["n_ctx"])
+        n_ctx = error.get("n_ctx", 0)
         budget = n_ctx - int(op.get("reserve", 0))
-        step = next_cut(original, at.dropped, at.cut_chars, int(error["prompt_tokens"]), budget, n_ctx)
+        step = next_cut(original, at.dropped, at.cut_chars, error.get("prompt_tokens", 0), budget, n_ctx)
         slimmer = bool(request.tools) and at.tool_level < 3
         if slimmer and (step is None or (step[1] > at.cut_chars and at.tool_level == 0)):
             at.tool_level += 1  # slim the tools before cutting text, and when no text is left to cut

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from localai.errors import LocalAIError
 from localai.metrics import Metrics
+from localai.protocol import CacheSource, RequestFrame
 from localai.runtime import media
 from localai.runtime.fitting import Fit
 from localai.runtime.formats import Parser
@@ -28,19 +29,23 @@ from localai.schema import (
 FollowUp = Callable[[str, list[ToolCallEnd], str], Awaitable[None]]
 
 
-class Target(Protocol):
-    """Where a request is served: what admission (``runtime/admission.py``) needs of it."""
+OpT = TypeVar("OpT", bound=Mapping[str, Any])
+
+
+class Target(Protocol[OpT]):
+    """Where a request is served: what admission (``runtime/admission.py``) needs of it. ``OpT``: the op it takes
+    (a local worker's ``GenerateOp``, an upstream's ``RemoteOp``)."""
 
     # whether a request whose worker died before taking it goes once to a fresh one (a local worker's lease)
     retries_on_crash: bool
 
-    async def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+    async def operation(self, request: GenerationRequest, messages: list[Message] | None) -> OpT:
         """The request as the target takes it (its heavy parts run off the event loop)."""
 
-    def size(self, op: dict[str, Any]) -> int:
+    def size(self, op: OpT) -> int:
         """How big the prompt is: fitting must make it smaller each attempt."""
 
-    def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def generate(self, op: OpT) -> AsyncIterator[RequestFrame]:
         """Frames: ``prompt`` (accepted) or ``error`` first, then ``text``/``event`` frames and ``done``."""
 
     def parser(self, request: GenerationRequest, prompt: str | None = None) -> Parser | None:
@@ -55,14 +60,14 @@ class Generation:
     model: str
     prompt_tokens: int
     cached_tokens: int
-    _frames: AsyncIterator[dict[str, Any]]
+    _frames: AsyncIterator[RequestFrame]
     _stack: contextlib.AsyncExitStack
     fit: Fit | None = None
     parser: Parser | None = None  # tool calls and reasoning, when the request can have them
     _closed: bool = field(default=False)
     _metrics: Metrics | None = None
     replica: str | None = None  # the remote replica serving it (remote models)
-    cache: dict[str, Any] | None = None  # where the reused prefix came from (source, restored, restore_ms)
+    cache: CacheSource | None = None  # where the reused prefix came from
     follow_up: FollowUp | None = None  # told the reply once it is complete (the worker then prefills it)
     omitted: list[media.Omission] = field(default_factory=list)  # media the model did not get (stand-ins instead)
     sampling: dict[str, Any] = field(default_factory=dict)  # the values it samples with (request, Modelfile, default)
@@ -84,19 +89,18 @@ class Generation:
         seen = reply.add
         try:
             async for frame in self._frames:
-                kind = frame.get("ev")
-                if kind == "idle":  # the worker is still evaluating the prompt
+                if frame["ev"] == "idle":  # the worker is still evaluating the prompt
                     if keepalive:
                         yield KeepAlive()
-                elif kind == "event":  # already an event: a remote model's upstream parsed its own output
+                elif frame["ev"] == "event":  # already an event: a remote model's upstream parsed its own output
                     yield frame["event"]
-                elif kind == "text":
+                elif frame["ev"] == "text":
                     if parser is None:
                         yield seen(TextDelta(frame["text"]))
                     else:
                         for event in parser.feed(frame["text"]):
                             yield seen(event)
-                elif kind == "done":
+                elif frame["ev"] == "done":
                     reason = frame["finish_reason"]
                     if parser is not None:
                         for event in parser.finish():
@@ -110,10 +114,10 @@ class Generation:
                         self._metrics.request_done(self.model, usage.prompt_tokens, usage.cached_tokens,
                                                    usage.completion_tokens, reason, usage.drafted_tokens,
                                                    usage.accepted_tokens)
-                    yield Finished(reason, usage, frame.get("stop_sequence"))
+                    yield Finished(reason, usage, frame["stop_sequence"])
                     return
-                elif kind == "error":
-                    raise LocalAIError(frame.get("message", "generation failed"))
+                elif frame["ev"] == "error":
+                    raise LocalAIError(frame["message"] or "generation failed")
         finally:
             await self.aclose()
 

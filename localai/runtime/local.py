@@ -15,7 +15,7 @@ from localai.errors import InvalidRequest
 from localai.models import renderer
 from localai.models.chat_template import RenderCall
 from localai.models.registry import ModelRecord
-from localai.protocol import Constraint, GenerateOp, Sampling, image_mark
+from localai.protocol import Constraint, GenerateOp, RequestFrame, Sampling, image_mark
 from localai.runtime import prompt as prompting
 from localai.runtime.fitting import output_reserve
 from localai.runtime.formats import Parser, parser_for
@@ -58,16 +58,7 @@ class LocalTarget:
         """How the model writes tool calls: its Modelfile's PARSER, else what its chat template shows."""
         return prompting.format_choice(self.record.parameters, self.template)[0]
 
-    async def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
-        return dict(await self.plan(request, messages))
-
-    def size(self, op: dict[str, Any]) -> int:
-        return len(op["prompt"])
-
-    def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self.loaded.worker.generate(op, idle=self.settings.stream_keepalive)  # type: ignore[arg-type]
-
-    async def plan(self, request: GenerationRequest, messages: list[Message] | None) -> GenerateOp:
+    async def operation(self, request: GenerationRequest, messages: list[Message] | None) -> GenerateOp:
         """The op for ``request`` with ``messages`` (fitted), the prompt rendered."""
         params = self.record.parameters
         model_stops = list(params.get("stop", [])) if isinstance(params.get("stop"), list) else []  # type: ignore[arg-type]
@@ -94,6 +85,12 @@ class LocalTarget:
             else {"on": True, "off": False}.get(str(params.get("speculative", "auto"))),
             **({"media": images} if images else {}),  # type: ignore[typeddict-item]
         )
+
+    def size(self, op: GenerateOp) -> int:
+        return len(op["prompt"])
+
+    def generate(self, op: GenerateOp) -> AsyncIterator[RequestFrame]:
+        return self.loaded.worker.generate(op, idle=self.settings.stream_keepalive)
 
     async def render(self, request: GenerationRequest, messages: list[Message] | None, *,
                      system: bool = True) -> tuple[str, str | None]:

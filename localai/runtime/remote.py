@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localai.models.registry import ModelRecord
+from localai.protocol import RequestFrame
 from localai.runtime.fitting import output_reserve
 from localai.runtime.formats import Parser
 from localai.schema import GenerationRequest, Message
@@ -49,8 +50,8 @@ class RemoteTarget:
     def size(self, op: dict[str, Any]) -> int:
         return int(op["size"])
 
-    def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        return self.pool.generate(op)
+    def generate(self, op: dict[str, Any]) -> AsyncIterator[RequestFrame]:
+        return self.pool.generate(op)  # type: ignore[return-value]
 
     def parser(self, request: GenerationRequest, prompt: str | None = None) -> Parser | None:
         return None  # the upstream parsed its own tool calls and reasoning

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import replace
+from typing import Any
 
 from localai.errors import InvalidRequest
 from localai.models import renderer
@@ -51,7 +52,7 @@ class Runtime:
         stack = contextlib.AsyncExitStack()
         leases: list[contextlib.AsyncExitStack] = []  # the model's lease, given back early if its worker dies unused
 
-        async def open_target() -> Target:
+        async def open_target() -> Target[Any]:
             if leases:
                 await leases.pop().aclose()
             lease = contextlib.AsyncExitStack()
@@ -89,7 +90,7 @@ class Runtime:
         await self.sessions.settle(timeout)
 
     async def _target(self, stack: contextlib.AsyncExitStack, record: ModelRecord,
-                      request: GenerationRequest) -> Target:
+                      request: GenerationRequest) -> Target[Any]:
         """Where the request goes: a lease on a local worker, or a remote model's replicas."""
         if record.remote:
             return await self._remote_target(record)

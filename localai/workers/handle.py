@@ -15,11 +15,20 @@ from typing import Any
 
 from localai import paths, protocol
 from localai.errors import InvalidRequest, RequestTooLarge, WorkerCrashed, WorkerLoadFailed
-from localai.protocol import CancelOp, EmbedOp, FrameTooLarge, GenerateOp, ModelInfo, TokenizeOp
+from localai.protocol import (
+    CancelOp,
+    EmbedOp,
+    FrameTooLarge,
+    GenerateOp,
+    IdleFrame,
+    ModelInfo,
+    RequestFrame,
+    TokenizeOp,
+    WorkerFrame,
+)
 
 log = logging.getLogger("localai.runner")
 _ids = itertools.count(1)
-_CRASHED = {"ev": "crashed"}
 
 
 class Worker:
@@ -34,12 +43,12 @@ class Worker:
         self.process: asyncio.subprocess.Process | None = None
         self.alive = False
         self.on_exit: Callable[[Worker], None] | None = None
-        self.on_stats: Callable[[Worker, dict[str, Any]], None] | None = None
+        self.on_stats: Callable[[Worker, dict[str, int]], None] | None = None
         self.reported_cache_stats: dict[str, float] = {}  # the last cumulative stats counted into metrics
         self.failure: str | None = None  # what the engine reported before it exited, when it failed
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
-        self._queues: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self._queues: dict[str, asyncio.Queue[WorkerFrame | None]] = {}  # None: the worker died
 
     @property
     def pid(self) -> int | None:
@@ -62,7 +71,7 @@ class Worker:
                 log_file.close()
             reader, self._writer = await asyncio.open_unix_connection(sock=parent, limit=protocol.MAX_FRAME)
             first = await asyncio.wait_for(_read_frame(reader), timeout)
-            if first.get("ev") != "ready":
+            if first["ev"] != "ready":
                 raise WorkerLoadFailed(f"could not load '{self.name}': {first.get('message', first)}")
         except BaseException as exc:  # every way out closes the socket and ends the process (a cancelled load too)
             await self._abandon_start()
@@ -89,15 +98,17 @@ class Worker:
         try:
             while True:
                 message = await _read_frame(reader)
-                if message.get("ev") == "stats":
+                if message["ev"] == "stats":
                     if self.on_stats is not None:
                         self.on_stats(self, message["cache"])
                     continue
-                if message.get("ev") == "fatal":
-                    self.failure = str(message.get("message", "unknown failure"))
+                if message["ev"] == "fatal":
+                    self.failure = message["message"] or "unknown failure"
                     log.error("worker for %s (pid %s) failed: %s", self.name, self.pid, self.failure)
                     continue
-                queue = self._queues.get(str(message.get("id")))
+                if message["ev"] == "ready" or message["ev"] == "load_error":
+                    continue  # only the first frame may be one
+                queue = self._queues.get(str(message["id"]))
                 if queue is not None:
                     queue.put_nowait(message)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -110,7 +121,7 @@ class Worker:
                 self._writer.close()
                 self._writer = None
             for queue in self._queues.values():
-                queue.put_nowait(_CRASHED)
+                queue.put_nowait(None)
             if self.process is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.process.wait(), 5)
@@ -135,10 +146,10 @@ class Worker:
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerCrashed(f"the worker for '{self.name}' stopped: {exc}") from exc
 
-    async def generate(self, op: GenerateOp, *, idle: float = 0.0) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, op: GenerateOp, *, idle: float = 0.0) -> AsyncIterator[RequestFrame]:
         """Send a generate op and yield its frames until ``done`` or ``error``; cancels if abandoned. With ``idle``,
         an ``{"ev": "idle"}`` frame comes each time the worker sent nothing for that many seconds."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[WorkerFrame | None] = asyncio.Queue()
         self._queues[op["id"]] = queue
         finished = False
         try:
@@ -148,18 +159,18 @@ class Worker:
                     try:
                         message = await asyncio.wait_for(queue.get(), idle)  # a cancelled get loses no frame
                     except TimeoutError:
-                        yield {"ev": "idle"}
+                        yield IdleFrame(ev="idle")
                         continue
                 else:
                     message = await queue.get()
-                if message is _CRASHED:
+                if message is None:
                     finished = True
                     raise self.crashed("during the request")
-                kind = message.get("ev")
-                if kind in ("done", "error"):
+                if message["ev"] == "prompt" or message["ev"] == "text":
+                    yield message
+                elif message["ev"] == "done" or message["ev"] == "error":
                     finished = True
-                yield message
-                if finished:
+                    yield message
                     return
         finally:
             self._queues.pop(op["id"], None)
@@ -174,19 +185,19 @@ class Worker:
         return WorkerCrashed(f"the worker serving '{self.name}' crashed {when}{cause}; it will be reloaded on the "
                              "next request")
 
-    async def _call(self, op: TokenizeOp | EmbedOp, param: str) -> dict[str, Any]:
+    async def _call(self, op: TokenizeOp | EmbedOp, param: str) -> WorkerFrame:
         """Send a one-answer op and wait for its answer; an engine error is a 400 naming ``param``."""
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[WorkerFrame | None] = asyncio.Queue()
         self._queues[op["id"]] = queue
         try:
             await self._send(op)
             message = await queue.get()
-            if message is _CRASHED:
+            if message is None:
                 raise self.crashed(f"while answering a {op['op']} request")
-            if message.get("ev") == "error":
-                error = RequestTooLarge if message.get("kind") == "too_large" else InvalidRequest
-                failure = error(message.get("message", f"{op['op']} failed"), param=param)
-                if message.get("kind") == "foreign_token_ids":  # the dialect adds what a client should send
+            if message["ev"] == "error":
+                error = RequestTooLarge if message["kind"] == "too_large" else InvalidRequest
+                failure = error(message["message"] or f"{op['op']} failed", param=param)
+                if message["kind"] == "foreign_token_ids":  # the dialect adds what a client should send
                     failure.code = "foreign_token_ids"
                 raise failure
             return message
@@ -196,14 +207,18 @@ class Worker:
     async def tokenize(self, text: str) -> list[int]:
         op: TokenizeOp = {"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text}
         message = await self._call(op, "input")
-        return list(message["tokens"])
+        if message["ev"] != "tokens":
+            raise self.crashed(f"(it answered a tokenize op with a {message['ev']} frame)")
+        return list(message.get("tokens", []))
 
     async def count_tokens(self, text: str, media: dict[str, str] | None = None) -> int:
         op: TokenizeOp = {"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text, "count_only": True}
         if media:
             op["media"] = media
         message = await self._call(op, "messages")
-        return int(message["count"])
+        if message["ev"] != "tokens":
+            raise self.crashed(f"(it answered a tokenize op with a {message['ev']} frame)")
+        return message["count"]
 
     async def embed(self, texts: list[str], *, truncate: bool,
                     tokens: list[list[int]] | None = None) -> tuple[list[list[float]], int]:
@@ -213,7 +228,9 @@ class Worker:
         if tokens is not None:
             op["tokens"] = tokens
         message = await self._call(op, "input")
-        return [list(v) for v in message["vectors"]], int(message["prompt_tokens"])
+        if message["ev"] != "embeddings":
+            raise self.crashed(f"(it answered an embed op with a {message['ev']} frame)")
+        return [list(v) for v in message["vectors"]], message["prompt_tokens"]
 
     async def stop(self, timeout: float = 60.0) -> None:
         """Ask the worker to exit (it first writes its queued cache entries); kill it if it does not."""
@@ -244,12 +261,12 @@ class Worker:
         self.alive = False
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> dict[str, Any]:
+async def _read_frame(reader: asyncio.StreamReader) -> WorkerFrame:
     header = await reader.readexactly(protocol.HEADER.size)
     (length,) = protocol.HEADER.unpack(header)
     if length > protocol.MAX_FRAME:
         raise ValueError("frame too large")
-    return protocol.decode(await reader.readexactly(length))
+    return protocol.decode_frame(await reader.readexactly(length))
 
 
 def new_request_id(prefix: str = "req") -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from localai.engines.engine import Engine, LoadOptions
 from localai.engines.serving import Serving
-from localai.protocol import FrameSocket, FrameTooLarge
+from localai.protocol import FatalFrame, FrameSocket, LoadErrorFrame, ReadyFrame
 
 log = logging.getLogger("localai.worker")
 EXIT_ENGINE_FAILED = 70
@@ -51,34 +51,23 @@ def main(argv: list[str] | None = None) -> int:
         engine = load_engine(args.backend, json.loads(args.options), debug=args.debug)
     except Exception as exc:
         log.exception("load failed")
-        channel.send({"ev": "load_error", "message": f"{type(exc).__name__}: {exc}"})
+        channel.send(LoadErrorFrame(ev="load_error", message=f"{type(exc).__name__}: {exc}"))
         return 1
     inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
 
-    def emit(message: dict[str, Any]) -> None:
-        try:
-            channel.send(message)
-        except FrameTooLarge as exc:
-            log.warning("not sending a %s frame: %s", message.get("ev"), exc)
-            if "id" in message:
-                channel.send({"ev": "error", "id": message["id"], "kind": "too_large",
-                              "message": f"the answer is too large for one response ({exc}); send less per request"})
-        except OSError:
-            inbox.put(None)  # the daemon is gone: stop serving
-
     def run_engine() -> None:
         try:
-            engine.serve(inbox, emit)
+            engine.serve(inbox, channel.emit)
         except BaseException as exc:
             log.exception("the engine failed; exiting so the daemon reloads the model")
             with contextlib.suppress(Exception):
-                channel.send({"ev": "fatal", "message": f"{type(exc).__name__}: {exc}"[:2000]})
+                channel.send(FatalFrame(ev="fatal", message=f"{type(exc).__name__}: {exc}"[:2000]))
             os._exit(EXIT_ENGINE_FAILED)
 
     engine_thread = threading.Thread(target=run_engine, name="engine", daemon=True)
     engine_thread.start()
     stop_on_signals(inbox, engine_thread)
-    channel.send({"ev": "ready", "info": dict(engine.info())})
+    channel.send(ReadyFrame(ev="ready", info=engine.info()))
     while True:
         try:
             message = channel.receive()
