@@ -77,6 +77,42 @@ def imports(module: str) -> Iterator[tuple[str, int]]:
                     yield target, node.lineno
 
 
+def private_reaches(module: str, source: str) -> list[str]:
+    """Private names (``_x``) ``module`` takes from another package: imported by name, or read off an imported module
+    (``renderer._pool``). Inside a package they are the package's own business; across packages they are a seam
+    nobody declared."""
+    tree = ast.parse(source)
+    aliases: dict[str, str] = {}  # local name -> the localai module it is bound to
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("localai.") and alias.asname:
+                    aliases[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("localai"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in MODULES:
+                    aliases[alias.asname or alias.name] = full
+                elif _private(alias.name) and room(node.module) != room(module):
+                    bad.append(f"{module}:{node.lineno} imports {alias.name} from {node.module}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr):
+            target = aliases.get(node.value.id)
+            if target is not None and room(target) != room(module):
+                bad.append(f"{module}:{node.lineno} reads {target}.{node.attr}")
+    return bad
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_takes_a_private_name_from_another_package() -> None:
+    bad = [line for module, path in MODULES.items() for line in private_reaches(module, path.read_text())]
+    assert not bad, "private names used across packages (make them public, or move the code):\n" + "\n".join(bad)
+
+
 def test_every_module_has_a_room() -> None:
     unplaced = sorted(m for m in MODULES if room(m) not in LEVELS)
     assert not unplaced, f"give these a room in tests/test_layout.py and the README's tree: {unplaced}"
@@ -183,3 +219,11 @@ def test_the_rules_catch_what_they_forbid() -> None:
     cycles = strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
     assert sorted(sorted(c) for c in cycles if len(c) > 1) == [["a", "b", "c"]]
     assert room("localai.text") == "foundations" and room("localai.tui.app") == "tui"
+    reaching = ("from localai.runtime.runtime import _close_quietly\n"  # across packages: caught
+                "from localai.models import renderer\n"
+                "renderer._pool()\n"  # a private name off another package's module: caught
+                "from localai.api.common import _helper\n"  # inside its own package: allowed
+                "from localai.protocol import __version__\n")  # a dunder: allowed
+    assert private_reaches("localai.api.openai", reaching) == [
+        "localai.api.openai:1 imports _close_quietly from localai.runtime.runtime",
+        "localai.api.openai:3 reads localai.models.renderer._pool"]
