@@ -28,7 +28,7 @@ from localai.schema import (
     ToolCallEnd,
     ToolResultBlock,
 )
-from localai.upstreams.remote import PROBE
+from localai.upstreams.pool import PROBE
 
 T = TypeVar("T")
 _MISSING = object()

@@ -44,7 +44,9 @@ from localai.schema import (
     Usage,
 )
 from localai.settings import Settings
-from localai.upstreams.remote import RemotePool, Remotes, estimated_tokens, request_body, routing_key
+from localai.upstreams.pool import RemotePool, Remotes
+from localai.upstreams.ring import routing_key
+from localai.upstreams.translation import estimated_tokens, request_body
 from localai.workers.handle import new_request_id
 from localai.workers.scheduler import LoadedModel, Scheduler
 
