@@ -51,7 +51,7 @@ class Metrics:
             registry=self.registry)
         self.loaded_models = Gauge("localai_loaded_models", "Models with a live worker", registry=self.registry)
         self.waiting = Gauge("localai_queue_waiting", "Requests waiting for a model", registry=self.registry)
-        # Remote models: per replica (its URL), see localai.upstreams.remote.
+        # Remote models: per replica (its URL), see localai.upstreams.pool.
         self.upstream_requests = Counter(
             "localai_upstream_requests", "Requests sent to a remote model's replica, by outcome (ok, "
             "failed_before_reply, broken_stream, http_<status>)", ["model", "replica", "outcome"],

@@ -33,6 +33,12 @@ WORKER_ROOMS = {"foundations", "engines", "promptcache"}
 WORKER_MAIN = "localai.workers.worker"
 FRONT_ENDS_NEVER = {"runtime", "api", "workers", "upstreams", "engines"}  # cli/ and tui/ go through client.py
 CYCLES_ALLOWED_IN = {"cli", "tui"}  # click's command registration; the Textual app and its screens
+# The API dialects: each maps its own wire format to the internal one and back, and what two of them share lives in
+# api/common.py, so no dialect leans on another. The Responses API's WebSocket transport and its stored responses
+# are that dialect's own modules.
+DIALECTS = {"localai.api.openai": "openai", "localai.api.anthropic": "anthropic", "localai.api.ollama": "ollama",
+            "localai.api.responses": "responses", "localai.api.responses_socket": "responses",
+            "localai.api.response_store": "responses"}
 
 
 def modules() -> dict[str, Path]:
@@ -138,12 +144,25 @@ def crossing(found: list[tuple[str, str, int]]) -> list[str]:
             if room(module) in ("cli", "tui") and room(target) in FRONT_ENDS_NEVER]
 
 
+def between_dialects(found: list[tuple[str, str, int]]) -> list[str]:
+    """One API dialect importing another's module."""
+    return sorted({f"{module}:{line} imports {target}" for module, target, line in found
+                   if module in DIALECTS and target in DIALECTS and DIALECTS[module] != DIALECTS[target]})
+
+
 def test_imports_only_go_down() -> None:
     assert not upward(edges()), "imports running up the rooms:\n" + "\n".join(upward(edges()))
 
 
 def test_the_cli_and_the_tui_reach_the_daemon_only_through_the_client() -> None:
     assert not crossing(edges()), "\n".join(crossing(edges()))
+
+
+def test_dialects_do_not_import_each_other() -> None:
+    gone = sorted(set(DIALECTS) - set(MODULES))
+    assert not gone, f"DIALECTS names modules that are gone: {gone}"
+    assert not between_dialects(edges()), "move what they share to api/common.py:\n" + "\n".join(
+        between_dialects(edges()))
 
 
 def test_the_worker_process_loads_only_engines_the_cache_and_foundations() -> None:
@@ -216,6 +235,10 @@ def test_the_rules_catch_what_they_forbid() -> None:
     assert [line.split(":")[0] for line in upward(put_back)] == [
         "localai.models.pull", "localai.promptcache.store", "localai.tui.screens.cache"]
     assert crossing([("localai.cli.cache", "localai.runtime.divergence", 5)]) != []
+    assert between_dialects([("localai.api.ollama", "localai.api.openai", 6),  # a dialect leaning on another
+                             ("localai.api.responses_socket", "localai.api.responses", 7),  # within one dialect
+                             ("localai.api.ollama", "localai.api.common", 8)]) == [  # what they share
+        "localai.api.ollama:6 imports localai.api.openai"]
     cycles = strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
     assert sorted(sorted(c) for c in cycles if len(c) > 1) == [["a", "b", "c"]]
     assert room("localai.text") == "foundations" and room("localai.tui.app") == "tui"

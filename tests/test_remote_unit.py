@@ -15,7 +15,9 @@ from localai.models.modelfile import parse
 from localai.models.registry import Registry
 from localai.models.remote_spec import RemoteSpec
 from localai.schema import Message, TextBlock, ToolCallBlock, ToolCallDelta, ToolCallStart, ToolResultBlock
-from localai.upstreams.remote import HashRing, RemotePool, _Call, _call_events, context_error, openai_messages
+from localai.upstreams.pool import RemotePool
+from localai.upstreams.ring import HashRing
+from localai.upstreams.translation import _Call, _call_events, context_error, openai_messages
 
 
 def registry(tmp_path: Path) -> Registry:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from localai.api.common import (
     SSE_HEADERS,
+    Collected,
     ParsedBodyRoute,
     check_tool_results,
     check_tool_schema,
@@ -355,6 +356,24 @@ def usage_json(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> di
             "cache_read_input_tokens": cached_tokens, "cache_creation_input_tokens": 0}
 
 
+def message_json(result: Collected, body: MessagesRequest, message_id: str) -> dict[str, Any]:
+    """A whole (non-streamed) reply as a Messages API message."""
+    content: list[dict[str, Any]] = []
+    if result.reasoning:
+        content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
+    if result.text or not result.calls:
+        content.append({"type": "text", "text": result.text})
+    content.extend({"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": c.parsed_arguments()}
+                   for c in result.calls)
+    reason, sequence = stop_reason(result.finished, body.stop_sequences)
+    usage = result.finished.usage
+    return {
+        "id": message_id, "type": "message", "role": "assistant", "model": body.model, "content": content,
+        "stop_reason": reason, "stop_sequence": sequence,
+        "usage": usage_json(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens),
+    }
+
+
 @router.post("/v1/messages", response_model=None)
 async def messages(body: MessagesRequest, request: Request) -> JSONResponse | StreamingResponse:
     try:
@@ -366,21 +385,8 @@ async def messages(body: MessagesRequest, request: Request) -> JSONResponse | St
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     headers = generation_headers(generation)
     if not body.stream:
-        result = await collect(generation, request)
-        content: list[dict[str, Any]] = []
-        if result.reasoning:
-            content.append({"type": "thinking", "thinking": result.reasoning, "signature": ""})
-        if result.text or not result.calls:
-            content.append({"type": "text", "text": result.text})
-        content.extend({"type": "tool_use", "id": tool_use_id(c.id), "name": c.name, "input": c.parsed_arguments()}
-                       for c in result.calls)
-        reason, sequence = stop_reason(result.finished, body.stop_sequences)
-        usage = result.finished.usage
-        return JSONResponse(headers=headers, content={
-            "id": message_id, "type": "message", "role": "assistant", "model": body.model, "content": content,
-            "stop_reason": reason, "stop_sequence": sequence,
-            "usage": usage_json(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens),
-        })
+        return JSONResponse(headers=headers, content=message_json(await collect(generation, request), body,
+                                                                  message_id))
 
     async def stream() -> AsyncGenerator[bytes, None]:
         index = -1

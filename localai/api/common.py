@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import HTTPConnection
 
 from localai.api.limits import PARSED
@@ -29,7 +30,7 @@ from localai.schema import (
     ToolCallEnd,
     ToolResultBlock,
 )
-from localai.upstreams.remote import PROBE
+from localai.upstreams.pool import PROBE
 
 T = TypeVar("T")
 _MISSING = object()
@@ -204,3 +205,54 @@ def check_tool_results(messages: list[Message], param: str = "messages") -> None
                     f"a tool result answers call '{block.tool_call_id}', which no earlier assistant message made",
                     param=f"{param}.{index}",
                 )
+
+
+# Function tools and embedding inputs as OpenAI shapes them (Ollama's /api/chat and /api/embed take the same).
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str = "function"
+    function: FunctionDef | None = None
+
+
+def tools_of(tools: list[ToolDef] | None, param: str = "tools") -> list[Tool]:
+    """Function tools (other tool types are ignored: there is nothing local to run them)."""
+    result: list[Tool] = []
+    for index, tool in enumerate(tools or []):
+        if tool.type != "function":
+            continue
+        if tool.function is None:
+            raise InvalidRequest("a function tool needs 'function'", param=f"{param}.{index}.function")
+        parsed = Tool(tool.function.name, tool.function.description or "",
+                      tool.function.parameters or {"type": "object", "properties": {}})
+        check_tool_schema(parsed, f"{param}.{index}.function.parameters")
+        result.append(parsed)
+    return result
+
+
+EmbeddingInput = str | list[str] | list[int] | list[list[int]]
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's own limit per request
+
+
+def check_embedding_inputs(value: EmbeddingInput) -> EmbeddingInput:
+    """At most ``MAX_EMBEDDING_INPUTS`` texts per request (a pydantic validator: raises ValueError)."""
+    if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:
+        raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(value)}")
+    return value
+
+
+def truncated_vector(vector: list[float], dimensions: int) -> list[float]:
+    """The first ``dimensions`` values, normalised again (Matryoshka-style shortening)."""
+    if dimensions > len(vector):
+        raise InvalidRequest(f"the model's embeddings have {len(vector)} dimensions", param="dimensions")
+    head = vector[:dimensions]
+    norm = sum(v * v for v in head) ** 0.5 or 1.0
+    return [v / norm for v in head]

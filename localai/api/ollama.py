@@ -18,15 +18,18 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from localai import __version__
 from localai.api.common import (
     ParsedBodyRoute,
+    ToolDef,
+    check_embedding_inputs,
     collect,
     generation_headers,
     parse_arguments,
     remote_descriptions,
     runtime_of,
     stream_response,
+    tools_of,
+    truncated_vector,
 )
 from localai.api.media import from_base64
-from localai.api.openai import ToolDef, check_embedding_inputs, tools_of, truncated_vector
 from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.engines.descriptions import speculative_support, state_kind
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound

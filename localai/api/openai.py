@@ -18,9 +18,11 @@ from localai import __version__
 from localai.api.common import (
     KEEPALIVE_COMMENT,
     SSE_HEADERS,
+    EmbeddingInput,
     ParsedBodyRoute,
+    ToolDef,
+    check_embedding_inputs,
     check_tool_results,
-    check_tool_schema,
     collect,
     generation_headers,
     parse_arguments,
@@ -28,6 +30,8 @@ from localai.api.common import (
     runtime_of,
     sse,
     stream_response,
+    tools_of,
+    truncated_vector,
 )
 from localai.api.media import openai_part, tool_result
 from localai.api.sessions import cache_partition, cache_salt_field, session_id
@@ -48,7 +52,6 @@ from localai.schema import (
     SamplingOptions,
     TextBlock,
     TextDelta,
-    Tool,
     ToolCallBlock,
     ToolCallDelta,
     ToolCallEnd,
@@ -117,19 +120,6 @@ class ChatMessage(BaseModel):
         return Message(self.role, blocks, name=self.name if self.role != "assistant" else None)
 
 
-class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    name: str = Field(min_length=1, max_length=128)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-
-class ToolDef(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str = "function"
-    function: FunctionDef | None = None
-
-
 class NamedFunction(BaseModel):
     name: str = Field(min_length=1)
 
@@ -161,21 +151,6 @@ class ResponseFormatSpec(BaseModel):
             raise InvalidRequest("response_format json_schema needs 'json_schema.schema'",
                                  param="response_format.json_schema")
         return ResponseFormat("json_schema", self.json_schema.schema_)
-
-
-def tools_of(tools: list[ToolDef] | None, param: str = "tools") -> list[Tool]:
-    """Function tools (other tool types are ignored: there is nothing local to run them)."""
-    result: list[Tool] = []
-    for index, tool in enumerate(tools or []):
-        if tool.type != "function":
-            continue
-        if tool.function is None:
-            raise InvalidRequest("a function tool needs 'function'", param=f"{param}.{index}.function")
-        parsed = Tool(tool.function.name, tool.function.description or "",
-                      tool.function.parameters or {"type": "object", "properties": {}})
-        check_tool_schema(parsed, f"{param}.{index}.function.parameters")
-        result.append(parsed)
-    return result
 
 
 def tool_choice_of(value: str | NamedToolChoice | None) -> ToolChoice:
@@ -455,30 +430,10 @@ class EmbeddingRequest(BaseModel):
         return None
 
 
-EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 # What to do when token ids come from another tokenizer: LangChain's OpenAIEmbeddings tokenizes with tiktoken
 # before it sends (check_embedding_ctx_length, on by default), other clients send the text.
 FOREIGN_IDS_FIX = ("send the text instead (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False; it "
                    "tokenizes with OpenAI's tiktoken before sending)")
-
-
-MAX_EMBEDDING_INPUTS = 2048  # OpenAI's own limit per request
-
-
-def check_embedding_inputs(value: EmbeddingInput) -> EmbeddingInput:
-    """At most ``MAX_EMBEDDING_INPUTS`` texts per request (a pydantic validator: raises ValueError)."""
-    if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:
-        raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(value)}")
-    return value
-
-
-def truncated_vector(vector: list[float], dimensions: int) -> list[float]:
-    """The first ``dimensions`` values, normalised again (Matryoshka-style shortening)."""
-    if dimensions > len(vector):
-        raise InvalidRequest(f"the model's embeddings have {len(vector)} dimensions", param="dimensions")
-    head = vector[:dimensions]
-    norm = sum(v * v for v in head) ** 0.5 or 1.0
-    return [v / norm for v in head]
 
 
 @router.post("/v1/embeddings")

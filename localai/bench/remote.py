@@ -8,13 +8,18 @@ round-robin; the replicas' own counters say how many prompt tokens each had to c
 
 from __future__ import annotations
 
+import os
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
+from localai.bench import agents as trace
 from localai.bench.api import sse_events
+from localai.bench.servers import LlamaCppPythonServer, ManagedDaemon
 
 PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to code."}]
 
@@ -89,3 +94,72 @@ def overhead_report(direct: Timing, via: Timing) -> list[str]:
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+@dataclass(frozen=True)
+class RemotePlan:
+    """What ``localai bench remote`` runs (its options)."""
+    model: str
+    requests: int
+    gen_tokens: int
+    sessions: int
+    turns: int
+    reply_tokens: int
+    seed: int
+
+
+def run(plan: RemotePlan, echo: Callable[[str], None]) -> None:
+    """The overhead of the hop, then affinity's worth on two replicas; ``echo`` hears each part's report."""
+    threads = int(os.environ.get("LOCALAI_NUM_THREAD") or os.cpu_count() or 1)
+    with tempfile.TemporaryDirectory(prefix="localai-bench-") as scratch, \
+            ManagedDaemon(scratch + "/home", env={"LOCALAI_REMOTE_HEALTH_INTERVAL": "3600"}) as daemon:
+        # (no health checks during the runs: llama-cpp-python's server can drop a stream that a concurrent
+        # GET /models interrupts, which would be measured as the hop's fault)
+        model_path = daemon.model_path(plan.model)  # the weights only: the daemon's own worker is never loaded
+        with LlamaCppPythonServer(model_path, 4096, threads=threads, alias="upstream") as server:
+            create(daemon, "hop", f"FROM {server.base_url}\n")
+            direct, via = overhead(server.base_url, "upstream", daemon.base_url, "hop", requests=plan.requests,
+                                   gen_tokens=plan.gen_tokens)
+        echo(f"Overhead of the hop ({plan.model}, llama-cpp-python's server, {threads} threads):")
+        for line in overhead_report(direct, via):
+            echo("  " + line)
+        evaluated: dict[str, int] = {}
+        results = []
+        for routing in ("session", "round_robin"):
+            count, result = affinity_run(daemon, model_path, threads, routing, plan)
+            results.append(result)
+            evaluated[routing] = count
+    echo(f"\nAffinity: {plan.sessions} sessions x {plan.turns} turns interleaved, two replicas (each keeps one "
+         "sequence's prefix, as llama-cpp-python's server does)")
+    for routing, count in evaluated.items():
+        echo(f"  {routing:<12} prompt tokens the replicas computed: {count:>7}   median TTFT turns 1-"
+             f"{plan.turns - 1}: {results[list(evaluated).index(routing)].median_ttft(range(1, plan.turns)):.3f} s")
+    if evaluated.get("round_robin"):
+        echo(f"  session affinity computes {evaluated['session'] / evaluated['round_robin']:.2f}x the tokens "
+             "of round-robin")
+
+
+def create(daemon: ManagedDaemon, name: str, modelfile: str) -> None:
+    response = httpx.post(f"http://127.0.0.1:{daemon.port}/api/create", json={"model": name, "modelfile": modelfile},
+                          timeout=60)
+    response.raise_for_status()
+
+
+def affinity_run(daemon: ManagedDaemon, model_path: str, threads: int, routing: str,
+                 plan: RemotePlan) -> tuple[int, trace.TraceResult]:
+    """The trace through a remote model on two fresh replicas routed by ``routing``: the prompt tokens the
+    replicas computed, and the trace's result."""
+    replicas = [LlamaCppPythonServer(model_path, 8192, threads=max(1, threads // 2), alias="upstream")
+                for _ in range(2)]
+    try:
+        for replica in replicas:
+            replica.start()
+        name = f"trace-{routing.replace('_', '-')}"
+        create(daemon, name, f"FROM {replicas[0].base_url}\nPARAMETER replica {replicas[1].base_url}\n"
+                             f"PARAMETER routing {routing}\n")
+        result = trace.run_trace(routing, daemon.base_url, name, sessions=plan.sessions, turns=plan.turns,
+                                 reply_tokens=plan.reply_tokens, think_time=0.0, seed=plan.seed)
+        return sum(replica.prompt_tokens_evaluated() for replica in replicas), result
+    finally:
+        for replica in replicas:
+            replica.__exit__()

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -151,3 +152,72 @@ def search(name: str, serve: Callable[[int], str], model: str, bounds: Bounds, *
         if not level.holds(bounds):
             break
     return capacity
+
+
+def servers_at_service_level(model: str, source: str | None, bounds: Bounds, *, max_agents: int, turns: int,
+                             reply_tokens: int, think_median: float, seed: int, llama_server_path: str | None,
+                             with_llama_cpp_python: bool, echo: Callable[[str], None]) -> None:
+    """``bench agents --slo``: each server's largest number of agents at once within the bounds, one server
+    holding the model at a time; ``echo`` hears each level as it is measured, then the counts."""
+    import tempfile
+
+    from localai.bench.servers import LlamaCppPythonServer, ManagedDaemon
+    from localai.settings import Settings
+
+    settings = Settings()
+    echo(f"bounds: TTFT p95 <= {bounds.ttft_p95:g} s, output p50 >= {bounds.speed_p50:g} tok/s per agent; "
+         f"{turns} turns of {reply_tokens} tokens, thinking ~{think_median:g} s (median) between them; "
+         f"{settings.threads()} threads")
+    options: dict[str, Any] = {"max_agents": max_agents, "turns": turns, "reply_tokens": reply_tokens,
+                               "think_median": think_median, "seed": seed, "report": echo}
+    results = []
+    with tempfile.TemporaryDirectory(prefix="localai-bench-slo-") as scratch:
+        daemon = ManagedDaemon(scratch + "/home", source)
+        with daemon:
+            daemon.warm_up(model)
+            model_path = daemon.model_path(model)
+            results.append(search(f"localai ({settings.num_parallel} sequences)", lambda _: daemon.base_url,
+                                  model, bounds, **options))
+        if llama_server_path:
+            results.append(llama_server_capacity(llama_server_path, model_path, settings.threads(), model, bounds,
+                                                 options))
+        if with_llama_cpp_python:
+            with LlamaCppPythonServer(model_path, 8192) as reference:
+                reference.warm_up()
+                results.append(search("llama-cpp-python server", lambda _: reference.base_url, model, bounds,
+                                      **options))
+    for line in capacity_report(results, bounds):
+        echo(line)
+
+
+def llama_server_capacity(binary: str, model_path: str, threads: int, model: str, bounds: Bounds,
+                          options: dict[str, Any]) -> Capacity:
+    """llama-server's capacity, restarted with N slots for N agents."""
+    from localai.bench.servers import LlamaServer
+
+    held: list[LlamaServer] = []
+
+    def with_slots(agents: int) -> str:
+        for server in held:
+            server.__exit__()
+        held[:] = [LlamaServer(binary, model_path, 4096, threads=threads, parallel=agents)]
+        held[0].start()
+        held[0].warm_up()
+        return held[0].base_url
+
+    try:
+        return search("llama-server -np N", with_slots, model, bounds, **options)
+    finally:
+        for server in held:
+            server.__exit__()
+
+
+def capacity_report(results: list[Capacity], bounds: Bounds) -> list[str]:
+    """Each server's count, then localai's against each other's (the first result is localai's)."""
+    counts = {result.name: result.agents(bounds) for result in results}
+    lines = [f"{name}: {count} agents at once within the bounds" for name, count in counts.items()]
+    ours = counts[results[0].name]
+    for name, count in list(counts.items())[1:]:
+        ratio = f"{ours / count:.2f}x" if count else "more (it served none)"
+        lines.append(f"localai vs {name}: {ratio} the agents")
+    return lines

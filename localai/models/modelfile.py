@@ -27,7 +27,7 @@ LIST_PARAMETERS = frozenset({"stop", "replica"})
 STRING_PARAMETERS = frozenset({"upstream_model", "api_key_env"})
 # The engine a model runs on (see models/loading.engine_for); `scripted` is the test stand-in (no model is loaded).
 ENGINES = ("llama.cpp", "mlx", "scripted")
-# What serves a remote model (auto: detected from its /v1/models); see localai.upstreams.remote.
+# What serves a remote model (auto: detected from its /v1/models); see localai.upstreams.pool.
 UPSTREAM_KINDS = ("auto", "openai", "vllm", "sglang", "dynamo", "llama-server", "llama-cpp-python", "localai")
 # How a model writes tool calls and reasoning (localai/runtime/formats): `PARSER NAME` overrides what the model's
 # template says, as in Ollama's Modelfiles.

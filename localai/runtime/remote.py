@@ -14,7 +14,9 @@ from localai.protocol import RequestFrame
 from localai.runtime.fitting import output_reserve
 from localai.runtime.formats import Parser
 from localai.schema import GenerationRequest, Message
-from localai.upstreams.remote import RemotePool, request_body, routing_key
+from localai.upstreams.pool import RemotePool
+from localai.upstreams.ring import routing_key
+from localai.upstreams.translation import request_body
 from localai.workers.handle import new_request_id
 
 

@@ -22,7 +22,8 @@ from localai.runtime.remote import RemoteTarget, remote_target
 from localai.runtime.sessions import Sessions, session_key
 from localai.schema import GenerationRequest
 from localai.settings import Settings
-from localai.upstreams.remote import Remotes, estimated_tokens
+from localai.upstreams.pool import Remotes
+from localai.upstreams.translation import estimated_tokens
 from localai.workers.scheduler import LoadedModel, Scheduler
 
 

@@ -1,12 +1,6 @@
-"""Remote engines: a model served by OpenAI-compatible servers elsewhere (vLLM, SGLang, Dynamo, llama-server,
-llama-cpp-python's server, another localai), behind every dialect localai speaks.
+"""The replicas of remote models (vLLM, SGLang, Dynamo, llama-server, llama-cpp-python's server, another localai):
+the requests to them, their health, and failover.
 
-A request arrives in any dialect and is already the internal ``GenerationRequest``; here it becomes one chat
-completions (or completions) request upstream, and the upstream's stream comes back as the same frames and events a
-local worker produces, so fitting, metrics and every dialect's output work unchanged.
-
-Routing: the requests of one session (its id, else its first messages) go to the same replica, picked on a
-consistent-hash ring, so that replica's prefix cache keeps serving it and adding a replica moves few sessions.
 A replica that refuses connections, times out or answers 502-504 is taken out; the request moves to the next replica
 on the ring when nothing was relayed yet (a generation has no side effects, so the retry is safe); health checks
 (``GET /models``) bring it back.
@@ -15,16 +9,12 @@ on the ring when nothing was relayed yet (a generation has no side effects, so t
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import hashlib
 import itertools
-import json
 import logging
-import re
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -40,65 +30,19 @@ from localai.errors import (
 from localai.metrics import Metrics
 from localai.models.registry import ModelRecord
 from localai.models.remote_spec import RemoteSpec
-from localai.schema import (
-    Event,
-    GenerationRequest,
-    Message,
-    ReasoningBlock,
-    ReasoningDelta,
-    TextBlock,
-    TextDelta,
-    ToolCallBlock,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallStart,
-    ToolResultBlock,
-    new_call_id,
-)
+from localai.upstreams.ring import HashRing
+from localai.upstreams.translation import context_error, error_message, estimated_tokens, relay
 
 log = logging.getLogger("localai.remote")
-VNODES = 64  # points per replica on the ring: sessions spread within a few percent of even
 MODELS_TTL = 60.0  # seconds a /models answer is trusted for the model id and context length
 MAX_ERROR_BODY = 64 << 10
 # Sent with localai's own GET /models: a localai upstream answering it does not probe its own remote models, so
 # models that point at each other (or at their own daemon) cannot make the listings wait on one another.
 PROBE = "X-LocalAI-Probe"
-SAMPLING_FIELDS = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-                   "typical_p")
 CONTEXT_KEYS = ("max_model_len", "context_length", "context_window", "max_context_length")
 # owned_by in /v1/models → what serves it (Dynamo's frontend and NVIDIA NIM say "nvidia"; llama-cpp-python "me")
 KINDS_BY_OWNER = {"vllm": "vllm", "sglang": "sglang", "nvidia": "dynamo", "llamacpp": "llama-server",
                   "me": "llama-cpp-python", "localai": "localai"}
-_CONTEXT_MESSAGE = re.compile(
-    r"maximum context length is (\d+) tokens.*?requested (\d+) tokens(?: \((\d+) in the messages)?", re.S)
-
-
-def _point(text: str) -> int:
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
-
-
-class HashRing:
-    """Consistent hashing: each replica owns ``VNODES`` points; a key belongs to the next point clockwise."""
-
-    def __init__(self, nodes: Sequence[str], vnodes: int = VNODES) -> None:
-        points = sorted((_point(f"{node}#{index}"), node) for node in nodes for index in range(vnodes))
-        self._keys = [point for point, _ in points]
-        self._nodes = [node for _, node in points]
-        self._count = len(set(nodes))
-
-    def preference(self, key: str) -> list[str]:
-        """Every node, in the order ``key`` should try them: its owner first, then the next ones on the ring."""
-        if not self._nodes:
-            return []
-        order: list[str] = []
-        start = bisect.bisect(self._keys, _point(key))
-        for offset in range(len(self._nodes)):
-            node = self._nodes[(start + offset) % len(self._nodes)]
-            if node not in order:
-                order.append(node)
-                if len(order) == self._count:
-                    break
-        return order
 
 
 @dataclass
@@ -128,168 +72,6 @@ def describe(exc: BaseException, timeout: float) -> str:
         return f"the connection broke ({str(exc)[:120] or 'closed'})"
     return f"{type(exc).__name__}: {str(exc)[:160]}"
 
-
-def error_message(body: bytes) -> str:
-    """The message of an upstream's error body (OpenAI's, Anthropic's or Ollama's shape, or plain text)."""
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return body.decode("utf-8", "replace").strip()[:500] or "no message"
-    if isinstance(value, dict):
-        error = value.get("error", value)
-        if isinstance(error, dict):
-            return str(error.get("message") or error.get("detail") or error)[:500]
-        if isinstance(error, str):
-            return error[:500]
-        if "detail" in value:
-            return str(value["detail"])[:500]
-    return str(value)[:500]
-
-
-def context_error(body: bytes, status: int) -> tuple[int | None, int | None] | None:
-    """(context, prompt tokens) when an upstream's 400 says the prompt is over the context (each may be unknown);
-    None for other errors. Knows vLLM's and llama-cpp-python's message and llama-server's fields."""
-    if status not in (400, 413, 422):
-        return None
-    try:
-        value = json.loads(body)
-    except ValueError:
-        value = None
-    error = value.get("error") if isinstance(value, dict) else None
-    if isinstance(error, dict) and "n_ctx" in error:  # llama-server's exceed_context_size_error
-        return int(error["n_ctx"]), int(error.get("n_prompt_tokens") or 0) or None
-    message = error_message(body)
-    match = _CONTEXT_MESSAGE.search(message)
-    if match:
-        prompt = int(match.group(3)) if match.group(3) else int(match.group(2))
-        return int(match.group(1)), prompt
-    code = error.get("code") if isinstance(error, dict) else None
-    lowered = message.lower()
-    if code == "context_length_exceeded" or ("context" in lowered and ("exceed" in lowered or "too long" in lowered)):
-        return None, None
-    return None
-
-
-def openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """The internal messages as chat completions messages (tool results one message per call, as OpenAI wants)."""
-    result: list[dict[str, Any]] = []
-    for message in messages:
-        text = "".join(block.text for block in message.content if isinstance(block, TextBlock))
-        calls = [block for block in message.content if isinstance(block, ToolCallBlock)]
-        results = [block for block in message.content if isinstance(block, ToolResultBlock)]
-        for block in results:
-            result.append({"role": "tool", "tool_call_id": block.tool_call_id, "content": block.content,
-                           **({"name": block.name} if block.name else {})})
-        if results and not text and message.role in ("tool", "user"):
-            continue
-        role = "system" if message.role == "developer" else message.role
-        if role == "tool":
-            role = "user"  # a tool message without results: its text is the user's
-        entry: dict[str, Any] = {"role": role, "content": text}  # "" beside calls: some servers refuse null
-        if message.role == "assistant":
-            reasoning = "".join(b.text for b in message.content if isinstance(b, ReasoningBlock))
-            if reasoning:
-                entry["reasoning_content"] = reasoning
-        if calls:
-            entry["tool_calls"] = [{"id": call.id, "type": "function",
-                                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
-                                   for call in calls]
-        if message.name and role in ("user", "system"):
-            entry["name"] = message.name
-        result.append(entry)
-    return result
-
-
-def request_body(record: ModelRecord, request: GenerationRequest, messages: Sequence[Message] | None,
-                 model_id: str, kind: str, priority: int | None) -> tuple[str, dict[str, Any]]:
-    """The path (``/chat/completions`` or ``/completions``) and body of the upstream request."""
-    params = record.parameters
-    body: dict[str, Any] = {"model": model_id, "stream": True, "stream_options": {"include_usage": True}}
-    if messages is None:
-        path = "/completions"
-        body["prompt"] = request.prompt or ""
-    else:
-        path = "/chat/completions"
-        shaped = list(messages)
-        if record.system and not any(m.role in ("system", "developer") for m in shaped):
-            shaped.insert(0, Message("system", [TextBlock(record.system)]))
-        extra = [Message(m["role"], [TextBlock(m["content"])]) for m in record.messages]  # type: ignore[arg-type]
-        leading = 1 if shaped and shaped[0].role in ("system", "developer") else 0
-        shaped[leading:leading] = extra  # the Modelfile's MESSAGEs: after the system prompt, before the talk
-        body["messages"] = openai_messages(shaped)
-    sampling: dict[str, Any] = {k: v for k, v in params.items() if k in SAMPLING_FIELDS}
-    sampling.update({k: v for k, v in request.sampling.as_dict().items() if k in SAMPLING_FIELDS})
-    body.update(sampling)
-    penalty = request.sampling.repeat_penalty if request.sampling.repeat_penalty is not None \
-        else params.get("repeat_penalty")
-    if penalty is not None:
-        body["repetition_penalty" if kind in ("vllm", "sglang", "dynamo") else "repeat_penalty"] = penalty
-    max_tokens = request.max_tokens
-    if max_tokens is None and isinstance(params.get("num_predict"), int) and int(params["num_predict"]) >= 0:  # type: ignore[arg-type]
-        max_tokens = int(params["num_predict"])  # type: ignore[arg-type]
-    if max_tokens is not None and max_tokens >= 0:
-        body["max_tokens"] = max_tokens
-    model_stops = params.get("stop") if isinstance(params.get("stop"), list) else []
-    stops = list(dict.fromkeys([*(request.stop or []), *model_stops]))  # type: ignore[misc]
-    if stops:
-        body["stop"] = stops
-    if request.ignore_eos:
-        body["ignore_eos"] = True
-    if messages is not None and request.tools:
-        body["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                           "parameters": t.parameters}} for t in request.tools]
-        choice = request.tool_choice
-        body["tool_choice"] = ({"type": "function", "function": {"name": choice.name}} if choice.mode == "function"
-                               else choice.mode)
-    if request.response_format is not None:
-        if request.response_format.type == "json_schema":
-            body["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "response", "schema": request.response_format.schema or {}}}
-        else:
-            body["response_format"] = {"type": "json_object"}
-    if request.reasoning is False and messages is not None:
-        body["chat_template_kwargs"] = {"enable_thinking": False}  # vLLM, SGLang and llama-server read it
-    if request.session_id:
-        body["prompt_cache_key"] = request.session_id
-    if request.cache_partition and kind in ("vllm", "dynamo", "localai"):
-        body["cache_salt"] = request.cache_partition  # the upstream's prefix cache is partitioned as this one is
-    if kind == "dynamo":
-        hints: dict[str, Any] = {}
-        if priority is not None:
-            hints["priority"] = priority
-        if max_tokens:
-            hints["osl"] = max_tokens
-        if hints:
-            body["nvext"] = {"agent_hints": hints}
-    return path, body
-
-
-def estimated_tokens(op: dict[str, Any]) -> int:
-    """A prompt's tokens without the upstream's tokenizer: about 4 characters of its JSON a token."""
-    return max(1, int(op["size"]) // 4)
-
-
-def routing_key(record: ModelRecord, request: GenerationRequest) -> str:
-    """The session a request belongs to: its id, else its first messages (or the prompt's start)."""
-    if request.session_id:
-        partition = f"{request.cache_partition}\0" if request.cache_partition else ""
-        return f"session\0{partition}{request.session_id}"
-    digest = hashlib.sha256(record.name.encode() + request.cache_partition.encode())
-    if request.messages is not None:
-        for message in request.messages[:2]:
-            digest.update(message.role.encode() + b"\0" + message.text()[:4096].encode() + b"\0")
-    else:
-        digest.update((request.prompt or "")[:4096].encode())
-    return digest.hexdigest()
-
-
-@dataclass
-class _Call:
-    position: int
-    id: str
-    name: str = ""
-    arguments: list[str] = field(default_factory=list)
-    started: bool = False
 
 
 class RemotePool:
@@ -506,7 +288,7 @@ class RemotePool:
                 yield {"ev": "prompt", "id": op["id"], "prompt_tokens": 0, "cached_tokens": 0,
                        "replica": replica.url}
                 try:
-                    async for frame in self._relay(replica, _chain(first, lines), op):
+                    async for frame in relay(_chain(first, lines), op, f"replica {replica.url} of '{self.name}'"):
                         if frame["ev"] == "done":  # counted first: the reader stops at this frame
                             self._count(replica, "ok", started)
                         yield frame
@@ -570,79 +352,6 @@ class RemotePool:
                     "prompt_tokens": prompt_tokens or estimate, "message": f"{where}: {message}"}
         raise InvalidRequest(f"{where} refused the request (HTTP {status}): {message}")
 
-    async def _relay(self, replica: Replica, lines: AsyncIterator[str],
-                     op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """The upstream's server-sent events as frames, each relayed as it arrives."""
-        calls: dict[int, _Call] = {}
-        usage: dict[str, Any] = {}
-        reason = "stop"
-        pieces = 0
-        text_mode = op["path"] == "/completions"
-
-        def event(value: Event) -> dict[str, Any]:
-            return {"ev": "event", "id": op["id"], "event": value}
-
-        complete = False
-        async for line in lines:
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                complete = True
-                break
-            try:
-                chunk = json.loads(data)
-            except ValueError:
-                raise UpstreamFailed(f"replica {replica.url} of '{self.name}' sent an event that is not JSON: "
-                                     f"{data[:200]!r}") from None
-            if not isinstance(chunk, dict):
-                continue
-            if chunk.get("error"):
-                raise UpstreamFailed(f"replica {replica.url} of '{self.name}' reported an error during the reply: "
-                                     f"{error_message(json.dumps(chunk).encode())}")
-            if isinstance(chunk.get("usage"), dict):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or []:
-                if not isinstance(choice, dict):
-                    continue
-                if text_mode:
-                    if choice.get("text"):
-                        pieces += 1
-                        yield event(TextDelta(str(choice["text"])))
-                else:
-                    delta = choice.get("delta") or {}
-                    thought = delta.get("reasoning_content") or delta.get("reasoning")
-                    if thought:
-                        yield event(ReasoningDelta(str(thought)))
-                    if delta.get("content"):
-                        pieces += 1
-                        yield event(TextDelta(str(delta["content"])))
-                    for item in delta.get("tool_calls") or []:
-                        for value in _call_events(calls, item):
-                            pieces += 1
-                            yield event(value)
-                if choice.get("finish_reason"):
-                    reason = str(choice["finish_reason"])
-                    complete = True
-        if not complete:  # the connection closed cleanly, but before the reply said it was finished
-            raise UpstreamFailed(f"replica {replica.url} of '{self.name}' ended its stream before the reply was "
-                                 "complete")
-        for call in sorted(calls.values(), key=lambda c: c.position):
-            if not call.started:
-                call.started = True
-                yield event(ToolCallStart(call.position, call.id, call.name))
-            yield event(ToolCallEnd(call.position, call.id, call.name, "".join(call.arguments)))
-        finish = "tool_calls" if calls else {"length": "length", "tool_calls": "tool_calls",
-                                              "function_call": "tool_calls"}.get(reason, "stop")
-        details = usage.get("prompt_tokens_details") or {}
-        # Servers that report no usage while streaming (llama-cpp-python's): about 4 characters a token, so agents
-        # that compact their context by the reported input size still see it grow.
-        yield {"ev": "done", "id": op["id"], "finish_reason": finish, "stop_sequence": None, "usage": {
-            "prompt_tokens": int(usage.get("prompt_tokens") or estimated_tokens(op)),
-            "completion_tokens": int(usage.get("completion_tokens") or pieces),
-            "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
-        }}
-
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
         await self.refresh()
         body = {"model": self.model_id(), "input": texts}
@@ -665,32 +374,6 @@ class RemotePool:
             return vectors, int((data.get("usage") or {}).get("prompt_tokens") or 0)
         raise UpstreamUnavailable(f"no replica of '{self.name}' could take the request: {'; '.join(failures)}")
 
-
-def _call_events(calls: dict[int, _Call], item: dict[str, Any]) -> list[Event]:
-    """Events for one tool-call delta. Some servers repeat the id and name on every delta (llama-cpp-python);
-    a call starts once its name is known."""
-    if not isinstance(item, dict):
-        return []
-    index = int(item.get("index", 0) or 0)
-    function = item.get("function") or {}
-    events: list[Event] = []
-    call = calls.get(index)
-    if call is None:
-        call = calls[index] = _Call(position=len(calls), id=str(item.get("id") or new_call_id()))
-    if not call.name and function.get("name"):
-        call.name = str(function["name"])
-    if call.name and not call.started:
-        call.started = True
-        events.append(ToolCallStart(call.position, call.id, call.name))
-    arguments = function.get("arguments")
-    if isinstance(arguments, dict):
-        arguments = json.dumps(arguments)
-    if arguments:
-        call.arguments.append(str(arguments))
-        if call.started:
-            pending = "".join(call.arguments) if len(events) else str(arguments)
-            events.append(ToolCallDelta(call.position, pending))
-    return events
 
 
 def _never_answered(exc: httpx.TransportError) -> bool:
