@@ -7,7 +7,6 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from localai.models.registry import ModelRecord
 from localai.protocol import RequestFrame
@@ -16,7 +15,7 @@ from localai.runtime.formats import Parser
 from localai.schema import GenerationRequest, Message
 from localai.upstreams.pool import RemotePool
 from localai.upstreams.ring import routing_key
-from localai.upstreams.translation import request_body
+from localai.upstreams.translation import RemoteOp, request_body
 from localai.workers.handle import new_request_id
 
 
@@ -31,10 +30,10 @@ class RemoteTarget:
     n_ctx: int
     retries_on_crash: bool = False
 
-    async def operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+    async def operation(self, request: GenerationRequest, messages: list[Message] | None) -> RemoteOp:
         return await asyncio.to_thread(self._operation, request, messages)
 
-    def _operation(self, request: GenerationRequest, messages: list[Message] | None) -> dict[str, Any]:
+    def _operation(self, request: GenerationRequest, messages: list[Message] | None) -> RemoteOp:
         path, body = request_body(self.record, request, messages, self.model_id, self.kind, self.pool.spec.priority)
         headers: dict[str, str] = {}
         if request.session_id:
@@ -45,15 +44,15 @@ class RemoteTarget:
         # The upstream counts the whole max_tokens against its context: leave exactly that room when fitting.
         reserve = min(max_tokens, self.n_ctx) if max_tokens else output_reserve(None, self.n_ctx)
         prompt = body.get("messages", body.get("prompt"))
-        return {"id": new_request_id("remote"), "path": path, "body": body, "headers": headers,
-                "key": routing_key(self.record, request), "reserve": reserve,
-                "size": len(json.dumps([prompt, body.get("tools")], ensure_ascii=False))}
+        return RemoteOp(id=new_request_id("remote"), path=path, body=body, headers=headers,
+                        key=routing_key(self.record, request), reserve=reserve,
+                        size=len(json.dumps([prompt, body.get("tools")], ensure_ascii=False)))
 
-    def size(self, op: dict[str, Any]) -> int:
-        return int(op["size"])
+    def size(self, op: RemoteOp) -> int:
+        return op["size"]
 
-    def generate(self, op: dict[str, Any]) -> AsyncIterator[RequestFrame]:
-        return self.pool.generate(op)  # type: ignore[return-value]
+    def generate(self, op: RemoteOp) -> AsyncIterator[RequestFrame]:
+        return self.pool.generate(op)
 
     def parser(self, request: GenerationRequest, prompt: str | None = None) -> Parser | None:
         return None  # the upstream parsed its own tool calls and reasoning

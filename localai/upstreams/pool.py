@@ -30,8 +30,9 @@ from localai.errors import (
 from localai.metrics import Metrics
 from localai.models.registry import ModelRecord
 from localai.models.remote_spec import RemoteSpec
+from localai.protocol import ErrorFrame, PromptFrame, RequestFrame
 from localai.upstreams.ring import HashRing
-from localai.upstreams.translation import context_error, error_message, estimated_tokens, relay
+from localai.upstreams.translation import RemoteOp, context_error, error_message, estimated_tokens, relay
 
 log = logging.getLogger("localai.remote")
 MODELS_TTL = 60.0  # seconds a /models answer is trusted for the model id and context length
@@ -228,7 +229,7 @@ class RemotePool:
 
     # -- requests ------------------------------------------------------------------------------------
 
-    async def generate(self, op: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, op: RemoteOp) -> AsyncIterator[RequestFrame]:
         """The frames of one request: ``prompt`` once the upstream accepted it, then events and ``done``.
 
         Tries the session's replicas in turn while nothing was relayed; an over-long prompt is a
@@ -285,8 +286,7 @@ class RemotePool:
                     yield self._refusal(replica, status, body_bytes, message, op)
                     return
                 self.metrics.upstream_ttfb.labels(self.name, replica.url).observe(time.perf_counter() - started)
-                yield {"ev": "prompt", "id": op["id"], "prompt_tokens": 0, "cached_tokens": 0,
-                       "replica": replica.url}
+                yield PromptFrame(ev="prompt", id=op["id"], prompt_tokens=0, cached_tokens=0, replica=replica.url)
                 try:
                     async for frame in relay(_chain(first, lines), op, f"replica {replica.url} of '{self.name}'"):
                         if frame["ev"] == "done":  # counted first: the reader stops at this frame
@@ -307,7 +307,7 @@ class RemotePool:
         error = UpstreamTimeout if failures and timeouts == len(failures) else UpstreamUnavailable
         raise error(f"no replica of '{self.name}' could take the request: {'; '.join(failures) or 'none configured'}")
 
-    async def _post(self, replica: Replica, op: dict[str, Any], body: dict[str, Any], *,
+    async def _post(self, replica: Replica, op: RemoteOp, body: dict[str, Any], *,
                     hung_up: bool = False) -> httpx.Response:
         """POST ``body`` to the replica (``hung_up``: its last answer ended by the server dropping the connection,
         which the pool may not have noticed yet: a reset on that connection is no answer either)."""
@@ -329,7 +329,7 @@ class RemotePool:
         self.metrics.upstream_requests.labels(self.name, replica.url, outcome).inc()
         self.metrics.upstream_latency.labels(self.name, replica.url).observe(time.perf_counter() - started)
 
-    def _refusal(self, replica: Replica, status: int, body: bytes, message: str, op: dict[str, Any]) -> dict[str, Any]:
+    def _refusal(self, replica: Replica, status: int, body: bytes, message: str, op: RemoteOp) -> ErrorFrame:
         """A 4xx answer: an over-long prompt becomes a ``context_length`` frame; anything else is raised."""
         where = f"replica {replica.url} of '{self.name}'"
         if status in (401, 403):
@@ -348,8 +348,8 @@ class RemotePool:
                                             "set PARAMETER num_ctx so localai can fit conversations)",
                                             param="messages")
             estimate = max(n_ctx + 1, estimated_tokens(op))
-            return {"ev": "error", "id": op["id"], "kind": "context_length", "n_ctx": n_ctx,
-                    "prompt_tokens": prompt_tokens or estimate, "message": f"{where}: {message}"}
+            return ErrorFrame(ev="error", id=op["id"], kind="context_length", n_ctx=n_ctx,
+                              prompt_tokens=prompt_tokens or estimate, message=f"{where}: {message}")
         raise InvalidRequest(f"{where} refused the request (HTTP {status}): {message}")
 
     async def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:

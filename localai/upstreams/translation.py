@@ -8,12 +8,14 @@ import json
 import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from localai.errors import UpstreamFailed
 from localai.models.registry import ModelRecord
+from localai.protocol import DoneFrame, EventFrame, Usage
 from localai.schema import (
     Event,
+    FinishReason,
     GenerationRequest,
     Message,
     ReasoningBlock,
@@ -169,12 +171,25 @@ def request_body(record: ModelRecord, request: GenerationRequest, messages: Sequ
     return path, body
 
 
-def estimated_tokens(op: dict[str, Any]) -> int:
+class RemoteOp(TypedDict):
+    """A request as a remote model's pool sends it: the chat-completions (or completions) body, its headers, the
+    key its replicas are chosen by, the room its reply needs and its size (for fitting)."""
+
+    id: str
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    key: str
+    reserve: int
+    size: int
+
+
+def estimated_tokens(op: RemoteOp) -> int:
     """A prompt's tokens without the upstream's tokenizer: about 4 characters of its JSON a token."""
     return max(1, int(op["size"]) // 4)
 
 
-async def relay(lines: AsyncIterator[str], op: dict[str, Any], where: str) -> AsyncIterator[dict[str, Any]]:
+async def relay(lines: AsyncIterator[str], op: RemoteOp, where: str) -> AsyncIterator[EventFrame | DoneFrame]:
     """The upstream's server-sent events as frames, each relayed as it arrives (``where``: the replica, for
     errors)."""
     calls: dict[int, _Call] = {}
@@ -183,8 +198,8 @@ async def relay(lines: AsyncIterator[str], op: dict[str, Any], where: str) -> As
     pieces = 0
     text_mode = op["path"] == "/completions"
 
-    def event(value: Event) -> dict[str, Any]:
-        return {"ev": "event", "id": op["id"], "event": value}
+    def event(value: Event) -> EventFrame:
+        return EventFrame(ev="event", id=op["id"], event=value)
 
     complete = False
     async for line in lines:
@@ -236,16 +251,19 @@ async def relay(lines: AsyncIterator[str], op: dict[str, Any], where: str) -> As
             call.started = True
             yield event(ToolCallStart(call.position, call.id, call.name))
         yield event(ToolCallEnd(call.position, call.id, call.name, "".join(call.arguments)))
-    finish = "tool_calls" if calls else {"length": "length", "tool_calls": "tool_calls",
-                                          "function_call": "tool_calls"}.get(reason, "stop")
+    finish: FinishReason = "tool_calls" if calls else _FINISH.get(reason, "stop")
     details = usage.get("prompt_tokens_details") or {}
     # Servers that report no usage while streaming (llama-cpp-python's): about 4 characters a token, so agents
     # that compact their context by the reported input size still see it grow.
-    yield {"ev": "done", "id": op["id"], "finish_reason": finish, "stop_sequence": None, "usage": {
-        "prompt_tokens": int(usage.get("prompt_tokens") or estimated_tokens(op)),
-        "completion_tokens": int(usage.get("completion_tokens") or pieces),
-        "cached_tokens": int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
-    }}
+    yield DoneFrame(ev="done", id=op["id"], finish_reason=finish, stop_sequence=None, usage=Usage(
+        prompt_tokens=int(usage.get("prompt_tokens") or estimated_tokens(op)),
+        completion_tokens=int(usage.get("completion_tokens") or pieces),
+        cached_tokens=int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
+        prompt_ms=0.0, decode_ms=0.0,  # the upstream's own timings are not reported
+    ))
+
+
+_FINISH: dict[str, FinishReason] = {"length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls"}
 
 
 @dataclass
