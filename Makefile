@@ -61,17 +61,17 @@ else
 install-agents: $(AGENTS_DIR)/.installed
 endif
 
-# The client tier's clients (tests/clients): LangChain, the OpenAI Agents SDK, pydantic-ai, litellm, the llm CLI in
+# The client tier's clients (tests/api/daemon/clients): LangChain, the OpenAI Agents SDK, pydantic-ai, litellm, the llm CLI in
 # .clients/python, llama-index (which needs openai<3) in .clients/llama-index, the npm openai and ollama packages in
-# tests/clients/node; none of them in the test venv. About a minute on a cold pip cache.
+# tests/api/daemon/clients/node; none of them in the test venv. About a minute on a cold pip cache.
 CLIENTS_DIR := $(CURDIR)/.clients
 
-$(CLIENTS_DIR)/.installed: tests/clients/requirements.txt tests/clients/requirements-llama-index.txt tests/clients/node/package.json
+$(CLIENTS_DIR)/.installed: tests/api/daemon/clients/requirements.txt tests/api/daemon/clients/requirements-llama-index.txt tests/api/daemon/clients/node/package.json
 	$(PYTHON) -m venv $(CLIENTS_DIR)/python
-	$(CLIENTS_DIR)/python/bin/python -m pip install --quiet -r tests/clients/requirements.txt
+	$(CLIENTS_DIR)/python/bin/python -m pip install --quiet -r tests/api/daemon/clients/requirements.txt
 	$(PYTHON) -m venv $(CLIENTS_DIR)/llama-index
-	$(CLIENTS_DIR)/llama-index/bin/python -m pip install --quiet -r tests/clients/requirements-llama-index.txt
-	cd tests/clients/node && npm install --no-audit --no-fund --silent
+	$(CLIENTS_DIR)/llama-index/bin/python -m pip install --quiet -r tests/api/daemon/clients/requirements-llama-index.txt
+	cd tests/api/daemon/clients/node && npm install --no-audit --no-fund --silent
 	touch $@
 
 ifeq ($(LOCALAI_SKIP_CLIENTS),1)
@@ -83,7 +83,7 @@ endif
 
 ## test-clients: the client tier alone: every client x check against a real daemon (about 3.5 minutes)
 test-clients: install-test install-clients
-	$(BIN)/python -m pytest -q -s tests/clients
+	$(BIN)/python -m pytest -q -s tests/api/daemon/clients
 
 ## test: install everything the tests need (agents and clients included), then lint, type-check and run the suite
 test: install-test install-agents install-clients fixtures lint typecheck
@@ -95,7 +95,7 @@ test-fast: install-test lint typecheck
 	$(BIN)/python -m pytest -q --durations=10 -m "not model and not agents"
 
 # The GPU tier: llama-cpp-python built for GPU_BACKEND (vulkan or cuda) into a venv of its own (the wheel is built once
-# and kept in GPU_WHEELS), then tests/gpu on whatever device llama.cpp finds. Not part of `make test`: the build
+# and kept in GPU_WHEELS), then tests/engines/gpu on whatever device llama.cpp finds. Not part of `make test`: the build
 # alone takes minutes. Vulkan on a machine without a GPU runs on Mesa's llvmpipe, a CPU-type device that llama.cpp
 # skips unless GGML_VK_VISIBLE_DEVICES names it (0 here by default).
 GPU_BACKEND ?= vulkan
@@ -115,7 +115,7 @@ $(GPU_VENV)/.installed-$(GPU_BACKEND): pyproject.toml packaging/gpu/build-llama-
 ## test-gpu: build llama.cpp for a GPU (GPU_BACKEND=vulkan, or cuda) and run the GPU tier on the device it finds
 test-gpu: $(GPU_VENV)/.installed-$(GPU_BACKEND) fixtures
 	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) $(GPU_VENV)/bin/python -m localai.engines.llama_devices; echo
-	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) GPU_TIER_REQUIRED=1 $(GPU_VENV)/bin/python -m pytest -q -o timeout=900 --durations=10 tests/gpu tests/test_placement.py
+	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) GPU_TIER_REQUIRED=1 $(GPU_VENV)/bin/python -m pytest -q -o timeout=900 --durations=10 tests/engines/gpu tests/engines/test_placement.py
 
 lint: install-test
 	@echo "==> ruff (seconds)"
@@ -188,9 +188,9 @@ $(VENV)/.installed-stress: pyproject.toml | $(BIN)/python
 ## stress: the abuse runs with figures (about 45 minutes): security, fuzz, full disk, kill -9 chaos, 64-client load,
 ## the prompt store's 10-minute concurrency soak, and hostile input (templates that never end, cross-key cache
 ## guesses, a 1,000-turn stored-responses chain, oversized requests, slow headers and the smaller findings).
-## Needs root for the full-disk check (it mounts a small tmpfs); `python -m tests.stress --help` for one check.
+## Needs root for the full-disk check (it mounts a small tmpfs); `python -m tests.api.stress --help` for one check.
 stress: $(VENV)/.installed-stress
-	$(BIN)/python -m tests.stress
+	$(BIN)/python -m tests.api.stress
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR) $(CLIENTS_DIR) tests/clients/node/node_modules
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR) $(CLIENTS_DIR) tests/api/daemon/clients/node/node_modules

@@ -1,5 +1,5 @@
 """The rules of the house (../shared/design/layout.md), read from the code: each module's imports go down the
-rooms, never up; the worker process loads only what it needs; no new import cycle.
+rooms, never up; the worker process loads only what it needs; no new import cycle; tests/ mirrors the packages.
 
 A room imports downward only: api -> runtime -> workers/upstreams -> engines/promptcache/models -> foundations,
 with the front ends (client, agents, daemon, bench, cli, tui) above them all. A new module must be given a room
@@ -9,9 +9,10 @@ here (and in the README's tree) before it can land.
 from __future__ import annotations
 
 import ast
+import os
 from collections import defaultdict
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path, PurePath, PurePosixPath
 
 ROOT = Path(__file__).resolve().parents[1]
 FOUNDATIONS = {"localai", "localai.schema", "localai.errors", "localai.settings", "localai.paths",
@@ -39,6 +40,15 @@ CYCLES_ALLOWED_IN = {"cli", "tui"}  # click's command registration; the Textual 
 DIALECTS = {"localai.api.openai": "openai", "localai.api.anthropic": "anthropic", "localai.api.ollama": "ollama",
             "localai.api.responses": "responses", "localai.api.responses_socket": "responses",
             "localai.api.response_store": "responses"}
+# tests/<package>/ holds a package's tests (tests/runtime/formats/ a sub-package's, tests/engines/mlx/ a module's), the
+# foundations' tests sit at the root; inside a package's folder, a tier's sub-folder says what kind of test it holds.
+TEST_TIERS = {
+    "daemon": "the package's tests through a real `localai serve`",
+    "clients": "real client libraries against a real daemon (`make test-clients`)",
+    "gpu": "the GPU tier (`make test-gpu`)",
+    "stress": "the abuse harness (`make stress`)",
+}
+NOT_TESTS = {"__pycache__", "node_modules"}
 
 
 def modules() -> dict[str, Path]:
@@ -122,6 +132,43 @@ def test_no_module_takes_a_private_name_from_another_package() -> None:
 def test_every_module_has_a_room() -> None:
     unplaced = sorted(m for m in MODULES if room(m) not in LEVELS)
     assert not unplaced, f"give these a room in tests/test_layout.py and the README's tree: {unplaced}"
+
+
+def files_under_tests() -> list[PurePosixPath]:
+    tests, found = ROOT / "tests", []
+    for folder, subfolders, names in os.walk(tests):
+        subfolders[:] = [name for name in subfolders if name not in NOT_TESTS]  # node_modules may be large
+        found += [PurePosixPath(Path(folder, name).relative_to(tests).as_posix()) for name in names]
+    return found
+
+
+def misplaced_tests(files: Iterable[PurePosixPath], modules: Mapping[str, PurePath]) -> list[str]:
+    """The folders of Python under tests/ (``files`` relative to it) that name no package of localai/ (or the TUI),
+    nor a module or a tier (TEST_TIERS) inside one, or are no package (same-named test files would clash). Folders
+    without Python (chat templates, snapshots, the node client) are data and not asked."""
+    code = [f for f in files if f.suffix == ".py" and not NOT_TESTS & set(f.parts)]
+    folders = {f.parents[i].parts for f in code for i in range(len(f.parts) - 1)}
+    packaged = {f.parent.parts for f in code if f.name == "__init__.py"}
+    packages = {name for name, path in modules.items() if path.name == "__init__.py"}
+    bad = []
+    for folder in sorted(folders):
+        where = f"localai.{folder[0]}"
+        mirrors = where in packages
+        for part in folder[1:]:
+            if part not in TEST_TIERS:
+                where = f"{where}.{part}"
+                mirrors = mirrors and where in modules
+        if not mirrors:
+            bad.append(f"tests/{'/'.join(folder)}: names no package of localai/, nor a module or tier in one")
+        elif folder not in packaged:
+            bad.append(f"tests/{'/'.join(folder)}: has no __init__.py")
+    return bad
+
+
+def test_every_test_folder_names_a_package() -> None:
+    bad = misplaced_tests(files_under_tests(), MODULES)
+    assert not bad, "put these tests beside their package's (tests/<package>/, a tier of TEST_TIERS in it):\n" + (
+        "\n".join(bad))
 
 
 def edges() -> list[tuple[str, str, int]]:
@@ -250,3 +297,21 @@ def test_the_rules_catch_what_they_forbid() -> None:
     assert private_reaches("localai.api.openai", reaching) == [
         "localai.api.openai:1 imports _close_quietly from localai.runtime.runtime",
         "localai.api.openai:3 reads localai.models.renderer._pool"]
+    tree = [PurePosixPath(f) for f in (
+        "conftest.py", "test_settings.py", "templates/qwen3-coder.jinja",  # the foundations' tests; data
+        "api/__init__.py", "api/test_limits.py", "api/daemon/__init__.py", "api/daemon/test_openai.py",
+        "api/daemon/clients/__init__.py", "api/daemon/clients/node/drive.mjs",
+        "api/daemon/clients/node/node_modules/flatted/python/flatted.py",  # an npm package's own Python
+        "runtime/__init__.py", "runtime/formats/__init__.py", "engines/__init__.py", "engines/mlx/__init__.py",
+        "server/__init__.py", "server/test_openai.py",  # a folder named after no package
+        "gpu/__init__.py", "gpu/test_gpu.py",  # a tier outside any package
+        "schema/__init__.py", "schema/test_schema.py",  # a foundation module is no package
+        "api/sockets/__init__.py", "api/sockets/test_ws.py",  # neither a module of api/ nor a tier
+        "workers/test_scheduler.py",  # no __init__.py
+    )]
+    assert misplaced_tests(tree, MODULES) == [
+        "tests/api/sockets: names no package of localai/, nor a module or tier in one",
+        "tests/gpu: names no package of localai/, nor a module or tier in one",
+        "tests/schema: names no package of localai/, nor a module or tier in one",
+        "tests/server: names no package of localai/, nor a module or tier in one",
+        "tests/workers: has no __init__.py"]

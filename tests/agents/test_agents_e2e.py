@@ -22,7 +22,7 @@ from localai.agents import get
 from localai.bench.servers import LlamaCppPythonServer
 from tests.conftest import Daemon, start_daemon
 from tests.metagguf import metadata_gguf
-from tests.test_formats_roundtrip import qwen3_coder
+from tests.runtime.formats.test_formats_roundtrip import qwen3_coder
 
 AGENTS_DIR = Path(__file__).resolve().parents[2] / ".agents"
 PROMPT = "Reply with a short friendly greeting."

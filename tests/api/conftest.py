@@ -3,7 +3,7 @@
 Request shapes and error replies do not need a model: the dialects, validation, runtime, scheduler, worker
 protocol and serving loop all run for real, and only the engine answers from a script. One app serves a whole
 module (the worker starts once); each test's home is the module's home, so every test here must keep its data
-apart (its own session ids and model names). The same paths run once with the real model in tests/server/.
+apart (its own session ids and model names). The same paths run once with the real model in tests/api/daemon/.
 """
 
 from __future__ import annotations

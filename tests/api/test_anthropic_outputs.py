@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from starlette.testclient import TestClient
 
-from tests.server.streams import named_events
+from tests.api.daemon.streams import named_events
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "minLength": 3}, "age": {"type": "integer"},
                                            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2}},

@@ -1,6 +1,6 @@
 """Each dialect's malformed requests, in-process on the scripted engine: a 4xx in that dialect's error shape,
 naming the field, and the app keeps serving. (Errors that depend on the real engine, such as a JSON schema that
-llama.cpp's grammar converter refuses, are tested against the real model in tests/server/.)"""
+llama.cpp's grammar converter refuses, are tested against the real model in tests/api/daemon/.)"""
 
 from __future__ import annotations
 

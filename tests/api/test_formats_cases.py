@@ -1,9 +1,9 @@
 """Generated replies in every format, through every dialect: what the model wrote (text, reasoning, tool calls
 with code full of markup, unicode, nested JSON) comes out of each dialect's response exactly, streamed and not.
 
-The replies are tests/test_formats_roundtrip.py's (seeded; the same generator runs 1,000 per format at the parser),
-said by the scripted engine. ``make test`` runs ``FORMAT_CASES`` (default 40) per format and dialect, half of
-them streamed; ``FORMAT_CASES=1000 pytest tests/api/test_formats_cases.py`` runs the full thousand.
+The replies are tests/runtime/formats/test_formats_roundtrip.py's (seeded; the same generator runs 1,000 per format
+at the parser), said by the scripted engine. ``make test`` runs ``FORMAT_CASES`` (default 40) per format and
+dialect, half of them streamed; ``FORMAT_CASES=1000 pytest tests/api/test_formats_cases.py`` runs the full thousand.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from localai.settings import Settings
 from tests.api.conftest import scripted_settings
 from tests.metagguf import metadata_gguf
-from tests.test_formats_roundtrip import SCHEMAS, STYLES, arguments, text_piece, write
+from tests.runtime.formats.test_formats_roundtrip import SCHEMAS, STYLES, arguments, text_piece, write
 
 CASES = int(os.environ.get("FORMAT_CASES", "40"))
 TOOLS = [{"name": name, "description": name, "parameters": schema} for name, schema in SCHEMAS.items()]
@@ -44,7 +44,7 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def case(rng: random.Random, style: str) -> Outcome:
-    """One reply, as tests/test_formats_roundtrip.py generates them."""
+    """One reply, as tests/runtime/formats/test_formats_roundtrip.py generates them."""
     count = 1 if style == "llama3" else rng.randrange(0, 4)
     calls = [(name, arguments(rng, name)) for name in rng.choices(list(SCHEMAS), k=count)]
     text = text_piece(rng) if rng.random() < 0.6 or not calls else ""

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from tests.api.test_formats_cases import DIALECTS as READERS
 from tests.metagguf import metadata_gguf
-from tests.test_formats_roundtrip import SCHEMAS, write
+from tests.runtime.formats.test_formats_roundtrip import SCHEMAS, write
 
 LINES = 2000
 FILE = "\n".join(f"<a x='{n}'>&" + ('"ü' if n % 7 else "</p>") for n in range(LINES)) + "\n"  # markup, 2,000 lines

@@ -1,7 +1,7 @@
 """Bad and hostile requests, in-process on the scripted engine: each gets a clear 4xx, and the model keeps
 serving. Each case was found by an abuse run against a live daemon; the ones that need a real model or a real
 server (a wedged llama.cpp engine, the event loop under load, a client that disconnects) are in
-tests/server/test_abuse.py."""
+tests/api/daemon/test_abuse.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Images, audio and documents in every dialect, on a text-only model (the scripted engine, in-process): 200, a
 stand-in where the medium stood in the rendered prompt (``[[echo]]`` makes the engine reply its prompt), and the
 ``X-LocalAI-Omitted`` header saying what was left out; documents reach the model as their text; broken ones are a
-400 naming the block. The real model, the real SDKs and the daemon's log are in tests/server/test_media_daemon.py."""
+400 naming the block. The real model, the real SDKs and the daemon's log are in
+tests/api/daemon/test_media_daemon.py."""
 
 from __future__ import annotations
 
