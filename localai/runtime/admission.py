@@ -45,13 +45,12 @@ class _Attempt:
     previous_length: int | None = None
 
 
-async def admit(request: GenerationRequest, open_target: Callable[[], Awaitable[Target[Any]]], *, model: str,
-                session: str | None, fitting: bool, memory: FitMemory) -> Admitted:
-    """Send ``request`` to the target ``open_target`` gives (again, for a fresh worker) until one takes it.
+async def admit(request: GenerationRequest, target: Target[Any], reopen: Callable[[], Awaitable[Target[Any]]], *,
+                model: str, session: str | None, fitting: bool, memory: FitMemory) -> Admitted:
+    """Send ``request`` to ``target`` until it takes it (``reopen``: a fresh worker's, when the first died before).
 
     A prompt over the context is cut (``fitting``) and sent again, each attempt smaller; errors that belong to the
     request (over the context with nothing left to cut, a constraint that cannot be built) are raised."""
-    target = await open_target()
     original = request.messages
     key = conversation_key(model, session, original) if original else ""
     at = _Attempt()
@@ -78,7 +77,7 @@ async def admit(request: GenerationRequest, open_target: Callable[[], Awaitable[
                 raise
             retried = True
             log.warning("the worker for %s died before taking a request; sending it to a new worker", model)
-            target = await open_target()
+            target = await reopen()
             at.previous_length = None
             continue
         if first["ev"] == "prompt":

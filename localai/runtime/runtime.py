@@ -64,8 +64,8 @@ class Runtime:
         try:
             fitting = request.fit_context if request.fit_context is not None \
                 else bool(record.parameters.get("fit_context", True))
-            admitted = await admission.admit(request, open_target, model=record.name, session=session_key(request),
-                                             fitting=fitting, memory=self.fit_memory)
+            admitted = await admission.admit(request, await open_target(), open_target, model=record.name,
+                                             session=session_key(request), fitting=fitting, memory=self.fit_memory)
             stack.push_async_callback(close_quietly, admitted.frames)
             target, op, first = admitted.target, admitted.op, admitted.first
             follow_up = None
