@@ -118,6 +118,27 @@ class EmbedOp(TypedDict):
     tokens: NotRequired[list[list[int]]]  # token ids a client sent in place of texts (checked to be the model's own)
 
 
+class ShutdownOp(TypedDict):
+    """Daemon → worker: finish what is being prefilled, write the queued cache entries, exit."""
+
+    op: Literal["shutdown"]
+
+
+# What the serving loop takes; what crosses to a worker (the worker's main loop handles shutdown itself)
+WorkOp = GenerateOp | CancelOp | TokenizeOp | EmbedOp
+Op = WorkOp | ShutdownOp
+OP_KINDS = frozenset({"generate", "cancel", "tokenize", "embed", "shutdown"})
+
+
+def decode_op(body: bytes) -> Op:
+    """An op from its JSON body; a kind the protocol does not have is a ValueError (a broken peer)."""
+    value = decode(body)
+    kind = value.get("op")
+    if not isinstance(kind, str) or kind not in OP_KINDS:
+        raise ValueError(f"unknown op {str(kind)[:40]!r}")
+    return value  # type: ignore[return-value]
+
+
 class ModelInfo(TypedDict):
     """What a worker reports about its loaded model in the ``ready`` frame."""
 
@@ -369,8 +390,8 @@ class FrameSocket:
         except OSError:
             pass
 
-    def receive(self) -> dict[str, Any] | None:
-        """The next frame, or None when the peer closed the socket."""
+    def receive(self) -> Op | None:
+        """The next op, or None when the peer closed the socket (ValueError: not a frame of the protocol)."""
         header = self._read_exactly(HEADER.size)
         if header is None:
             return None
@@ -380,7 +401,7 @@ class FrameSocket:
         body = self._read_exactly(length)
         if body is None:
             return None
-        return decode(body)
+        return decode_op(body)
 
     def _read_exactly(self, size: int) -> bytes | None:
         chunks = bytearray()

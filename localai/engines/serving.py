@@ -39,6 +39,7 @@ from localai.protocol import (
     TokensFrame,
     Usage,
     WorkerFrame,
+    WorkOp,
 )
 from localai.schema import FinishReason
 from localai.text import StopMatcher, common_prefix_length
@@ -142,7 +143,7 @@ class Serving:
 
     # -- the loop --------------------------------------------------------------------------------
 
-    def serve(self, inbox: queue.Queue[dict[str, Any] | None], emit: Emit) -> None:
+    def serve(self, inbox: queue.Queue[WorkOp | None], emit: Emit) -> None:
         """Run until ``None`` arrives in the inbox: admit, batch, decode, sample, emit. Replies being prefilled
         (warm requests) are finished and saved first; other requests are cancelled."""
         stopping = False
@@ -167,36 +168,36 @@ class Serving:
                     try:
                         self._handle(op, emit)
                     except Exception as exc:  # one bad op gets its error; the engine keeps serving the rest
-                        log.exception("op %s %s failed", op.get("op"), op.get("id"))
-                        emit(ErrorFrame(ev="error", id=op.get("id"), kind="invalid", message=str(exc)[:2000]))
+                        log.exception("op %s %s failed", op["op"], op["id"])
+                        emit(ErrorFrame(ev="error", id=op["id"], kind="invalid", message=str(exc)[:2000]))
             except queue.Empty:
                 pass
             self._admit(emit)
             if self.requests:
                 self._step(emit)
 
-    def _handle(self, op: dict[str, Any], emit: Emit) -> None:
-        kind = op.get("op")
-        if op.get("media"):  # images a vision projector reads, named by the prompt's marks (engines/llama_vision)
+    def _handle(self, op: WorkOp, emit: Emit) -> None:
+        if (op["op"] == "generate" or op["op"] == "tokenize") and op.get("media"):
+            # images a vision projector reads, named by the prompt's marks (engines/llama_vision)
             remember = getattr(self.engine, "remember_media", None)
             if remember is None:
                 raise ValueError(f"the {self.engine.backend} engine reads no images")
-            remember(op["media"])
-        if kind == "generate":
-            self.waiting.append(op)  # type: ignore[arg-type]
-        elif kind == "cancel":
+            remember(op.get("media"))
+        if op["op"] == "generate":
+            self.waiting.append(op)
+        elif op["op"] == "cancel":
             request = self.requests.get(op["id"])
             if request is not None:
                 self._finish(request, "cancelled", emit)
             self.waiting = [item for item in self.waiting if item["id"] != op["id"]]
-        elif kind == "tokenize":
+        elif op["op"] == "tokenize":
             tokens = self.engine.tokenize(op["text"])
             answer = TokensFrame(ev="tokens", id=op["id"], count=len(tokens))
             if not op.get("count_only"):
                 answer["tokens"] = tokens
             emit(answer)
-        elif kind == "embed":
-            self._embed(op, emit)  # type: ignore[arg-type]
+        elif op["op"] == "embed":
+            self._embed(op, emit)
 
     def _embed(self, op: EmbedOp, emit: Emit) -> None:
         engine = self.engine

@@ -23,6 +23,7 @@ from localai.protocol import (
     IdleFrame,
     ModelInfo,
     RequestFrame,
+    ShutdownOp,
     TokenizeOp,
     WorkerFrame,
 )
@@ -236,7 +237,7 @@ class Worker:
         """Ask the worker to exit (it first writes its queued cache entries); kill it if it does not."""
         if self.alive:
             with contextlib.suppress(Exception):
-                await self._send({"op": "shutdown"})
+                await self._send(ShutdownOp(op="shutdown"))
         if self.process is not None and self.process.returncode is None:
             try:
                 await asyncio.wait_for(self.process.wait(), timeout)

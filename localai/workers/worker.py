@@ -22,7 +22,7 @@ from typing import Any
 
 from localai.engines.engine import Engine, LoadOptions
 from localai.engines.serving import Serving
-from localai.protocol import FatalFrame, FrameSocket, LoadErrorFrame, ReadyFrame
+from localai.protocol import FatalFrame, FrameSocket, LoadErrorFrame, ReadyFrame, WorkOp
 
 log = logging.getLogger("localai.worker")
 EXIT_ENGINE_FAILED = 70
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("load failed")
         channel.send(LoadErrorFrame(ev="load_error", message=f"{type(exc).__name__}: {exc}"))
         return 1
-    inbox: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    inbox: queue.Queue[WorkOp | None] = queue.Queue()
 
     def run_engine() -> None:
         try:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             message = channel.receive()
         except (OSError, ValueError):
             message = None
-        if message is None or message.get("op") == "shutdown":
+        if message is None or message["op"] == "shutdown":
             inbox.put(None)
             break
         inbox.put(message)
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def stop_on_signals(inbox: queue.Queue[dict[str, Any] | None], engine_thread: threading.Thread,
+def stop_on_signals(inbox: queue.Queue[WorkOp | None], engine_thread: threading.Thread,
                     grace: float = SIGNAL_GRACE) -> None:
     """On SIGTERM or SIGINT, give the daemon ``grace`` seconds to stop this worker as it stops itself, then stop
     gracefully: the engine finishes what it is prefilling and flushes its cache writes, then the process exits."""

@@ -119,14 +119,15 @@ def test_a_frame_over_the_limit_reaches_the_daemon_as_a_too_large_error_for_its_
     dropped; a daemon that is gone is no error for the engine thread."""
     monkeypatch.setattr(protocol, "MAX_FRAME", 4096)
     ours, theirs = socket.socketpair()
-    worker_side, daemon_side = protocol.FrameSocket(ours), protocol.FrameSocket(theirs)
+    worker_side, daemon_side = protocol.FrameSocket(ours), theirs.makefile("rb")
     worker_side.emit(protocol.TextFrame(ev="text", id="req-1", text="x" * 5000))
     worker_side.emit(protocol.StatsFrame(ev="stats", cache={"x" * 5000: 1}))
     worker_side.emit(protocol.TextFrame(ev="text", id="req-2", text="fits"))
-    first, second = daemon_side.receive(), daemon_side.receive()
-    assert first is not None and first["ev"] == "error" and first["id"] == "req-1" and first["kind"] == "too_large"
+    first, second = (protocol.decode_frame(protocol.read_frame(daemon_side) or b"") for _ in range(2))
+    assert first["ev"] == "error" and first["id"] == "req-1" and first["kind"] == "too_large"
     assert "too large for one response" in first["message"]
     assert second == {"ev": "text", "id": "req-2", "text": "fits"}
+    daemon_side.close()
     theirs.close()
     worker_side.emit(protocol.TextFrame(ev="text", id="req-3", text="nobody listens"))  # no exception
     ours.close()
@@ -139,6 +140,27 @@ def test_only_the_protocol_s_frame_kinds_decode() -> None:
             protocol.decode_frame(body)
     with pytest.raises(ValueError):
         protocol.decode_frame(b"[1, 2]")
+    assert protocol.decode_op(b'{"op": "cancel", "id": "a"}') == {"op": "cancel", "id": "a"}
+    for body in (b'{"op": "reboot"}', b'{"ev": "text"}', b'{"op": {"generate": 1}}'):
+        with pytest.raises(ValueError, match="unknown op"):
+            protocol.decode_op(body)
+
+
+def test_a_worker_sent_an_op_the_protocol_does_not_have_stops_cleanly(tmp_path: Path) -> None:
+    """The worker reads ops through decode_op: a peer sending something else is broken, and the worker ends as it
+    does when the daemon goes away (exit 0), rather than feeding the serving loop what it cannot handle."""
+    async def scenario() -> None:
+        worker = Worker("scripted", "scripted", {"model_path": str(tmp_path / "none"), "num_ctx": 512,
+                                                 "n_parallel": 1, "cache_dir": None})
+        await worker.start(60)
+        try:
+            await worker._send({"op": "reboot", "id": "x"})
+            assert worker.process is not None
+            assert await asyncio.wait_for(worker.process.wait(), 30) == 0
+        finally:
+            await worker.stop()
+
+    asyncio.run(scenario())
 
 
 STARTS_BADLY = {
