@@ -101,7 +101,7 @@ class Client:
             raise DaemonUnavailable(f"the daemon (pid {pid}) belongs to another user; stop it as that user") from exc
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not _process_exists(pid):
+            if not paths.process_alive(pid):
                 return pid
             time.sleep(0.1)
         raise DaemonUnavailable(f"the daemon (pid {pid}) is still stopping after {timeout:.0f} s (its workers "
@@ -268,23 +268,7 @@ def _unanswering_daemon() -> int | None:
     except (OSError, ValueError):
         return None
     is_daemon = b"localai" in b" ".join(command) and b"serve" in command
-    return pid if is_daemon and _process_exists(pid) else None
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if sys.platform.startswith("linux"):  # a zombie (exited, its parent has not reaped it yet) is gone for us
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                return stat.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-        except OSError:
-            return False
-    return True
+    return pid if is_daemon and paths.process_alive(pid) else None
 
 
 def probe(url: str) -> dict[str, Any] | None:

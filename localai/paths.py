@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import platformdirs
@@ -63,6 +64,28 @@ def rotate_log(path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BA
 def pid_path() -> Path:
     """The running daemon's pid, written at start and removed at clean exit."""
     return home() / "localai.pid"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether the process of a pid file or lock is still running: it exists (perhaps another user's) and, on Linux,
+    is not a zombie (exited, its parent has not reaped it yet: gone for everyone reading its files)."""
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if sys.platform.startswith("linux"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                return stat.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+        except OSError:
+            return False
+    return True
 
 
 def address_path() -> Path:

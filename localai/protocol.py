@@ -14,7 +14,7 @@ import socket
 import struct
 import threading
 from collections.abc import Mapping
-from typing import IO, TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
+from typing import IO, TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 if TYPE_CHECKING:
     from localai.schema import Event, FinishReason
@@ -132,11 +132,7 @@ OP_KINDS = frozenset({"generate", "cancel", "tokenize", "embed", "shutdown"})
 
 def decode_op(body: bytes) -> Op:
     """An op from its JSON body; a kind the protocol does not have is a ValueError (a broken peer)."""
-    value = decode(body)
-    kind = value.get("op")
-    if not isinstance(kind, str) or kind not in OP_KINDS:
-        raise ValueError(f"unknown op {str(kind)[:40]!r}")
-    return value  # type: ignore[return-value]
+    return _tagged(body, "op", OP_KINDS, "op")  # type: ignore[return-value]
 
 
 class ModelInfo(TypedDict):
@@ -294,18 +290,22 @@ class IdleFrame(TypedDict):
 WorkerFrame = (ReadyFrame | LoadErrorFrame | FatalFrame | PromptFrame | TextFrame | DoneFrame | ErrorFrame
                | TokensFrame | EmbeddingsFrame | StatsFrame)
 RequestFrame = PromptFrame | TextFrame | EventFrame | DoneFrame | ErrorFrame | IdleFrame
-Frame = WorkerFrame | EventFrame | IdleFrame
 FRAME_KINDS = frozenset({"ready", "load_error", "fatal", "prompt", "text", "done", "error", "tokens", "embeddings",
                          "stats"})
 
 
 def decode_frame(body: bytes) -> WorkerFrame:
     """A worker's frame from its JSON body; a kind the protocol does not have is a ValueError (a broken peer)."""
+    return _tagged(body, "ev", FRAME_KINDS, "frame kind")  # type: ignore[return-value]
+
+
+def _tagged(body: bytes, tag: str, kinds: frozenset[str], what: str) -> dict[str, Any]:
+    """The JSON object of a frame body whose ``tag`` names one of ``kinds``."""
     value = decode(body)
-    kind = value.get("ev")
-    if not isinstance(kind, str) or kind not in FRAME_KINDS:
-        raise ValueError(f"unknown frame kind {str(value.get('ev'))[:40]!r}")
-    return value  # type: ignore[return-value]
+    kind = value.get(tag)
+    if not isinstance(kind, str) or kind not in kinds:
+        raise ValueError(f"unknown {what} {str(kind)[:40]!r}")
+    return value
 
 
 IMAGE_MARK_START = "<__localai_image_"
@@ -382,9 +382,9 @@ class FrameSocket:
             self.send(frame)
         except FrameTooLarge as exc:
             log.warning("not sending a %s frame: %s", frame["ev"], exc)
-            request = frame.get("id") if isinstance(frame, Mapping) else None
+            request = cast("Mapping[str, str | None]", frame).get("id")  # stats and the load frames have none
             if request is not None:
-                self.send(ErrorFrame(ev="error", id=str(request), kind="too_large",
+                self.send(ErrorFrame(ev="error", id=request, kind="too_large",
                                      message=f"the answer is too large for one response ({exc}); send less per "
                                              "request"))
         except OSError:

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localai.paths import process_alive
+
 log = logging.getLogger("localai.cache")
 
 # 64 tokens per block: a turn rewrites at most one partial block (<= 63 tokens) on top of what it added, which keeps
@@ -215,20 +217,6 @@ def read_snapshot(path: Path) -> bytes:
     return payload
 
 
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Folder:
     """The files of one fingerprint: an index of blocks (headers only), heads and snapshots, and eviction.
 
@@ -301,7 +289,7 @@ class Folder:
                     self.drop_block(key)  # can never be restored
             for head_id in self._broken()[1]:
                 owner = self.heads[head_id].owner
-                if owner == os.getpid() or not pid_alive(owner):
+                if owner == os.getpid() or not process_alive(owner):
                     self.drop_head(head_id)
         for head in self.heads.values():
             if head.kind == "system":
@@ -336,7 +324,7 @@ class Folder:
             for temp in (self.path / folder).glob(".tmp-*"):
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     pid = int(temp.name.split("-")[1])
-                    if not pid_alive(pid) or time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
+                    if not process_alive(pid) or time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
                         temp.unlink()  # a write that never finished
 
     def _scan_blocks(self, complaints: list[str], *, repair: bool, known: Collection[str] = ()) -> None:

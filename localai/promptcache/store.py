@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from localai.paths import process_alive
 from localai.promptcache import legacy
 from localai.promptcache.blocks import (
     BLOCK_TOKENS,
@@ -33,7 +34,6 @@ from localai.promptcache.blocks import (
     Head,
     block_file,
     chain_key,
-    pid_alive,
     read_block,
     read_snapshot,
     root_key,
@@ -576,7 +576,7 @@ class PromptStore:
         if kind == "history":
             for head in self.folder.heads.values():
                 if head.kind == "history" and head.session == session and head.n_tokens < len(tokens) \
-                        and (head.owner in mine or not pid_alive(head.owner)) \
+                        and (head.owner in mine or not process_alive(head.owner)) \
                         and _chain_is_prefix(self.folder, head, tokens) \
                         and self.folder.partition_of(head.key) == partition:
                     return head  # the same conversation, grown: its entry moves forward
@@ -770,7 +770,7 @@ class PromptStore:
         for folder in self.root.iterdir() if self.root.exists() else []:
             if not folder.is_dir() or folder == self.dir:
                 continue
-            live = any(path.name.isdigit() and pid_alive(int(path.name)) for path in (folder / "owners").glob("*"))
+            live = any(path.name.isdigit() and process_alive(int(path.name)) for path in (folder / "owners").glob("*"))
             for path in [*folder.glob("blocks/*.blk"), *folder.glob("snaps/*.snp"), *folder.glob("*.kv")]:
                 if path.name.startswith("."):
                     continue  # another process's write in progress
@@ -803,7 +803,7 @@ class PromptStore:
                 + [h.disk_key for h in heads  # a moved head's file names them until it is rewritten
                    if h.disk_key is not None and h.disk_key != h.key])
             others_live = {h.owner for h in self.folder.heads.values()
-                           if h.owner != os.getpid() and pid_alive(h.owner)}
+                           if h.owner != os.getpid() and process_alive(h.owner)}
             _, evicted = self.folder.evict(total - self.max_bytes, protected=protected, skip_owner=others_live)
             self._seen_change = self.folder.changed_stamp()  # its own mark, and nothing else's is unseen (above)
             self.stats["evictions"] += evicted

@@ -11,12 +11,13 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, overload
 
 from localai import paths, protocol
 from localai.errors import InvalidRequest, RequestTooLarge, WorkerCrashed, WorkerLoadFailed
 from localai.protocol import (
     CancelOp,
+    EmbeddingsFrame,
     EmbedOp,
     FrameTooLarge,
     GenerateOp,
@@ -25,6 +26,7 @@ from localai.protocol import (
     RequestFrame,
     ShutdownOp,
     TokenizeOp,
+    TokensFrame,
     WorkerFrame,
 )
 
@@ -186,7 +188,13 @@ class Worker:
         return WorkerCrashed(f"the worker serving '{self.name}' crashed {when}{cause}; it will be reloaded on the "
                              "next request")
 
-    async def _call(self, op: TokenizeOp | EmbedOp, param: str) -> WorkerFrame:
+    @overload
+    async def _call(self, op: TokenizeOp, param: str) -> TokensFrame: ...
+
+    @overload
+    async def _call(self, op: EmbedOp, param: str) -> EmbeddingsFrame: ...
+
+    async def _call(self, op: TokenizeOp | EmbedOp, param: str) -> TokensFrame | EmbeddingsFrame:
         """Send a one-answer op and wait for its answer; an engine error is a 400 naming ``param``."""
         queue: asyncio.Queue[WorkerFrame | None] = asyncio.Queue()
         self._queues[op["id"]] = queue
@@ -201,25 +209,23 @@ class Worker:
                 if message["kind"] == "foreign_token_ids":  # the dialect adds what a client should send
                     failure.code = "foreign_token_ids"
                 raise failure
-            return message
+            if (message["ev"] == "tokens" and op["op"] == "tokenize") or (message["ev"] == "embeddings" \
+                    and op["op"] == "embed"):
+                return message
+            raise self.crashed(f"(it answered a {op['op']} op with a {message['ev']} frame)")
         finally:
             self._queues.pop(op["id"], None)
 
     async def tokenize(self, text: str) -> list[int]:
         op: TokenizeOp = {"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text}
         message = await self._call(op, "input")
-        if message["ev"] != "tokens":
-            raise self.crashed(f"(it answered a tokenize op with a {message['ev']} frame)")
         return list(message.get("tokens", []))
 
     async def count_tokens(self, text: str, media: dict[str, str] | None = None) -> int:
         op: TokenizeOp = {"op": "tokenize", "id": f"tok-{next(_ids)}", "text": text, "count_only": True}
         if media:
             op["media"] = media
-        message = await self._call(op, "messages")
-        if message["ev"] != "tokens":
-            raise self.crashed(f"(it answered a tokenize op with a {message['ev']} frame)")
-        return message["count"]
+        return (await self._call(op, "messages"))["count"]
 
     async def embed(self, texts: list[str], *, truncate: bool,
                     tokens: list[list[int]] | None = None) -> tuple[list[list[float]], int]:
@@ -229,8 +235,6 @@ class Worker:
         if tokens is not None:
             op["tokens"] = tokens
         message = await self._call(op, "input")
-        if message["ev"] != "embeddings":
-            raise self.crashed(f"(it answered an embed op with a {message['ev']} frame)")
         return [list(v) for v in message["vectors"]], message["prompt_tokens"]
 
     async def stop(self, timeout: float = 60.0) -> None:

@@ -62,17 +62,18 @@ def test_conversations(snap_compare: Any, build: Callable[..., LocalAIApp], fake
     assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=open_list)
 
 
+async def open_settings(pilot: Pilot[Any]) -> None:
+    """The chat of SESSION, then its settings."""
+    await pilot.press("f2")
+    screen = pilot.app.screen
+    assert isinstance(screen, ChatScreen)
+    screen.resume(SESSION)
+    await pilot.press("ctrl+t")
+    await settle(pilot)
+
+
 def test_settings(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
     conversation()
-
-    async def open_settings(pilot: Pilot[Any]) -> None:
-        await pilot.press("f2")
-        screen = pilot.app.screen
-        assert isinstance(screen, ChatScreen)
-        screen.resume(SESSION)
-        await pilot.press("ctrl+t")
-        await settle(pilot)
-
     assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=open_settings)
 
 
@@ -128,15 +129,6 @@ def test_failed_pull(snap_compare: Any, build: Callable[..., LocalAIApp], fake: 
 def test_settings_sizes(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon,
                         size: tuple[int, int]) -> None:
     conversation()
-
-    async def open_settings(pilot: Pilot[Any]) -> None:
-        await pilot.press("f2")
-        screen = pilot.app.screen
-        assert isinstance(screen, ChatScreen)
-        screen.resume(SESSION)
-        await pilot.press("ctrl+t")
-        await settle(pilot)
-
     assert snap_compare(build(fake.client()), terminal_size=size, run_before=open_settings)
 
 
