@@ -17,7 +17,7 @@ from localai.protocol import DEFAULT_SAMPLING
 from localai.runtime import admission, media
 from localai.runtime.fitting import FitMemory
 from localai.runtime.generation import Generation, Target, close_quietly
-from localai.runtime.local import LocalTarget, media_of, requested_sampling
+from localai.runtime.local import LocalTarget, media_of, requested_sampling, template_of
 from localai.runtime.remote import RemoteTarget, remote_target
 from localai.runtime.sessions import Sessions, session_key
 from localai.schema import GenerationRequest
@@ -110,7 +110,7 @@ class Runtime:
         if key in self._warmed or loaded.worker.info is None:
             return
         self._warmed.add(key)
-        template = LocalTarget(record, loaded, self.settings).template
+        template = template_of(record, loaded)
         await asyncio.to_thread(renderer.warm, template.source, template.bos_token, template.eos_token)
 
     async def _remote_target(self, record: ModelRecord) -> RemoteTarget:
