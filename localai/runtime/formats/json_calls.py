@@ -73,6 +73,9 @@ class _Call:
     streamed: int = 0  # characters of the arguments already sent
     opener: str = ""  # the marker that began it, given back as text if it turns out not to be a call
     unknown: bool = False  # names a function the request did not offer: text, not a call
+    scanned: int = 0  # how far the search for the closing marker has read (it never looks again)
+    in_string: bool = False  # ... and whether it stopped inside a JSON string (a closer there is text)
+    escaped: bool = False
 
 
 class OutputParser(Thinking):
@@ -251,7 +254,7 @@ class OutputParser(Thinking):
                 events.append(ToolCallDelta(call.index, buffer[start + call.streamed:start + upto]))
                 call.streamed = upto
         if self._close is not None:
-            close_at = buffer.find(self._close)
+            close_at = self._close_at(call, buffer, self._close, final)
             if close_at == -1:
                 return False
             self._end_call(events, buffer[:close_at], self._close)
@@ -266,6 +269,34 @@ class OutputParser(Thinking):
         self._buffer = buffer[end_of_json:]
         self._state = "array" if self._array else "start"
         return True
+
+    @staticmethod
+    def _close_at(call: _Call, buffer: str, close: str, final: bool) -> int:
+        """Where the call's closing marker starts, -1 while it has not come: only outside the JSON's strings, so
+        arguments holding the marker (a file about tool calls) stay whole. Reads each character once across
+        deltas. At the end of the output an unterminated string gives way: the first marker anywhere closes."""
+        index, in_string, escaped = call.scanned, call.in_string, call.escaped
+        found = -1
+        while index < len(buffer):
+            char = buffer[index]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif char == "\\":
+                    escaped = True
+                elif char == '"':
+                    in_string = False
+            elif char == '"':
+                in_string = True
+            elif char == close[0] and buffer.startswith(close[:len(buffer) - index], index):
+                if len(buffer) - index >= len(close):
+                    found = index
+                break  # the marker, or what may be its start: read on from here when more has come
+            index += 1
+        call.scanned, call.in_string, call.escaped = index, in_string, escaped
+        if found == -1 and final:
+            found = buffer.find(close)
+        return found
 
     def _array_tail(self, events: list[Event], final: bool) -> bool:
         """After a call inside ``[...]``: another call, the closing bracket, or text."""

@@ -55,6 +55,26 @@ def test_arguments_stream_while_written_and_concatenate_to_the_final_arguments()
     assert (start.id, start.index) == (end.id, 0)
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 5, 1000])
+def test_a_closing_marker_inside_the_arguments_is_part_of_them(chunk: int) -> None:
+    # A forced call (tool_choice required) once came back cut at a "</tool_call>" smollm2 wrote inside a string,
+    # arguments '{"city": "][0]}</tool_call>': not JSON. Only a marker outside the JSON's strings ends the call.
+    events = parse('<tool_call>\n{"name": "write", "arguments": {"text": "a</tool_call>\\"</tool_call>b"}}'
+                   '\n</tool_call>\nDone.', chunk=chunk)
+    assert calls_of(events) == [("write", {"text": 'a</tool_call>"</tool_call>b'})]
+    end = next(e for e in events if isinstance(e, ToolCallEnd))
+    assert "".join(e.arguments for e in events if isinstance(e, ToolCallDelta)) == end.arguments
+    assert text_of(events) == "Done."
+
+
+def test_broken_json_still_ends_at_its_closing_marker() -> None:
+    # An unterminated string is read as far as the first marker once the output ends: the text after it stays text.
+    events = parse('<tool_call>\n{"name": "f", "arguments": {"a": "b}}\n</tool_call>\nAfter.')
+    end = next(e for e in events if isinstance(e, ToolCallEnd))
+    assert end.name == "f" and end.arguments.startswith('{"a": "b')
+    assert text_of(events) == "After."
+
+
 def test_several_calls_get_their_own_index_and_id() -> None:
     events = parse('<tool_call>{"name":"a","arguments":{"x":1}}</tool_call>\n'
                    '<tool_call>{"name":"b","arguments":{}}</tool_call>')

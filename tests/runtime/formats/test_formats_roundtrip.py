@@ -27,13 +27,14 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "ratio": {"type": "number"}, "options": {"type": "object"}, "tags": {"type": "array"}}},
     "run_shell": {"type": "object", "properties": {"command": {"type": ["string", "null"]}}},
 }
-CODE_BITS = ["<", ">", "&", "&amp;", '"', "'", "\\", "\\n", "</div>", "<tool_call>", "</function>", "<parameter=x>",
-             "<arg_key>", "[ARGS]", "{", "}", "[", "]", "if a < b && c > d:", "print(\"héllo\")", "日本語", "😀",
-             "\t", "    ", "</parameter>", "<|channel|>", "x = {'a': [1, 2]}", "// comment", "<!-- -->", "null"]
+CODE_BITS = ["<", ">", "&", "&amp;", '"', "'", "\\", "\\n", "</div>", "<tool_call>", "</tool_call>", "</function>",
+             "<parameter=x>", "<arg_key>", "[ARGS]", "{", "}", "[", "]", "if a < b && c > d:", "print(\"héllo\")",
+             "日本語", "😀", DEEPSEEK_CLOSE, "\t", "    ", "</parameter>", "<|channel|>", "x = {'a': [1, 2]}",
+             "// comment", "<!-- -->", "null"]
 
 
 AMBIGUOUS = re.compile(r"</parameter>\s*(<parameter=(path|content|file|line|replace_all|ratio|options|tags|command)>"
-                       r"|</function>\s*(</tool_call>|<tool_call>|$))|</arg_value>\s*(<arg_key>|</tool_call>)")
+                       r"|</function>\s*(</tool_call>|<tool_call>|$)|</tool_call>)|</arg_value>\s*(<arg_key>|</tool_call>)")
 
 
 def code(rng: random.Random, lines: int) -> str:
