@@ -36,30 +36,51 @@ HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments
 
 def json_end(text: str, start: int = 0) -> int | None:
     """Index just past the JSON value (object, array or string) starting at ``start``, if complete."""
-    depth = 0
-    in_string = escaped = False
-    for index in range(start, len(text)):
-        char = text[index]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
+    return JsonScan(start).end_in(text)
+
+
+class JsonScan:
+    """``json_end`` for a text that grows at its end, as a streamed reply does: each call reads only what came since
+    the last, so following a long value delta by delta costs its length once, not its length at every delta."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.index = start  # the next character to read
+        self.depth = 0
+        self.in_string = self.escaped = False
+        self.end: int | None = None  # found: the value ends just before this index
+        self.not_json = False
+
+    def end_in(self, text: str) -> int | None:
+        """Where the value ends in ``text`` (the same text as before, maybe longer), None while it has not."""
+        if self.end is not None or self.not_json:
+            return self.end
+        depth, in_string, escaped = self.depth, self.in_string, self.escaped
+        for index in range(self.index, len(text)):
+            char = text[index]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif char == "\\":
+                    escaped = True
+                elif char == '"':
+                    in_string = False
+                    if depth == 0:
+                        self.end = index + 1
+                        return self.end
             elif char == '"':
-                in_string = False
+                in_string = True
+            elif char in "{[":
+                depth += 1
+            elif char in "}]":
+                depth -= 1
                 if depth == 0:
-                    return index + 1
-        elif char == '"':
-            in_string = True
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if depth == 0:
-                return index + 1
-        elif depth == 0 and not char.isspace():
-            return None  # not an object, array or string
-    return None
+                    self.end = index + 1
+                    return self.end
+            elif depth == 0 and not char.isspace():
+                self.not_json = True  # not an object, array or string
+                return None
+        self.index, self.depth, self.in_string, self.escaped = max(self.index, len(text)), depth, in_string, escaped
+        return None
 
 
 @dataclass
@@ -73,6 +94,8 @@ class _Call:
     streamed: int = 0  # characters of the arguments already sent
     opener: str = ""  # the marker that began it, given back as text if it turns out not to be a call
     unknown: bool = False  # names a function the request did not offer: text, not a call
+    args_scan: JsonScan | None = None  # the arguments' value, followed as it is written
+    body_scan: JsonScan | None = None  # the whole call's JSON (a call with no closing marker ends with it)
     scanned: int = 0  # how far the search for the closing marker has read (it never looks again)
     in_string: bool = False  # ... and whether it stopped inside a JSON string (a closer there is text)
     escaped: bool = False
@@ -90,6 +113,7 @@ class OutputParser(Thinking):
         self._call: _Call | None = None
         self._close: str | None = None  # what ends the current call block (None: the JSON value itself)
         self._array = False  # inside a JSON array of calls (Mistral's [TOOL_CALLS][...])
+        self._document: JsonScan | None = None
         self._named: tuple[str, str, str | None] = ("", "", None)  # a named call's opener, separator and closer
 
     # -- public --------------------------------------------------------------------------------
@@ -132,6 +156,7 @@ class OutputParser(Thinking):
         if self.calls or stripped[:1] in ("{", "["):
             self._buffer = stripped  # no whitespace between or before calls
         self._state = "json?" if stripped[:1] in ("{", "[") else "text"
+        self._document = None  # a bare JSON document's scan, from its first character
         return True
 
     def _text(self, events: list[Event], final: bool) -> bool:
@@ -210,7 +235,9 @@ class OutputParser(Thinking):
             return True
         if not final and (not inner or _could_be_head(inner)):
             return False
-        end = json_end(buffer)
+        if self._document is None:
+            self._document = JsonScan()
+        end = self._document.end_in(buffer)
         if end is None and not final:
             return False  # some other JSON document: decide once it is complete
         candidate = _as_call(buffer[:end]) if end is not None else None
@@ -248,7 +275,9 @@ class OutputParser(Thinking):
         while start is not None and start < len(buffer) and buffer[start].isspace() and not call.streamed:
             start = call.args_start = start + 1  # the value has not begun yet
         if start is not None and start < len(buffer) and buffer[start] in "{[" and not call.unknown:
-            end = json_end(buffer, start)
+            if call.args_scan is None:
+                call.args_scan = JsonScan(start)  # the value has begun: its start no longer moves
+            end = call.args_scan.end_in(buffer)
             upto = (end if end is not None else len(buffer)) - start
             if upto > call.streamed:
                 events.append(ToolCallDelta(call.index, buffer[start + call.streamed:start + upto]))
@@ -261,8 +290,9 @@ class OutputParser(Thinking):
             self._buffer = buffer[close_at + len(self._close):]
             self._state = "start"
             return True
-        body = len(buffer) - len(buffer.lstrip())
-        end_of_json = json_end(buffer, body) if buffer.strip() else None
+        if call.body_scan is None and buffer.strip():  # the body has begun: its start no longer moves
+            call.body_scan = JsonScan(len(buffer) - len(buffer.lstrip()))
+        end_of_json = call.body_scan.end_in(buffer) if call.body_scan is not None else None
         if end_of_json is None:
             return False
         self._end_call(events, buffer[:end_of_json])

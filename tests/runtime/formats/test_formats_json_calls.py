@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from localai.runtime.formats.json_calls import OutputParser, json_end
+from localai.runtime.formats.json_calls import JsonScan, OutputParser, json_end
 from localai.schema import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 
 
@@ -117,6 +117,16 @@ def test_reasoning_then_a_call() -> None:
                    reasoning=True)
     assert isinstance(events[0], ReasoningDelta)
     assert calls_of(events) == [("w", {})]
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": "}\\"]", "b": [1, {"c": 2}]} tail', '[[], {"x": "[{"}] more', '"a \\" b" c', "  {}", "plain", '{"a": 1',
+    '{"unterminated": "x', "", "  ", '["\\\\"]x',
+])
+def test_a_scan_fed_a_growing_text_agrees_with_json_end_at_every_length(text: str) -> None:
+    scan = JsonScan(len(text) - len(text.lstrip()))
+    for length in range(len(text) + 1):
+        assert scan.end_in(text[:length]) == json_end(text[:length], len(text) - len(text.lstrip())), length
 
 
 def test_json_end_respects_strings_and_nesting() -> None:
