@@ -34,14 +34,10 @@ NAME = re.compile(r"[\w.\-]{1,200}")
 HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
 
-def json_end(text: str, start: int = 0) -> int | None:
-    """Index just past the JSON value (object, array or string) starting at ``start``, if complete."""
-    return JsonScan(start).end_in(text)
-
-
 class JsonScan:
-    """``json_end`` for a text that grows at its end, as a streamed reply does: each call reads only what came since
-    the last, so following a long value delta by delta costs its length once, not its length at every delta."""
+    """Where the JSON value (object, array or string) starting at ``start`` ends, in a text that grows at its end as
+    a streamed reply does: each call reads only what came since the last, so following a long value delta by delta
+    costs its length once, not its length at every delta."""
 
     def __init__(self, start: int = 0) -> None:
         self.index = start  # the next character to read
@@ -95,10 +91,7 @@ class _Call:
     opener: str = ""  # the marker that began it, given back as text if it turns out not to be a call
     unknown: bool = False  # names a function the request did not offer: text, not a call
     args_scan: JsonScan | None = None  # the arguments' value, followed as it is written
-    body_scan: JsonScan | None = None  # the whole call's JSON (a call with no closing marker ends with it)
-    scanned: int = 0  # how far the search for the closing marker has read (it never looks again)
-    in_string: bool = False  # ... and whether it stopped inside a JSON string (a closer there is text)
-    escaped: bool = False
+    body_scan: JsonScan | None = None  # the whole call's JSON: the call ends with it, or at a marker after it
 
 
 class OutputParser(Thinking):
@@ -282,17 +275,17 @@ class OutputParser(Thinking):
             if upto > call.streamed:
                 events.append(ToolCallDelta(call.index, buffer[start + call.streamed:start + upto]))
                 call.streamed = upto
+        if call.body_scan is None and buffer.strip():  # the body has begun: its start no longer moves
+            call.body_scan = JsonScan(len(buffer) - len(buffer.lstrip()))
+        end_of_json = call.body_scan.end_in(buffer) if call.body_scan is not None else None
         if self._close is not None:
-            close_at = self._close_at(call, buffer, self._close, final)
+            close_at = self._close_at(call, buffer, end_of_json, final)
             if close_at == -1:
                 return False
             self._end_call(events, buffer[:close_at], self._close)
             self._buffer = buffer[close_at + len(self._close):]
             self._state = "start"
             return True
-        if call.body_scan is None and buffer.strip():  # the body has begun: its start no longer moves
-            call.body_scan = JsonScan(len(buffer) - len(buffer.lstrip()))
-        end_of_json = call.body_scan.end_in(buffer) if call.body_scan is not None else None
         if end_of_json is None:
             return False
         self._end_call(events, buffer[:end_of_json])
@@ -300,33 +293,16 @@ class OutputParser(Thinking):
         self._state = "array" if self._array else "start"
         return True
 
-    @staticmethod
-    def _close_at(call: _Call, buffer: str, close: str, final: bool) -> int:
-        """Where the call's closing marker starts, -1 while it has not come: only outside the JSON's strings, so
-        arguments holding the marker (a file about tool calls) stay whole. Reads each character once across
-        deltas. At the end of the output an unterminated string gives way: the first marker anywhere closes."""
-        index, in_string, escaped = call.scanned, call.in_string, call.escaped
-        found = -1
-        while index < len(buffer):
-            char = buffer[index]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif char == "\\":
-                    escaped = True
-                elif char == '"':
-                    in_string = False
-            elif char == '"':
-                in_string = True
-            elif char == close[0] and buffer.startswith(close[:len(buffer) - index], index):
-                if len(buffer) - index >= len(close):
-                    found = index
-                break  # the marker, or what may be its start: read on from here when more has come
-            index += 1
-        call.scanned, call.in_string, call.escaped = index, in_string, escaped
-        if found == -1 and final:
-            found = buffer.find(close)
-        return found
+    def _close_at(self, call: _Call, buffer: str, body_end: int | None, final: bool) -> int:
+        """Where the call's closing marker starts, -1 while it has not come: after the call's JSON, so arguments
+        holding the marker (a file about tool calls) stay whole. Anywhere when the body is not JSON, or when the
+        output ends with the JSON still open."""
+        assert self._close is not None
+        if body_end is not None:
+            return buffer.find(self._close, body_end)
+        if final or (call.body_scan is not None and call.body_scan.not_json):
+            return buffer.find(self._close)
+        return -1
 
     def _array_tail(self, events: list[Event], final: bool) -> bool:
         """After a call inside ``[...]``: another call, the closing bracket, or text."""

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from localai.runtime.formats.json_calls import JsonScan, OutputParser, json_end
+from localai.runtime.formats.json_calls import JsonScan, OutputParser
 from localai.schema import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 
 
@@ -123,16 +123,17 @@ def test_reasoning_then_a_call() -> None:
     '{"a": "}\\"]", "b": [1, {"c": 2}]} tail', '[[], {"x": "[{"}] more', '"a \\" b" c', "  {}", "plain", '{"a": 1',
     '{"unterminated": "x', "", "  ", '["\\\\"]x',
 ])
-def test_a_scan_fed_a_growing_text_agrees_with_json_end_at_every_length(text: str) -> None:
-    scan = JsonScan(len(text) - len(text.lstrip()))
+def test_a_scan_fed_a_growing_text_agrees_with_a_fresh_scan_at_every_length(text: str) -> None:
+    start = len(text) - len(text.lstrip())
+    scan = JsonScan(start)
     for length in range(len(text) + 1):
-        assert scan.end_in(text[:length]) == json_end(text[:length], len(text) - len(text.lstrip())), length
+        assert scan.end_in(text[:length]) == JsonScan(start).end_in(text[:length]), length
 
 
-def test_json_end_respects_strings_and_nesting() -> None:
-    assert json_end('{"a": "}", "b": [1, {"c": 2}]} tail') == len('{"a": "}", "b": [1, {"c": 2}]}')
-    assert json_end('{"a": 1') is None
-    assert json_end("plain") is None
+def test_a_scan_respects_strings_and_nesting() -> None:
+    assert JsonScan().end_in('{"a": "}", "b": [1, {"c": 2}]} tail') == len('{"a": "}", "b": [1, {"c": 2}]}')
+    assert JsonScan().end_in('{"a": 1') is None
+    assert JsonScan().end_in("plain") is None
 
 
 @pytest.mark.parametrize("chunk", [1, 4, 1000])
