@@ -1,12 +1,14 @@
 """The MLX engine: MLX safetensors models through mlx-lm, inside a worker process.
 
-Each sequence is one mlx-lm prompt cache (a list of per-layer caches). A decode step runs one forward pass per
-sequence that has tokens in the step (several sequences are interleaved step by step, not fused into one padded
-batch: the serving loop's batches mix prefill chunks and single decode tokens of different lengths). Sampling is
+Each sequence is one mlx-lm prompt cache (a list of per-layer caches). A decode step runs the sequences that decode
+(one token each) in one batched forward pass over mlx-lm's batch caches (``mlx_batch``), and each prompt chunk in a
+pass of its own beside it, as mlx-lm's BatchGenerator does (a chunk is at most ``n_batch`` tokens, so a long prompt
+delays the others' next token by one chunk at most). Sampling is
 mlx-lm's filters and penalties with a per-request random key (so ``seed`` is honoured); grammars are
 llguidance's matcher over the model's tokenizer, its mask applied to the logits with ``mx.where`` (portable,
-unlike llguidance's Metal kernel). A sequence's KV state is serialized layer by layer (only the used part of each
-buffer), so the shared prompt cache stores MLX entries beside llama.cpp's, under their own fingerprint.
+unlike llguidance's Metal kernel). A sequence's state is serialized layer by layer (``mlx_state``): the attention KV
+is cut into the prompt cache's token blocks like llama.cpp's, and the layers that cannot be cut by token (a sliding
+window, hybrids' recurrent state) are kept as checkpoints under the same rules as the llama.cpp engine's.
 """
 
 from __future__ import annotations
@@ -26,16 +28,18 @@ from mlx_lm.models import cache as mlx_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 from mlx_lm.utils import load
 
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, NoCheckpoints
+from localai.engines import mlx_state
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
 from localai.engines.grammars import GrammarError, lark_for
+from localai.engines.mlx_batch import DecodeGroup, batchable
 from localai.engines.placement import Placement, cpu_only
 from localai.promptcache.store import StateBytes
 from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
+from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.worker")
 VERSIONS = f"mlx {importlib.metadata.version('mlx')} mlx-lm {importlib.metadata.version('mlx-lm')}"
 
-_UNTRIMMABLE = (mlx_cache.RotatingKVCache, mlx_cache.ArraysCache)
 
 
 @dataclass
@@ -52,40 +56,7 @@ class MlxSampler:
     history: list[int] = field(default_factory=list)
 
 
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).rsplit(".", 1)[-1]
-
-
-def _array_bytes(array: Any) -> bytes:
-    if array.dtype == mx.bfloat16:
-        array = array.view(mx.uint16)  # numpy has no bfloat16: move the bits as they are
-    return bytes(np.asarray(array).tobytes())
-
-
-def _array_from(data: bytes | bytearray | memoryview, dtype: str, shape: list[int]) -> Any:
-    if dtype == "bfloat16":
-        return mx.array(np.frombuffer(data, np.uint16).reshape(shape)).view(mx.bfloat16)
-    return mx.array(np.frombuffer(data, np.dtype(dtype)).reshape(shape))
-
-
-def _storage_dtype(name: str) -> Any:
-    """The numpy type a serialized array's bytes are read as (bfloat16's bits travel as uint16)."""
-    return np.dtype(np.uint16) if name == "bfloat16" else np.dtype(name)
-
-
-def _parse_state(state: bytes | bytearray | memoryview) -> tuple[dict[str, Any], int]:
-    """``seq_state``'s header, and where the arrays' bytes begin."""
-    try:
-        (length,) = struct.unpack_from("<I", state)
-        header = json.loads(bytes(state[4:4 + length]))
-    except (struct.error, ValueError) as exc:
-        raise ValueError(f"not an MLX cache state: {exc}") from exc
-    if not isinstance(header, dict) or not isinstance(header.get("layers"), list):
-        raise ValueError("not an MLX cache state: no layers")
-    return header, 4 + length
-
-
-class MlxEngine(NoCheckpoints):
+class MlxEngine:
     """A loaded MLX model with ``n_parallel`` sequences."""
 
     backend: ClassVar[str] = "mlx"
@@ -106,15 +77,21 @@ class MlxEngine(NoCheckpoints):
         self.eos_token = int(self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None
                              else sorted(self.eos_ids)[0])
         self.caches = [mlx_cache.make_prompt_cache(self.model) for _ in range(self.n_seq)]
-        self.can_trim = not any(isinstance(layer, _UNTRIMMABLE) for layer in self.caches[0])
-        self.can_draft = self.can_trim  # a rotating or recurrent cache cannot drop a rejected draft
+        self.lengths = [0] * self.n_seq  # tokens each sequence's caches hold
+        self.group = DecodeGroup()  # the sequences decoding together, their caches merged
+        self.batches = batchable(self.caches[0])
+        # A sliding window or recurrent layers cannot be cut back to any earlier token: such a sequence returns only to
+        # checkpoints (the layers that cannot be cut, as they were at a token), as on the llama.cpp engine
+        self.checkpoints = not all(mlx_state.is_cuttable(layer) for layer in self.caches[0])
+        self.can_trim = True  # seq_keep refuses a cut it cannot make, and the serving loop goes to a checkpoint
+        self.can_draft = not self.checkpoints  # a rotating or recurrent cache cannot drop a rejected draft
         self.drafts_exact = False  # a forward pass of several tokens is not bit-identical to one of each
         self.n_vocab = int(self.config.get("vocab_size") or len(self.hf))
         self._rows: dict[int, Any] = {}  # batch position -> logits of the last decode
         self._pieces: dict[int, bytes] = {}
         self._byte_decoder = _byte_decoder() if _is_byte_level(self.hf) else None
         self._guidance: Any = None  # llguidance's tokenizer, built on the first constrained request (~1 s)
-        self.kv_dtype = _dtype_name(self.model.model.embed_tokens.weight.dtype) if hasattr(
+        self.kv_dtype = mlx_state.dtype_name(self.model.model.embed_tokens.weight.dtype) if hasattr(
             self.model, "model") and hasattr(self.model.model, "embed_tokens") else "unknown"
 
     # -- model facts -----------------------------------------------------------------------------
@@ -250,160 +227,136 @@ class MlxEngine(NoCheckpoints):
     # -- evaluation ------------------------------------------------------------------------------
 
     def decode(self, batch: list[BatchItem]) -> None:
-        """One forward pass per sequence in the step, in the order the sequences appear."""
+        """Evaluate a step: the sequences with one token each (decoding) in one batched forward pass, each
+        sequence with several (a prompt chunk, a token and its drafts) in a pass of its own."""
         groups: dict[int, list[tuple[int, BatchItem]]] = {}
         for row, item in enumerate(batch):
             groups.setdefault(item.seq, []).append((row, item))
+        for seq, items in groups.items():
+            if items[0][1].pos != self.lengths[seq]:
+                raise DecodeFailed(f"position {items[0][1].pos} does not follow sequence {seq}'s "
+                                   f"{self.lengths[seq]} tokens")
+        singles = [seq for seq, items in groups.items() if len(items) == 1] if self.batches else []
         rows: dict[int, Any] = {}
         try:
+            if len(singles) >= 2:
+                group = self.group.gather(singles, self.caches)
+                tokens = mx.array([[groups[seq][0][1].token] for seq in group.seqs])
+                logits = self.model(tokens, cache=group.cache)
+                for index, seq in enumerate(group.seqs):
+                    row, item = groups[seq][0]
+                    if item.logits:
+                        rows[row] = logits[index, -1].astype(mx.float32)
+                    self.lengths[seq] += 1
+                mx.eval(list(rows.values()), group.state())  # no graph carried over
             for seq, items in groups.items():
-                cache = self.caches[seq]
-                offset = cache[0].offset if hasattr(cache[0], "offset") else 0
-                if items[0][1].pos != offset:
-                    raise DecodeFailed(f"position {items[0][1].pos} does not follow sequence {seq}'s {offset} tokens")
-                tokens = mx.array([[item.token for _, item in items]])
-                logits = self.model(tokens, cache=cache)
+                if len(singles) >= 2 and seq in singles:
+                    continue
+                cache = self._cache(seq)
+                logits = self.model(mx.array([[item.token for _, item in items]]), cache=cache)
                 wanted = [(row, index) for index, (row, item) in enumerate(items) if item.logits]
                 for row, index in wanted:
                     rows[row] = logits[0, index].astype(mx.float32)
-                mx.eval([rows[row] for row, _ in wanted], [layer.state for layer in cache])  # no graph carried over
-        except DecodeFailed:
-            raise
+                self.lengths[seq] += len(items)
+                mx.eval([rows[row] for row, _ in wanted], [layer.state for layer in cache])
         except (RuntimeError, ValueError, MemoryError) as exc:
             raise DecodeFailed(f"MLX failed to evaluate the batch: {exc}") from exc
         self._rows = rows
 
+    def _cache(self, seq: int) -> list[Any]:
+        """A sequence's own caches, taken out of the decoding group first when it is in it."""
+        self.group.release(seq, self.caches)
+        return self.caches[seq]
+
     # -- sequences -------------------------------------------------------------------------------
 
     def seq_keep(self, seq: int, n_tokens: int) -> bool:
-        cache = self.caches[seq]
-        current = getattr(cache[0], "offset", 0)
+        cache = self._cache(seq)
+        current = self.lengths[seq]
         if n_tokens >= current:
             return True
         if not all(layer.is_trimmable() for layer in cache):
             return False
         for layer in cache:
             layer.trim(current - n_tokens)
+        self.lengths[seq] = n_tokens
         return True
 
     def seq_clear(self, seq: int) -> None:
+        self.group.release(seq, self.caches)
         self.caches[seq] = mlx_cache.make_prompt_cache(self.model)
+        self.lengths[seq] = 0
 
     def seq_state(self, seq: int) -> StateBytes:
-        """Per layer: its class, meta state and arrays (a KVCache's only up to its offset), then the bytes."""
-        layers: list[dict[str, Any]] = []
-        chunks: list[bytes] = []
-        for layer in self.caches[seq]:
-            if isinstance(layer, mlx_cache.KVCache):
-                keys: Any = layer.keys
-                values: Any = layer.values
-                if keys is None:
-                    return b""
-                items: list[Any] = [keys[..., :layer.offset, :], values[..., :layer.offset, :], layer.offset]
-            else:
-                items = list(layer.state)
-            described = []
-            for item in items:
-                if isinstance(item, mx.array):
-                    data = _array_bytes(item)
-                    described.append({"dtype": _dtype_name(item.dtype), "shape": list(item.shape), "bytes": len(data)})
-                    chunks.append(data)
-                else:
-                    described.append({"value": item})
-            layers.append({"class": type(layer).__name__, "meta": getattr(layer, "meta_state", None),
-                           "items": described})
-        header = json.dumps({"layers": layers}).encode()
-        return struct.pack("<I", len(header)) + header + b"".join(chunks)
+        """Per layer: its class and items (a KVCache's arrays only up to its offset), then the bytes."""
+        cache = self._cache(seq)
+        if not self.lengths[seq]:
+            return b""
+        return mlx_state.encode(cache, self.lengths[seq])
 
     def seq_restore(self, seq: int, state: StateBytes) -> bool:
         try:
-            (length,) = struct.unpack_from("<I", state)
-            header = json.loads(bytes(state[4:4 + length]))
-            position = 4 + length
-            cache = []
-            for layer in header["layers"]:
-                items = []
-                for item in layer["items"]:
-                    if "dtype" in item:
-                        data = state[position:position + item["bytes"]]
-                        position += item["bytes"]
-                        items.append(_array_from(data, item["dtype"], item["shape"]))
-                    else:
-                        items.append(item["value"])
-                kind = getattr(mlx_cache, layer["class"])
-                if kind is mlx_cache.KVCache:
-                    restored = mlx_cache.KVCache()  # type: ignore[no-untyped-call]
-                    restored.state = tuple(items)
-                elif layer.get("meta") is not None:  # mlx-lm versions whose caches keep scalars in a meta state
-                    restored = kind.from_state(tuple(items), layer["meta"])
-                else:
-                    restored = kind.from_state(tuple(items))
-                cache.append(restored)
-        except (ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
+            cache, n_tokens = mlx_state.decode(state)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, struct.error) as exc:
             log.warning("an MLX cache state did not load: %s", exc)
             return False
-        if len(cache) != len(self.caches[seq]):
+        expected = self.caches[seq] if seq not in self.group.seqs else mlx_cache.make_prompt_cache(self.model)
+        if [type(layer) for layer in cache] != [type(layer) for layer in expected]:
+            log.warning("an MLX cache state's layers do not match the model's")
             return False
+        if any(layer.offset != n_tokens for layer in cache if mlx_state.is_cuttable(layer)):
+            log.warning("an MLX cache state's layers do not hold the %d tokens it names", n_tokens)
+            return False
+        self.group.release(seq, self.caches)
         self.caches[seq] = cache
+        self.lengths[seq] = n_tokens
         return True
 
-    # -- embeddings ------------------------------------------------------------------------------
+    def seq_checkpoint(self, seq: int) -> bytes:
+        """The layers that cannot be cut by token (a window, recurrent state), as they are now."""
+        return mlx_state.checkpoint(self._cache(seq), self.lengths[seq])
+
+    def seq_rollback(self, seq: int, checkpoint: bytes, n_tokens: int) -> bool:
+        """Back to a checkpoint taken at ``n_tokens``: its layers put back, the KV layers cut there."""
+        cache = self._cache(seq)
+        try:
+            kept, at = mlx_state.decode(mlx_state.rest_of(checkpoint))
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, struct.error) as exc:
+            log.warning("an MLX checkpoint did not load: %s", exc)
+            self.seq_clear(seq)
+            return False
+        whole = [index for index, layer in enumerate(cache) if not mlx_state.is_cuttable(layer)]
+        if len(whole) != len(kept) or at != n_tokens or n_tokens > self.lengths[seq] or any(
+                type(cache[index]) is not type(layer) for index, layer in zip(whole, kept, strict=True)):
+            self.seq_clear(seq)
+            return False
+        for index, layer in zip(whole, kept, strict=True):
+            cache[index] = layer
+        for layer in cache:
+            if mlx_state.is_cuttable(layer):
+                layer.trim(layer.offset - n_tokens)
+        self.lengths[seq] = n_tokens
+        return True
+
+    def stable_prefix(self, text: str, tokens: list[int]) -> int:
+        # Probes of what follows a kept reply (a message's content): a letter, a space, a newline, a digit
+        return min(common_prefix_length(tokens, self.tokenize(text + probe)) for probe in ("x", " x", "\n", "1"))
+
+    # -- the prompt cache's blocks ---------------------------------------------------------------
 
     def state_split(self, state: StateBytes, n_tokens: int,
                     ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
-        """Cut a state of plain KV caches by token range: a piece holds, layer after layer, the keys and then the
-        values of its tokens. A model with other caches (rotating windows, recurrent state) is kept whole."""
-        header, position = _parse_state(state)
-        if not all(layer["class"] == "KVCache" and len(layer["items"]) == 3 for layer in header["layers"]):
-            return None
-        layers, arrays = [], []
-        for layer in header["layers"]:
-            described = []
-            for item in layer["items"][:2]:
-                shape = item["shape"]
-                if len(shape) != 4 or shape[2] != n_tokens:
-                    raise ValueError(f"a KV array of shape {shape} does not hold {n_tokens} tokens on its third axis")
-                dtype = _storage_dtype(item["dtype"])
-                arrays.append(np.frombuffer(state, dtype, count=int(np.prod(shape)), offset=position).reshape(shape))
-                position += item["bytes"]
-                described.append({"dtype": item["dtype"], "shape": [shape[0], shape[1], shape[3]]})
-            layers.append({"meta": layer["meta"], "arrays": described})
-        if position != len(state):
-            raise ValueError("the MLX state has bytes after its last array")
-        pieces = [b"".join(array[:, :, start:end, :].tobytes() for array in arrays) for start, end in ranges]
-        return {"mlx": 1, "layers": layers}, pieces, b""
+        """Cut a state by token range (the KV layers); windows and recurrent layers are its rest, kept whole."""
+        return mlx_state.split(state, n_tokens, ranges)
 
     def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> StateBytes:
-        """The state of consecutive pieces (``state_split``'s), as ``seq_state`` writes it."""
-        if not layout or layout.get("mlx") != 1:
-            return rest
-        described = [item for layer in layout["layers"] for item in layer["arrays"]]
-        parts: list[list[Any]] = [[] for _ in described]
-        for piece, length in zip(pieces, lengths, strict=True):
-            position = 0
-            for index, item in enumerate(described):
-                batch, heads, width = item["shape"]
-                dtype = _storage_dtype(item["dtype"])
-                count = batch * heads * length * width
-                parts[index].append(np.frombuffer(piece, dtype, count=count, offset=position)
-                                    .reshape(batch, heads, length, width))
-                position += count * dtype.itemsize
-            if position != len(piece):
-                raise ValueError("a cache block does not match the MLX layout")
-        total = sum(lengths)
-        layers, chunks = [], []
-        for number, layer in enumerate(layout["layers"]):
-            items: list[dict[str, Any]] = []
-            for index in (2 * number, 2 * number + 1):
-                data = np.concatenate(parts[index], axis=2).tobytes()
-                batch, heads, width = described[index]["shape"]
-                items.append({"dtype": described[index]["dtype"], "shape": [batch, heads, total, width],
-                              "bytes": len(data)})
-                chunks.append(data)
-            items.append({"value": total})
-            layers.append({"class": "KVCache", "meta": layer["meta"], "items": items})
-        header = json.dumps({"layers": layers}).encode()
-        return struct.pack("<I", len(header)) + header + b"".join(chunks)
+        """The inverse of ``state_split``: a state for ``seq_restore``."""
+        try:
+            return mlx_state.join(layout, pieces, lengths, rest)
+        except (KeyError, TypeError, IndexError, struct.error) as exc:
+            raise ValueError(f"an MLX state does not match its layout: {exc}") from exc
+
+    # -- embeddings ------------------------------------------------------------------------------
 
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
         """Mean-pooled final hidden states, L2-normalised (a chat model's, like the llama.cpp engine's)."""
