@@ -78,6 +78,15 @@ def mlx_model_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path)
     return convert(smollm2_path, tmp_path_factory.mktemp("mlx") / "SmolLM2-135M-Instruct-mlx")
 
 
+@pytest.fixture(scope="session")
+def mlx_arch_fixtures(tmp_path_factory: pytest.TempPathFactory, mlx_model_path: Path) -> dict[str, Path]:
+    """Tiny random-weight MLX folders of each architecture (tests/mlxarch.py: mlx-lm's own model classes, SmolLM2's
+    tokenizer; about 3 s for all of them), by name."""
+    from tests.mlxarch import write_all
+
+    return write_all(tmp_path_factory.mktemp("mlx-archs"), mlx_model_path)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -236,6 +245,7 @@ def llama_servers(smollm2_path: Path) -> Iterator[list[LlamaCppPythonServer]]:
 # coding agents. Set here from what each test uses, so no test can forget its marker: `make test-fast` runs
 # `-m "not model and not agents"` (no model load at all), `make test` runs everything.
 MODEL_FIXTURES = frozenset({"smollm2_path", "gemma3_path", "daemon", "fresh_daemon", "mlx_model_path", "mlx_daemon",
+                            "mlx_arch_fixtures",
                             "llama_servers", "arch_fixtures"})
 AGENT_FIXTURES = frozenset({"agent_daemon", "pinned_agents"})
 

@@ -242,9 +242,14 @@ class MlxLmServer(ReferenceServer):
 
     install_hint = "it needs mlx-lm: pip install -e '.[mlx]'"
 
+    def __init__(self, model_path: str, *, decode_concurrency: int | None = None) -> None:
+        super().__init__(model_path)
+        self.decode_concurrency = decode_concurrency  # its BatchGenerator's sequences at once (None: its default)
+
     def command(self) -> list[str]:
+        concurrency = ["--decode-concurrency", str(self.decode_concurrency)] if self.decode_concurrency else []
         return [sys.executable, "-m", "mlx_lm", "server", "--model", self.model_path, "--port", str(self.port),
-                "--host", "127.0.0.1", "--log-level", "WARNING"]
+                "--host", "127.0.0.1", "--log-level", "WARNING", *concurrency]
 
     def request_model(self) -> str | None:
         return self.model_path

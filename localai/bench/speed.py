@@ -1,16 +1,16 @@
 """``localai bench``: the repetitions of ``api.py``'s measurements against localai and an anchor (llama-server,
-llama-bench or mlx-lm), interleaved, and the table of their medians."""
+mlx-lm's server, llama-bench or mlx-lm in-process), interleaved, and the table of their medians."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
 from localai.bench import api as measure
-from localai.bench.servers import LlamaServer
+from localai.bench.servers import LlamaServer, MlxLmServer, ReferenceServer
 from localai.errors import DaemonUnavailable
 
 
@@ -29,6 +29,7 @@ class SpeedPlan:
     with_mlx_lm: bool = False
     llama_server_path: str | None = None
     llama_server_args: tuple[str, ...] = ()
+    with_mlx_lm_server: bool = False
 
 
 @dataclass
@@ -43,7 +44,7 @@ class Side:
 @dataclass
 class SpeedReport:
     plan: SpeedPlan
-    anchor: str  # "llama-server", "llama-bench", "mlx-lm" or "" (none)
+    anchor: str  # "llama-server", "mlx_lm.server", "llama-bench", "mlx-lm" or "" (none)
     ours: Side = field(default_factory=Side)
     theirs: Side = field(default_factory=Side)
 
@@ -73,13 +74,16 @@ class Connection:
 def run(plan: SpeedPlan, base_url: str | None, progress: Callable[[str], None]) -> SpeedReport:
     """Every repetition on localai, then on the anchor; ``progress`` hears a line after each."""
     connection = Connection(base_url, plan.model)
-    server = None
+    server: ReferenceServer | None = None
     if plan.llama_server_path and connection.model_path:
         server = LlamaServer(plan.llama_server_path, connection.model_path,
                              max(4096, plan.depth + plan.prompt_tokens + plan.gen_tokens + 512),
                              threads=plan.threads, parallel=max(1, plan.streams), extra=plan.llama_server_args)
-    anchor = ("llama-server" if server else "llama-bench" if plan.llama_bench_path
-              else "mlx-lm" if plan.with_mlx_lm else "")
+    elif plan.with_mlx_lm_server and connection.model_path:
+        # its BatchGenerator decodes as many sequences at once as the streams measured
+        server = MlxLmServer(connection.model_path, decode_concurrency=max(1, plan.streams))
+    anchor = ("llama-server" if isinstance(server, LlamaServer) else "mlx_lm.server" if server
+              else "llama-bench" if plan.llama_bench_path else "mlx-lm" if plan.with_mlx_lm else "")
     report = SpeedReport(plan, anchor)
     # With llama-server, only one of the two holds the model at a time: localai's is unloaded while llama-server
     # runs, and llama-server is stopped while localai runs (two resident servers' threads contend on a small CPU:
@@ -130,9 +134,11 @@ def measure_side(http: httpx.Client, plan: SpeedPlan, words: int, depth_words: i
         measure.measure_edit(http, plan.model, plan.edit_tokens, side.edit)
 
 
-def run_anchor_server(server: LlamaServer, http: httpx.Client, plan: SpeedPlan, words: int, depth_words: int,
+def run_anchor_server(server: ReferenceServer, http: httpx.Client, plan: SpeedPlan, words: int, depth_words: int,
                       side: Side) -> None:
-    """One repetition on llama-server, started for it and stopped after."""
+    """One repetition on the anchor's server, started for it and stopped after (its requests name the model as it
+    knows it: mlx_lm.server loads the folder a request names)."""
+    plan = replace(plan, model=server.request_model() or plan.model)
     server.start()
     try:
         measure.warm_up(http, plan.model, words)  # the same way
@@ -152,7 +158,8 @@ def anchor_died(server: Any, exc: Exception) -> Exception:
     if server.process is None or server.process.poll() is None:
         return exc
     last = (server.stderr().strip().splitlines() or [""])[-1]
-    return DaemonUnavailable(f"llama-server exited (code {server.process.returncode}) during the benchmark: {last}")
+    name = "llama-server" if isinstance(server, LlamaServer) else "mlx_lm.server"
+    return DaemonUnavailable(f"{name} exited (code {server.process.returncode}) during the benchmark: {last}")
 
 
 def table(report: SpeedReport) -> list[str]:

@@ -23,6 +23,10 @@ from localai.cli import cli, fail_cleanly
 @click.option("--llama-server", "llama_server_path", default=None, metavar="PATH",
               help="Path to llama.cpp's llama-server (`make llama-server`): start it on the same GGUF and threads and "
                    "measure it through its API the same way, interleaved.")
+@click.option("--mlx-lm-server", "with_mlx_lm_server", is_flag=True,
+              help="For an MLX model: start mlx-lm's own server (mlx_lm.server, --decode-concurrency STREAMS) on the "
+                   "same folder and measure it through its API the same way, interleaved, one holding the model at a "
+                   "time.")
 @click.option("--streams", default=4, show_default=True,
               help="Concurrent decodes for the streams measurement (0: none); llama-server gets as many slots.")
 @click.option("--edit", "edit_tokens", default=0, show_default=True, metavar="TOKENS",
@@ -38,7 +42,7 @@ from localai.cli import cli, fail_cleanly
 def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: int, gen_tokens: int,
           repetitions: int, llama_bench_path: str | None, with_mlx_lm: bool, threads: int | None,
           llama_server_path: str | None, streams: int, edit_tokens: int, depth: int,
-          llama_server_args: tuple[str, ...]) -> None:
+          llama_server_args: tuple[str, ...], with_mlx_lm_server: bool) -> None:
     """Measure prefill (pp), decode (tg), concurrent streams and an edit workload through the API."""
     if ctx.invoked_subcommand is not None:
         return
@@ -47,7 +51,8 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
 
     plan = speed.SpeedPlan(model, prompt_tokens, gen_tokens, repetitions, threads or Settings().threads(), streams,
                            edit_tokens, depth, llama_bench_path=llama_bench_path, with_mlx_lm=with_mlx_lm,
-                           llama_server_path=llama_server_path, llama_server_args=llama_server_args)
+                           llama_server_path=llama_server_path, llama_server_args=llama_server_args,
+                           with_mlx_lm_server=with_mlx_lm_server)
     report = speed.run(plan, base_url, progress=lambda line: click.echo(line, err=True))
     for line in speed.table(report):
         click.echo(line)

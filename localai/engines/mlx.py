@@ -30,7 +30,8 @@ from mlx_lm.utils import load
 
 from localai.engines import mlx_state
 from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
-from localai.engines.grammars import GrammarError, lark_for
+from localai.engines.grammars import NATIVE_FORCED, GrammarError, lark_for
+from localai.engines.lark_calls import forced_call_grammar
 from localai.engines.mlx_batch import DecodeGroup, batchable
 from localai.engines.placement import Placement, cpu_only
 from localai.promptcache.store import StateBytes
@@ -64,7 +65,12 @@ class MlxEngine:
     def __init__(self, options: LoadOptions, *, debug: bool = False) -> None:
         self.options = options
         path = Path(options.model_path)
-        loaded = load(str(path))
+        try:
+            loaded = load(str(path))
+        except ValueError as exc:  # "Model type X not supported.": a family newer than this mlx-lm
+            model_type = json.loads((path / "config.json").read_text()).get("model_type")
+            raise RuntimeError(f"mlx-lm {importlib.metadata.version('mlx-lm')} cannot load this folder's model_type "
+                               f"{model_type!r} ({exc}); a newer mlx-lm may: pip install -U mlx-lm") from exc
         self.model, self.tokenizer = loaded[0], loaded[1]
         self.config = json.loads((path / "config.json").read_text())
         trained = int(self.config.get("max_position_embeddings") or options.num_ctx)
@@ -76,6 +82,7 @@ class MlxEngine:
         self.eos_ids = set(self.tokenizer.eos_token_ids)
         self.eos_token = int(self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None
                              else sorted(self.eos_ids)[0])
+        self._warm_up()
         self.caches = [mlx_cache.make_prompt_cache(self.model) for _ in range(self.n_seq)]
         self.lengths = [0] * self.n_seq  # tokens each sequence's caches hold
         self.group = DecodeGroup()  # the sequences decoding together, their caches merged
@@ -89,10 +96,20 @@ class MlxEngine:
         self.n_vocab = int(self.config.get("vocab_size") or len(self.hf))
         self._rows: dict[int, Any] = {}  # batch position -> logits of the last decode
         self._pieces: dict[int, bytes] = {}
+        self._added = {int(index): str(token.content)
+                       for index, token in (getattr(self.hf, "added_tokens_decoder", {}) or {}).items()}
         self._byte_decoder = _byte_decoder() if _is_byte_level(self.hf) else None
         self._guidance: Any = None  # llguidance's tokenizer, built on the first constrained request (~1 s)
         self.kv_dtype = mlx_state.dtype_name(self.model.model.embed_tokens.weight.dtype) if hasattr(
             self.model, "model") and hasattr(self.model.model, "embed_tokens") else "unknown"
+
+    def _warm_up(self) -> None:
+        """One prompt pass and one decode step on a throwaway cache, in the loading thread: some models keep arrays
+        outside their parameters that stay lazy until first used (gpt-oss's YaRN frequencies), and the worker
+        serves from another thread, where evaluating a graph made on this thread's stream fails."""
+        cache = mlx_cache.make_prompt_cache(self.model)
+        mx.eval(self.model(mx.array([[self.eos_token] * 2]), cache=cache))
+        mx.eval(self.model(mx.array([[self.eos_token]]), cache=cache))
 
     # -- model facts -----------------------------------------------------------------------------
 
@@ -141,8 +158,9 @@ class MlxEngine:
         text = self.hf.convert_ids_to_tokens(token)
         if text is None:
             return b""
-        if token in getattr(self.hf, "all_special_ids", ()):
-            return str(text).encode()
+        added = self._added.get(token)
+        if added is not None:  # an added token (the chat's markers, special or not) stands for its text as written
+            return added.encode()
         if self._byte_decoder is not None:
             return bytes(self._byte_decoder.get(char, 0) for char in text)
         if text.startswith("<0x") and text.endswith(">") and len(text) == 6:  # SentencePiece byte fallback
@@ -182,13 +200,26 @@ class MlxEngine:
 
             self._guidance = llguidance.hf.from_tokenizer(self.hf, n_vocab=self.n_vocab,
                                                           eos_token=self.eos_token)
-        grammar = lark_for(constraint, lambda text: str(LLMatcher.validate_grammar(text, self._guidance)))
+
+        def validate(text: str) -> str:
+            return str(LLMatcher.validate_grammar(text, self._guidance))
+
+        if constraint.get("type") == "tool_call" and constraint.get("format") in NATIVE_FORCED \
+                and not constraint.get("lazy"):
+            grammar: str | None = forced_call_grammar(constraint, self._special_ids(), validate)
+        else:
+            grammar = lark_for(constraint, validate)
         if grammar is None:
             return None
         matcher = LLMatcher(self._guidance, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"the grammar built for this request was refused: {matcher.get_error()}")
         return matcher
+
+    def _special_ids(self) -> dict[str, int]:
+        """The tokenizer's special tokens by their text (a grammar names them by id)."""
+        decoder = getattr(self.hf, "added_tokens_decoder", {}) or {}
+        return {str(token.content): int(index) for index, token in decoder.items() if getattr(token, "special", False)}
 
     def free_sampler(self, sampler: Any) -> None:
         pass

@@ -499,6 +499,9 @@ def resolve_weights(reference: str) -> Path | None:
     if path.is_dir() and weights.is_mlx_dir(path):
         return path.resolve()
     if reference.lower().endswith(".gguf") or reference.startswith((".", "/", "~")):
+        if path.is_dir() and (path / "config.json").is_file():
+            raise ModelfileError(f"FROM {reference}: an MLX model folder without its weights (no *.safetensors "
+                                 "beside config.json)")
         if path.exists():  # a device, a FIFO, a socket or a folder that holds no MLX model: never opened
             raise ModelfileError(f"FROM {reference}: not a model file (a GGUF file or an MLX model folder)")
         raise ModelfileError(f"FROM {reference}: no such file")

@@ -182,9 +182,7 @@ class LocalTarget:
         The grammar (``constraint``) and the parser (``parser``) both follow it."""
         if not request.tools or request.tool_choice.mode not in ("required", "function"):
             return None
-        info = self.loaded.worker.info
-        backend = str(info.get("backend", "")) if info else ""
-        return forced_format(self.tool_format, self.template, backend)
+        return forced_format(self.tool_format, self.template)
 
     def constraint(self, request: GenerationRequest) -> Constraint | None:
         """The grammar the output must follow: a forced or lazy tool call, or the response format."""
@@ -222,16 +220,13 @@ def requested_sampling(record: ModelRecord, request: GenerationRequest) -> dict[
     return {**{k: v for k, v in record.parameters.items() if k in SAMPLING_KEYS}, **request.sampling.as_dict()}
 
 
-def forced_format(style: prompting.ToolFormat, template: prompting.Template, backend: str = "llama.cpp") -> str:
-    """The form a forced call is constrained to: the family's own syntax (its special tokens are written as
-    text, which llama.cpp's grammars match against the tokens' spelled-out pieces), Mistral's [ARGS] form where
-    the template uses it. llguidance (the MLX engine) matches special tokens only by their ids, so there the
-    formats of special tokens are forced as one bare JSON call, which the JSON parser reads back."""
+def forced_format(style: prompting.ToolFormat, template: prompting.Template) -> str:
+    """The form a forced call is constrained to: the family's own syntax, on both engines (llama.cpp's grammars match
+    special tokens by their spelled-out pieces, llguidance's by id: engines/lark_calls.py), and Mistral's [ARGS]
+    form where the template uses it."""
     if style == "mistral":
         return "mistral-args" if "[ARGS]" in (template.source or "") else "mistral"
-    if style in ("hermes", "llama3"):
-        return style
-    return "json" if backend == "mlx" else style
+    return style
 
 
 def media_of(images: dict[str, bytes], prompt: str) -> dict[str, str]:

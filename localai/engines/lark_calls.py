@@ -1,0 +1,141 @@
+"""A forced tool call in its family's own syntax, as an llguidance Lark grammar (the MLX engine's grammars).
+
+The markers are the same as the llama.cpp engine's (``grammars.JSON_ARGUMENT_CALLS`` and ``TAGGED_CALLS``), but
+llguidance matches a special token only by its id, never by the text it stands for: each marker is cut into the
+model's special tokens (written ``<[id]>``) and plain text (a quoted literal). A marker the tokenizer has no special
+token for stays text, which the model can still write and the parser still reads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from localai.engines.grammars import (
+    JSON_ARGUMENT_CALLS,
+    TAGGED_CALLS,
+    GrammarError,
+    _arguments_schema,
+    _is_text,
+    closed,
+    sanitized,
+)
+from localai.protocol import Constraint
+
+SpecialIds = dict[str, int]  # a special token's text -> its id
+
+
+def marker(text: str, specials: SpecialIds) -> str:
+    """``text`` as a sequence of Lark items: the special tokens it holds by id, the rest as literals."""
+    if not text:
+        return ""
+    names = sorted((name for name in specials if name and name in text), key=len, reverse=True)
+    if not names:
+        return json.dumps(text, ensure_ascii=False)
+    pattern = re.compile("|".join(re.escape(name) for name in names))
+    items, position = [], 0
+    for found in pattern.finditer(text):
+        if found.start() > position:
+            items.append(json.dumps(text[position:found.start()], ensure_ascii=False))
+        items.append(f"<[{specials[found.group(0)]}]>")
+        position = found.end()
+    if position < len(text):
+        items.append(json.dumps(text[position:], ensure_ascii=False))
+    return " ".join(items)
+
+
+def _loose(text: str, specials: SpecialIds) -> str:
+    """A marker whose line breaks are optional (GLM-4.7 writes its tags without them)."""
+    parts = text.split("\n")
+    items = []
+    for index, part in enumerate(parts):
+        if part:
+            items.append(marker(part, specials))
+        if index < len(parts) - 1:
+            items.append('"\\n"?')
+    return " ".join(items)
+
+
+# Between JSON tokens: nothing, a space, or a line break and an indent (llama.cpp's converter allows the same).
+# llguidance's default is any run of whitespace, which a model can write for ever inside a forced call.
+WHITESPACE = {"whitespace_pattern": "(?: |\n[ \t]{0,20})?"}
+
+
+def _schema(schema: Any) -> str:
+    bounded = closed(sanitized(schema))
+    if isinstance(bounded, dict):
+        bounded = {**bounded, "x-guidance": WHITESPACE}
+    return "%json " + json.dumps(bounded)
+
+
+def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
+                     check: Callable[[dict[str, Any]], Any]) -> str:
+    """Lark for one call of any of the constraint's tools, in ``style``'s syntax. ``check(schema)`` raises
+    GrammarError for a tool's parameters llguidance cannot compile (that tool then takes any object)."""
+    tools = constraint.get("tools") or []
+    if not tools:
+        raise GrammarError("a tool call was required but no tools were given")
+    rules: list[str] = []
+    alternatives: list[str] = []
+    for number, tool in enumerate(tools):
+        arguments = _arguments_schema(tool.get("parameters"), check)
+        prefix = f"t{number}"
+        if style in JSON_ARGUMENT_CALLS:
+            before, between, after = JSON_ARGUMENT_CALLS[style]
+            rules.append(f"{prefix}_args: {_schema(arguments)}")
+            alternatives.append(" ".join(item for item in (
+                marker(before + tool["name"] + between, specials), f"{prefix}_args", marker(after, specials))
+                if item))
+            continue
+        if style not in TAGGED_CALLS:
+            raise GrammarError(f"no grammar is built for {style!r} tool calls")
+        call_open, name_open, name_close, key_open, key_close, value_close, call_close = TAGGED_CALLS[style]
+        spaced = _loose if style == "glm-4.5" else marker
+        listed = arguments.get("properties")
+        properties: dict[str, Any] = listed if isinstance(listed, dict) else {}
+        required = [name for name in arguments.get("required") or [] if name in properties]
+        names = [*required, *(name for name in properties if name not in required)]
+        params = []
+        closing = value_close.strip("\n")
+        for index, key in enumerate(names):
+            value = f"{prefix}_v{index}"
+            choices = properties[key].get("enum") if isinstance(properties[key], dict) else None
+            if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+                rules.append(f"{value}: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices))
+            elif _is_text(properties[key]):  # written bare: any text without the value's closing tag
+                escaped = re.escape(closing).replace("/", "\\/")
+                longest = properties[key].get("maxLength") if isinstance(properties[key], dict) else None
+                length = f"{{0,{int(longest)}}}" if isinstance(longest, int) and longest >= 0 else "*"
+                rules.append(f"{value.upper()}: /(?s:.{length})/ & ~/(?s:.*){escaped}(?s:.*)/")
+                value = value.upper()
+            else:
+                rules.append(f"{value}: {_schema(properties[key])}")
+            rules.append(f"{prefix}_p{index}: {marker(key_open + key, specials)} {spaced(key_close, specials)} "
+                         f"{value} {spaced(value_close, specials)}")
+            params.append(f"{prefix}_p{index}")
+        # the required parameters, then each optional one at most once, in the schema's order (a repeat of one, which
+        # a model could write for ever, is not a call the tool takes)
+        body = " ".join([*params[:len(required)], *(f"{param}?" for param in params[len(required):])])
+        head = f"{marker(call_open + name_open + tool['name'], specials)} {spaced(name_close, specials)}"
+        alternatives.append(" ".join(item for item in (head, body, marker(call_close, specials)) if item))
+    return "\n".join(["start: " + " | ".join(f"({a})" for a in alternatives), *rules])
+
+
+def forced_call_grammar(constraint: Constraint, specials: SpecialIds, validate: Callable[[str], str]) -> str:
+    """The llguidance grammar of a forced call in its family's syntax; ``validate(grammar)`` returns an error or ""
+    (``LLMatcher.validate_grammar`` with the model's tokenizer)."""
+    from llguidance import LLMatcher
+
+    def check(schema: dict[str, Any]) -> None:
+        error = validate(str(LLMatcher.grammar_from_json_schema(json.dumps(closed(sanitized(schema))))))
+        if error:
+            raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {error}")
+
+    grammar = str(LLMatcher.grammar_from_lark(native_call_lark(constraint, str(constraint.get("format")), specials,
+                                                               check)))
+    error = validate(grammar)
+    if error:
+        raise GrammarError(f"the tools cannot be compiled to a grammar: {error}")
+    return grammar

@@ -1,0 +1,175 @@
+"""Forced tool calls on the MLX engine in each family's own syntax: llguidance grammars that name the family's special
+tokens by id (Harmony's <|channel|>, DeepSeek's call markers, Mistral's [TOOL_CALLS]/[ARGS], GLM's and Qwen3-Coder's
+tags), on a random-weight folder whose tokenizer has those special tokens. Whatever the weights, the output is one
+well-formed call that the family's own parser reads back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+from localai.engines.engine import BatchItem, LoadOptions
+from localai.engines.grammars import JSON_ARGUMENT_CALLS, NATIVE_FORCED, TAGGED_CALLS
+from localai.engines.lark_calls import marker
+from localai.runtime.formats import parser_for
+from localai.schema import TextDelta, ToolCallEnd
+from tests.conftest import Daemon, start_daemon
+
+BAR, SPACE = "\uff5c", "\u2581"
+SPECIALS = {  # the special tokens of each family that its call markers use
+    "harmony": ["<|channel|>", "<|constrain|>", "<|message|>", "<|call|>"],
+    "deepseek-v3.1": [f"<{BAR}tool{SPACE}calls{SPACE}begin{BAR}>", f"<{BAR}tool{SPACE}call{SPACE}begin{BAR}>",
+                      f"<{BAR}tool{SPACE}sep{BAR}>", f"<{BAR}tool{SPACE}call{SPACE}end{BAR}>",
+                      f"<{BAR}tool{SPACE}calls{SPACE}end{BAR}>"],
+    "mistral-args": ["[TOOL_CALLS]", "[ARGS]"],
+    "qwen3-coder": ["<tool_call>", "</tool_call>"],
+    "glm-4.5": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"],
+}
+TOOLS = [
+    {"name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "days"]}},
+    {"name": "read_file", "parameters": {"type": "object", "properties": {"path": {"type": "string", "maxLength": 16}},
+                                         "required": ["path"]}},
+]
+
+
+def with_specials(source: Path, out: Path, names: list[str]) -> Path:
+    """A copy of an MLX folder whose tokenizer's unused special tokens (SmolLM2's <reponame>, <filename>...) are
+    renamed to ``names``: the same ids, now the family's markers."""
+    shutil.copytree(source, out)
+    data = json.loads((out / "tokenizer.json").read_text())
+    spare = [token for token in data["added_tokens"] if token["id"] >= 3][:len(names)]
+    assert len(spare) == len(names)
+    vocab = data["model"]["vocab"]
+    for token, name in zip(spare, names, strict=True):
+        del vocab[token["content"]]
+        vocab[name] = token["id"]
+        token["content"] = name
+    (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
+    return out
+
+
+def test_a_marker_names_special_tokens_by_id_and_the_rest_as_text() -> None:
+    specials = {"<|channel|>": 5, "<|message|>": 7}
+    assert marker("<|channel|>commentary to=functions.f <|message|>", specials) == \
+        '<[5]> "commentary to=functions.f " <[7]>'
+    assert marker("<tool_call>\n", specials) == '"<tool_call>\\n"'
+    assert marker("", specials) == ""
+
+
+@pytest.mark.parametrize("style", sorted(NATIVE_FORCED))
+def test_a_forced_call_on_mlx_is_written_in_the_family_syntax(style: str, mlx_arch_fixtures: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    from localai.engines.mlx import MlxEngine
+
+    folder = with_specials(mlx_arch_fixtures["llama"], tmp_path / style, SPECIALS[style])
+    engine = MlxEngine(LoadOptions(model_path=str(folder), num_ctx=2048, n_parallel=1, n_batch=256))
+    ids = engine._special_ids()
+    assert all(name in ids for name in SPECIALS[style])
+    for number, tool in enumerate(TOOLS):
+        constraint: Any = {"type": "tool_call", "format": style, "tools": [TOOLS[1 - number], tool]}
+        prompt = engine.tokenize(f"Call {tool['name']} now, please.")
+        engine.seq_clear(0)
+        engine.decode([BatchItem(0, token, index, index == len(prompt) - 1) for index, token in enumerate(prompt)])
+        sampler = engine.new_sampler({"temperature": 0.8, "seed": number}, constraint)
+        output: list[int] = []
+        row = len(prompt) - 1
+        for _ in range(300):
+            token = engine.sample(sampler, row)
+            row = 0
+            if engine.is_end(token):
+                break
+            output.append(token)
+            engine.decode([BatchItem(0, token, len(prompt) + len(output) - 1, True)])
+        assert sampler.matcher.is_stopped(), (style, b"".join(engine.token_bytes(t) for t in output).decode()[:400])
+        markers = [token for token in output if token in ids.values()]
+        assert markers, f"{style}: no special token was written"  # the markers are the family's own tokens
+        text = b"".join(engine.token_bytes(token) for token in output).decode()
+        parser = parser_for("mistral" if style == "mistral-args" else style, tools=True, reasoning=False,
+                            functions={t["name"]: t["parameters"] for t in TOOLS})
+        events = [*parser.feed(text), *parser.finish()]
+        calls = [event for event in events if isinstance(event, ToolCallEnd)]
+        assert len(calls) == 1, (style, text, events)
+        assert not "".join(e.text for e in events if isinstance(e, TextDelta)).strip(), (style, text)
+        assert calls[0].name in {t["name"] for t in TOOLS}
+        arguments = json.loads(calls[0].arguments)
+        schema = next(t for t in TOOLS if t["name"] == calls[0].name)["parameters"]
+        assert set(schema["required"]) <= set(arguments) <= set(schema["properties"]), (style, text)
+
+
+def test_every_native_format_has_special_tokens_to_test() -> None:
+    assert set(SPECIALS) == set(JSON_ARGUMENT_CALLS) | set(TAGGED_CALLS)
+
+
+WEATHER = {"type": "function", "function": {"name": TOOLS[0]["name"], "parameters": TOOLS[0]["parameters"]}}
+DAEMON_STYLES = ["harmony", "deepseek-v3.1", "qwen3-coder", "glm-4.5"]
+
+
+@pytest.fixture(scope="module")
+def tool_daemon(mlx_arch_fixtures: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon with one MLX model per family: the family's special tokens in its tokenizer, PARSER naming it."""
+    home = tmp_path_factory.mktemp("mlx-tools")
+    with start_daemon(home / "home") as daemon:
+        for style in DAEMON_STYLES:
+            folder = with_specials(mlx_arch_fixtures["llama"], home / style, SPECIALS[style])
+            with daemon.http() as http:
+                created = http.post("/api/create", json={"model": f"mlx-{style}",
+                                                         "modelfile": f"FROM {folder}\nPARSER {style}\n"})
+            assert created.status_code == 200, created.text
+        yield daemon
+
+
+def _check(style: str, name: str, arguments: Any) -> None:
+    assert name == "get_weather", style
+    parsed = arguments if isinstance(arguments, dict) else json.loads(arguments)
+    jsonschema.validate(parsed, TOOLS[0]["parameters"])
+
+
+@pytest.mark.parametrize("style", DAEMON_STYLES)
+def test_forced_calls_in_the_family_syntax_in_every_dialect_plain_and_streamed(tool_daemon: Daemon,
+                                                                               style: str) -> None:
+    model = f"mlx-{style}"
+    ask = [{"role": "user", "content": "What is the weather in Paris for three days?"}]
+    base = tool_daemon.base_url
+    with openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        plain = client.chat.completions.create(model=model, messages=ask, tools=[WEATHER],  # type: ignore[arg-type,list-item]
+                                               tool_choice="required", max_tokens=120, temperature=0)
+        call = plain.choices[0].message.tool_calls[0].function  # type: ignore[index,union-attr]
+        _check(style, call.name, call.arguments)
+        assert plain.choices[0].finish_reason == "tool_calls" and not plain.choices[0].message.content
+        streamed = "".join(chunk.choices[0].delta.tool_calls[0].function.arguments or ""  # type: ignore[index,union-attr]
+                           for chunk in client.chat.completions.create(
+                               model=model, messages=ask, tools=[WEATHER], tool_choice="required",  # type: ignore[arg-type,list-item]
+                               max_tokens=120, temperature=0, stream=True)
+                           if chunk.choices and chunk.choices[0].delta.tool_calls)
+        assert json.loads(streamed) == json.loads(call.arguments)
+        response = client.responses.create(model=model, input="What is the weather in Paris?", max_output_tokens=120,
+                                           tools=[{"type": "function", "name": "get_weather", "strict": False,
+                                                   "parameters": TOOLS[0]["parameters"]}],
+                                           tool_choice="required", temperature=0)
+        calls = [item for item in response.output if item.type == "function_call"]
+        assert len(calls) == 1
+        _check(style, calls[0].name, calls[0].arguments)  # type: ignore[union-attr]
+    with anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=300) as claude:
+        tool: Any = {"name": "get_weather", "input_schema": TOOLS[0]["parameters"]}
+        message = claude.messages.create(model=model, max_tokens=120, messages=ask,  # type: ignore[arg-type]
+                                         tools=[tool], tool_choice={"type": "any"},
+                                         extra_body={"temperature": 0})
+        uses = [block for block in message.content if block.type == "tool_use"]
+        assert message.stop_reason == "tool_use" and len(uses) == 1
+        _check(style, uses[0].name, uses[0].input)  # type: ignore[union-attr]
+        with claude.messages.stream(model=model, max_tokens=120, messages=ask,  # type: ignore[arg-type]
+                                    tools=[tool], tool_choice={"type": "any"},
+                                         extra_body={"temperature": 0}) as stream:
+            final = stream.get_final_message()
+        streamed_uses = [block for block in final.content if block.type == "tool_use"]
+        assert [u.input for u in streamed_uses] == [u.input for u in uses]  # type: ignore[union-attr]
