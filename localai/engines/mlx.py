@@ -39,6 +39,9 @@ from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
 from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.worker")
+# kv_type -> the bits of mlx-lm's QuantizedKVCache (groups of KV_GROUP values share a scale and a bias)
+KV_BITS = {"q8_0": 8, "q4_0": 4}
+KV_GROUP = 64
 VERSIONS = f"mlx {importlib.metadata.version('mlx')} mlx-lm {importlib.metadata.version('mlx-lm')}"
 
 
@@ -82,8 +85,9 @@ class MlxEngine:
         self.eos_ids = set(self.tokenizer.eos_token_ids)
         self.eos_token = int(self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None
                              else sorted(self.eos_ids)[0])
+        self.kv_bits = KV_BITS.get(options.kv_type)  # a quantized KV cache (PARAMETER kv_type q8_0 or q4_0)
         self._warm_up()
-        self.caches = [mlx_cache.make_prompt_cache(self.model) for _ in range(self.n_seq)]
+        self.caches = [self._new_cache() for _ in range(self.n_seq)]
         self.lengths = [0] * self.n_seq  # tokens each sequence's caches hold
         self.group = DecodeGroup()  # the sequences decoding together, their caches merged
         self.batches = batchable(self.caches[0])
@@ -107,9 +111,23 @@ class MlxEngine:
         """One prompt pass and one decode step on a throwaway cache, in the loading thread: some models keep arrays
         outside their parameters that stay lazy until first used (gpt-oss's YaRN frequencies), and the worker
         serves from another thread, where evaluating a graph made on this thread's stream fails."""
+        cache = self._new_cache()
+        try:
+            mx.eval(self.model(mx.array([[self.eos_token] * 2]), cache=cache))
+            mx.eval(self.model(mx.array([[self.eos_token]]), cache=cache))
+        except (ValueError, TypeError, AttributeError, RuntimeError) as exc:
+            if self.kv_bits is None:
+                raise
+            raise RuntimeError(f"this model's attention does not take a quantized KV cache in mlx-lm "
+                               f"{importlib.metadata.version('mlx-lm')} ({exc}); load it with kv_type f16") from exc
+
+    def _new_cache(self) -> list[Any]:
+        """A sequence's empty caches: mlx-lm's for the model, its plain KV caches quantized where asked."""
         cache = mlx_cache.make_prompt_cache(self.model)
-        mx.eval(self.model(mx.array([[self.eos_token] * 2]), cache=cache))
-        mx.eval(self.model(mx.array([[self.eos_token]]), cache=cache))
+        if self.kv_bits is None:
+            return cache
+        return [mlx_cache.QuantizedKVCache(group_size=KV_GROUP, bits=self.kv_bits)
+                if type(layer) is mlx_cache.KVCache else layer for layer in cache]
 
     # -- model facts -----------------------------------------------------------------------------
 
@@ -120,7 +138,7 @@ class MlxEngine:
             bos_token=self.tokenizer.bos_token or "", eos_token=self.tokenizer.eos_token or "",
             chat_template=getattr(self.hf, "chat_template", None),
             architecture=str(self.config.get("model_type", "unknown")), flash_attention=False,
-            kv_type=self.kv_dtype, placement=self.placement().report(),
+            kv_type=f"q{self.kv_bits}" if self.kv_bits else self.kv_dtype, placement=self.placement().report(),
         )
 
     def placement(self) -> Placement:
@@ -137,7 +155,8 @@ class MlxEngine:
         return {
             "model_sha256": self.options.model_sha256 or self.options.model_path,
             "engine": VERSIONS, "kv_dtype": self.kv_dtype,
-            "kv_quantization": None, "caches": [type(layer).__name__ for layer in self.caches[0]],
+            "kv_quantization": {"bits": self.kv_bits, "group_size": KV_GROUP} if self.kv_bits else None,
+            "caches": [type(layer).__name__ for layer in self.caches[0]],
             "chat_template": hashlib.sha256(template.encode()).hexdigest(),
         }
 
@@ -315,7 +334,7 @@ class MlxEngine:
 
     def seq_clear(self, seq: int) -> None:
         self.group.release(seq, self.caches)
-        self.caches[seq] = mlx_cache.make_prompt_cache(self.model)
+        self.caches[seq] = self._new_cache()
         self.lengths[seq] = 0
 
     def seq_state(self, seq: int) -> StateBytes:
@@ -331,7 +350,7 @@ class MlxEngine:
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, struct.error) as exc:
             log.warning("an MLX cache state did not load: %s", exc)
             return False
-        expected = self.caches[seq] if seq not in self.group.seqs else mlx_cache.make_prompt_cache(self.model)
+        expected = self.caches[seq] if seq not in self.group.seqs else self._new_cache()
         if [type(layer) for layer in cache] != [type(layer) for layer in expected]:
             log.warning("an MLX cache state's layers do not match the model's")
             return False

@@ -25,9 +25,13 @@ def dtype_name(dtype: Any) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
+CUTTABLE = ("KVCache", "QuantizedKVCache")
+
+
 def is_cuttable(layer: Any) -> bool:
-    """A plain KV cache: its state is cut anywhere by token. Anything else is kept whole (and checkpointed)."""
-    return type(layer) is mlx_cache.KVCache
+    """A plain KV cache, quantized or not: its state is cut anywhere by token. Anything else is kept whole (and
+    checkpointed)."""
+    return type(layer) in (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)
 
 
 def _array_bytes(array: Any) -> bytes:
@@ -60,6 +64,13 @@ def _describe(item: Any, chunks: list[bytes]) -> dict[str, Any]:
 
 
 def _layer_items(layer: Any) -> list[Any]:
+    """A layer's items; a KV cache's token arrays (keys, values: arrays, or the quantized (data, scales, biases))
+    only up to its offset, its scalars after them."""
+    if type(layer) is mlx_cache.QuantizedKVCache:
+        if layer.keys is None:
+            return [None, None, 0, layer.group_size, layer.bits]
+        return [[part[..., :layer.offset, :] for part in layer.keys],
+                [part[..., :layer.offset, :] for part in layer.values], layer.offset, layer.group_size, layer.bits]
     if is_cuttable(layer):
         if layer.keys is None:
             return [None, None, 0]
@@ -126,6 +137,12 @@ class _Reader:
             if keys is not None:
                 restored.keys, restored.values, restored.offset = keys, values, int(offset)
             return restored
+        if name == "QuantizedKVCache":
+            keys, values, offset, group_size, bits = items
+            quantized: Any = mlx_cache.QuantizedKVCache(group_size=int(group_size), bits=int(bits))
+            if keys is not None:
+                quantized.keys, quantized.values, quantized.offset = tuple(keys), tuple(values), int(offset)
+            return quantized
         kind = getattr(mlx_cache, name, None)
         from_state = getattr(kind, "from_state", None) if isinstance(kind, type) else None
         if not callable(from_state):
@@ -167,20 +184,21 @@ def split(state: bytes | bytearray | memoryview, n_tokens: int,
     arrays: list[Any] = []
     rest_layers: list[dict[str, Any]] = []
     rest_chunks: list[bytes] = []
-    mixed = not all(layer.get("class") == "KVCache" for layer in header["layers"])
+    mixed = not all(layer.get("class") in CUTTABLE for layer in header["layers"])
     view = memoryview(state)
     for layer in header["layers"]:
-        if layer.get("class") != "KVCache":
+        if layer.get("class") not in CUTTABLE:
             start = position
             position = _skip(layer, position)
             rest_layers.append(layer)
             rest_chunks.append(bytes(view[start:position]))
             layers.append({"rest": True})
             continue
-        if len(layer["items"]) != 3 or "dtype" not in layer["items"][0]:
+        keys, values = layer["items"][:2]
+        if "value" in keys:
             return None  # an empty KV cache: nothing to cut
         described = []
-        for item in layer["items"][:2]:
+        for item in [*keys.get("list", [keys]), *values.get("list", [values])]:
             shape = item["shape"]
             if len(shape) != 4 or shape[2] != n_tokens:
                 raise ValueError(f"a KV array of shape {shape} does not hold {n_tokens} tokens on its third axis")
@@ -188,7 +206,10 @@ def split(state: bytes | bytearray | memoryview, n_tokens: int,
             arrays.append(np.frombuffer(state, dtype, count=int(np.prod(shape)), offset=position).reshape(shape))
             position += item["bytes"]
             described.append({"dtype": item["dtype"], "shape": [shape[0], shape[1], shape[3]]})
-        layers.append({"meta": layer.get("meta"), "arrays": described})
+        kept: dict[str, Any] = {"meta": layer.get("meta"), "arrays": described}
+        if layer["class"] != "KVCache":  # a quantized cache: (data, scales, biases) for keys, then for values
+            kept.update({"class": layer["class"], "scalars": layer["items"][3:]})
+        layers.append(kept)
     if position != len(state):
         raise ValueError("the MLX state has bytes after its last array")
     if not arrays:
@@ -242,7 +263,7 @@ def join(layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> b
         rest_view = memoryview(rest)
     total = sum(lengths)
     layers, chunks = [], []
-    kv_index = 0
+    first = 0  # the layer's first array among the pieces' arrays
     for layer in layout["layers"]:
         if "rest" in layer:
             if not rest_layers:
@@ -253,16 +274,22 @@ def join(layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> b
             rest_position = end
             layers.append(kept)
             continue
-        items: list[dict[str, Any]] = []
-        for index in (2 * kv_index, 2 * kv_index + 1):
+        count = len(layer["arrays"])
+        arrays: list[dict[str, Any]] = []
+        for index in range(first, first + count):
             data = np.concatenate(parts[index], axis=2).tobytes() if parts[index] else b""
             batch, heads, width = described[index]["shape"]
-            items.append({"dtype": described[index]["dtype"], "shape": [batch, heads, total, width],
-                          "bytes": len(data)})
+            arrays.append({"dtype": described[index]["dtype"], "shape": [batch, heads, total, width],
+                           "bytes": len(data)})
             chunks.append(data)
-        items.append({"value": total})
-        layers.append({"class": "KVCache", "meta": layer.get("meta"), "items": items})
-        kv_index += 1
+        first += count
+        name = layer.get("class", "KVCache")
+        if name == "KVCache":
+            items: list[dict[str, Any]] = [*arrays, {"value": total}]
+        else:
+            half = count // 2
+            items = [{"list": arrays[:half]}, {"list": arrays[half:]}, {"value": total}, *layer.get("scalars", [])]
+        layers.append({"class": name, "meta": layer.get("meta"), "items": items})
     if rest_layers or (layout["mlx"] == 2 and rest_position != len(rest_view)):
         raise ValueError("an MLX state's rest does not match its layout")
     return pack({"layers": layers, "tokens": total}, chunks)

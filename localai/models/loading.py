@@ -89,23 +89,25 @@ def kv_bytes(shape: AttentionShape | None, num_ctx: int, sequences: int, kv_type
     return int(shape.kv_bytes(num_ctx, kv_type) * sequences)
 
 
-def fit_window(record: ModelRecord, settings: Settings, *, available: int | None = None) -> Window:
+def fit_window(record: ModelRecord, settings: Settings, *, available: int | None = None,
+               kv_type: str | None = None) -> Window:
     """The largest window, up to the trained context, whose KV cache (every sequence's) fits the memory left after
-    the weights: f16 KV, or q8_0 when that is what makes an agent's 64k fit; a model whose shape is not known
-    gets ``LOCALAI_CONTEXT_LENGTH``'s default."""
+    the weights: f16 KV, or q8_0 when that is what makes an agent's 64k fit (``kv_type``: that type, as asked); a
+    model whose shape is not known gets ``LOCALAI_CONTEXT_LENGTH``'s default."""
+    asked = kv_type
     trained = record.context_length or settings.context_length
     shape = attention_of(record)
     sequences = settings.num_parallel
     if shape is None:
         num_ctx = min(trained, settings.context_length)
-        return Window(num_ctx, "f16", record.size, 0, None, "LOCALAI_CONTEXT_LENGTH")
+        return Window(num_ctx, asked or "f16", record.size, 0, None, "LOCALAI_CONTEXT_LENGTH")
     free = available_memory() if available is None else available
     budget = free - record.size - max(1 << 30, free // 10)  # room for compute buffers and everything else
     fits: dict[str, int] = {}
-    for kv_type in ("f16", "q8_0"):
+    for kv_type in (asked,) if asked else ("f16", "q8_0"):
         fits[kv_type] = min(trained, shape.tokens_within(budget / sequences, kv_type) // WINDOW_STEP * WINDOW_STEP)
     goal = min(trained, AGENT_WINDOW)
-    kv_type = "f16" if fits["f16"] >= goal or fits["q8_0"] < goal else "q8_0"
+    kv_type = asked or ("f16" if fits["f16"] >= goal or fits["q8_0"] < goal else "q8_0")
     num_ctx = fits[kv_type]
     advice = ""
     if num_ctx < min(trained, SMALL_WINDOW):
@@ -125,16 +127,17 @@ def window(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | 
     params: dict[str, Any] = {**record.parameters, **(overrides or {})}
     trained = record.context_length or settings.context_length
     shape = attention_of(record)
+    kv_type = str(params.get("kv_type") or "f16")  # PARAMETER kv_type, else f16 (or q8_0 where fitted)
     if params.get("num_ctx"):
         num_ctx = int(params["num_ctx"])
         num_ctx = min(num_ctx, record.context_length) if record.context_length else num_ctx
-        return Window(num_ctx, "f16", record.size, kv_bytes(shape, num_ctx, settings.num_parallel, "f16"), None,
+        return Window(num_ctx, kv_type, record.size, kv_bytes(shape, num_ctx, settings.num_parallel, kv_type), None,
                       "num_ctx")
     if "context_length" in settings.model_fields_set or shape is None:
         num_ctx = min(trained, settings.context_length)
-        return Window(num_ctx, "f16", record.size, kv_bytes(shape, num_ctx, settings.num_parallel, "f16"), None,
+        return Window(num_ctx, kv_type, record.size, kv_bytes(shape, num_ctx, settings.num_parallel, kv_type), None,
                       "LOCALAI_CONTEXT_LENGTH")
-    return fit_window(record, settings, available=available)
+    return fit_window(record, settings, available=available, kv_type=params.get("kv_type"))
 
 
 def context_size(record: ModelRecord, settings: Settings, overrides: dict[str, Any] | None = None) -> int:

@@ -36,6 +36,9 @@ CHOICE_PARAMETERS: dict[str, tuple[str, ...]] = {
     "engine": ENGINES, "routing": ("session", "round_robin"), "upstream_kind": UPSTREAM_KINDS, "parser": PARSERS,
     # drafts from the context (engines/speculative.py); auto: where they leave the output bit-identical
     "speculative": ("auto", "on", "off"),
+    # the KV cache's type (default: f16, or q8_0 where only that fits an agent's window): llama.cpp's cache types,
+    # mlx-lm's QuantizedKVCache of 8 or 4 bits on MLX
+    "kv_type": ("f16", "q8_0", "q4_0"),
 }
 # Parameters that only mean something for a remote model (FROM http://HOST:PORT/v1).
 REMOTE_PARAMETERS = frozenset({"upstream_model", "replica", "api_key_env", "timeout", "connect_timeout", "routing",
@@ -44,7 +47,8 @@ SECRET_PARAMETERS = frozenset({"api_key", "key", "token", "password"})  # refuse
 PARAMETERS = (INT_PARAMETERS | FLOAT_PARAMETERS | BOOL_PARAMETERS | LIST_PARAMETERS | STRING_PARAMETERS
               | frozenset(CHOICE_PARAMETERS))
 # Parameters that change how the model is loaded (a change means a reload), not how it samples.
-LOAD_PARAMETERS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_cpu_moe", "main_gpu", "use_mmap", "num_thread"})
+LOAD_PARAMETERS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_cpu_moe", "main_gpu", "use_mmap", "num_thread",
+                             "kv_type"})
 # What each numeric parameter may be. Values outside would crash or overflow the engine (1e400), allocate without
 # limit (repeat_last_n 200000000) or make no sense (num_ctx -1); they are refused naming the parameter and range.
 BOUNDS: dict[str, tuple[float, float]] = {
