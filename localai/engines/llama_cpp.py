@@ -225,8 +225,10 @@ class LlamaCppEngine:
         ctx_params.kv_unified = False  # one KV stream per sequence: idle sessions do not slow active decoding
         ctx_params.n_threads = options.n_threads
         ctx_params.n_threads_batch = options.n_threads
+        # A quantized V cache needs flash attention in llama.cpp (without it the context is refused)
+        self.flash_attention = options.flash_attention or options.kv_type != "f16"
         ctx_params.flash_attn_type = (
-            L.LLAMA_FLASH_ATTN_TYPE_ENABLED if options.flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
         # Sliding-window layers keep only their window (llama-cpp-python's default keeps every cell): a Gemma 3
         # context of 4 x 32k took 2.7 GB instead of 0.8 GB and 3.1 s instead of 0.6 s to create.
@@ -245,7 +247,7 @@ class LlamaCppEngine:
             "model_sha256": self.options.model_sha256 or self.options.model_path,
             "engine": f"llama-cpp-python {L.__version__}", "n_ctx": self.n_ctx,
             "n_seq_max": self.options.n_parallel, "kv_unified": False, "type_k": self.options.kv_type,
-            "type_v": self.options.kv_type, "flash_attention": self.options.flash_attention,
+            "type_v": self.options.kv_type, "flash_attention": self.flash_attention,
             "chat_template": hashlib.sha256(template.encode()).hexdigest(),
             **({"swa_full": False} if self.n_swa else {}),  # the window's cells only: another state layout
             # cut into blocks plus a checkpoint tail (before, a recurrent model's states were kept whole)
@@ -267,7 +269,7 @@ class LlamaCppEngine:
             eos_token=self._token_text(int(L.llama_vocab_eos(self.vocab))),
             chat_template=template.decode() if template else None,
             architecture=self.architecture,
-            flash_attention=self.options.flash_attention,
+            flash_attention=self.flash_attention,
             kv_type=self.options.kv_type,
             placement=self.placement.report(),
             state=state_kind(self.recurrent, self.n_swa),

@@ -123,3 +123,13 @@ def test_saves_back_to_back_keep_each_state_though_the_engine_reuses_its_buffer(
         assert restored is not None and restored.common == len(first)
         assert bytes(restored.state) == expected
     store.close()
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
+def test_a_quantized_kv_type_loads_with_flash_attention_on(smollm2_path: Path, kv: str) -> None:
+    """llama.cpp refuses a quantized V cache without flash attention (the context was not created: "out of
+    memory?"); PARAMETER kv_type, or a window fitted with q8_0, turns it on for that model."""
+    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=512, n_parallel=1, kv_type=kv))
+    assert engine.info()["kv_type"] == kv and engine.info()["flash_attention"]
+    prefill(engine, 0, list(range(100, 140)))
+    assert len(greedy(engine, 0, 40, 4)) == 4
