@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+import numpy as np
 
 from localai.bench.api import sse_events
 
@@ -268,6 +269,10 @@ def kv_bytes_per_token(cache_dir: Path) -> int:
     for layout in cache_dir.glob("*/layout.json"):
         data = json.loads(layout.read_text()).get("layout") or {}
         try:
+            if "mlx" in data:  # the MLX engine's: each KV layer's token arrays, [batch, heads, width] a token
+                return sum(int(np.prod(item["shape"])) * (2 if item["dtype"] == "bfloat16" else
+                                                          np.dtype(item["dtype"]).itemsize)
+                           for layer in data["layers"] for item in layer.get("arrays", []))
             return layout_from_json(data).bytes_per_token() if "modules" in data else 0
         except (StateFormatError, KeyError, TypeError):
             return 0
