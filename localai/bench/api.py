@@ -92,10 +92,12 @@ def _stream_completion(
         if payload.get("usage"):
             usage = payload["usage"]
         choices = payload.get("choices") or []
-        if choices and choices[0].get("text"):
+        if choices and (choices[0].get("text") or choices[0].get("finish_reason")):
+            # the first token, even one without text: a server that does not take ignore_eos (mlx_lm.server) may
+            # end at once with EOS, which is still the end of its prefill
             now = time.perf_counter()
             first = first or now
-            last = now
+            last = now if choices[0].get("text") else last
     return start, first, last, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
 
 
