@@ -386,14 +386,15 @@ class Folder:
         except OSError:
             return 0
 
-    def forget_missing(self, *, keep_heads: set[str]) -> int:
+    def forget_missing(self, *, keep_heads: set[str], keep_snapshots: Collection[str] = ()) -> int:
         """Drop from the index the blocks, snapshots and heads whose files another process deleted (nothing is
-        deleted here); a head in ``keep_heads`` (queued for writing) stays. Returns how many were forgotten."""
+        deleted here); a head in ``keep_heads`` or a snapshot in ``keep_snapshots`` (queued for writing: no file
+        yet) stays. Returns how many were forgotten."""
         gone = [key for key, block in self.blocks.items() if block.on_disk and not self.block_path(key).exists()]
         for key in gone:
             block = self.blocks.pop(key)
             self.children.get(block.parent, set()).discard(key)
-        snaps = [key for key in self.snapshots if not self.snapshot_path(key).exists()]
+        snaps = [key for key in self.snapshots if key not in keep_snapshots and not self.snapshot_path(key).exists()]
         for key in snaps:
             del self.snapshots[key]
         heads = 0
