@@ -788,8 +788,8 @@ class PromptStore:
         folder since has indexed its files (it registers and scans under the lock shared: ``__init__``)."""
         stale: dict[Path, int] = {}
         for _, size, path in others:
-            folder = self.root / path.relative_to(self.root).parts[0]
-            stale[folder] = stale.get(folder, 0) + size
+            where = self.root / path.relative_to(self.root).parts[0]
+            stale[where] = stale.get(where, 0) + size
         with contextlib.ExitStack() as locks:
             files: list[tuple[float, int, Path, Folder]] = []
             for path in sorted(stale):  # in one order: two workers' quota passes never wait on each other in a cycle
