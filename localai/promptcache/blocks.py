@@ -50,6 +50,7 @@ MAGIC = b"LAIBLK01"
 HEADER_LEN = struct.Struct("<I")
 STALE_TEMP_SECONDS = 3600.0
 CHANGED_FILE = "changed"
+TEMP_PREFIX = ".tmp-"  # write_atomic's temp files: ``.tmp-<pid>-<hex>-<name>`` beside the file they become
 LOCK_FILE = "lock"
 
 
@@ -130,7 +131,7 @@ def parse_head(text: str) -> Head:
 def write_atomic(path: Path, parts: list[bytes]) -> int:
     """Write ``parts`` to ``path`` through a temp file, fsynced and renamed; returns the bytes written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(4).hex()}-{path.name}")  # unique: threads write too
+    temp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}-{path.name}")  # unique: threads too
     try:
         with open(temp, "wb") as handle:
             for part in parts:
@@ -321,7 +322,7 @@ class Folder:
 
     def _remove_dead_temps(self) -> None:
         for folder in ("blocks", "snaps", "heads"):
-            for temp in (self.path / folder).glob(".tmp-*"):
+            for temp in (self.path / folder).glob(TEMP_PREFIX + "*"):
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     pid = int(temp.name.split("-")[1])
                     if not process_alive(pid) or time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
