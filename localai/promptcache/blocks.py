@@ -467,8 +467,22 @@ class Folder:
                 self.drop_snapshot(head.key)
 
     def write_head(self, head: Head) -> None:
-        if head.id in self.heads:
+        """Rewrite a moved entry's file. Where its chain now holds a block never written (a worker's write the queue
+        bound dropped, or that failed), the file it has stays if that one's chain is whole (eviction keeps it:
+        ``disk_key``), else it goes: no entry on disk names a missing block."""
+        if head.id not in self.heads:
+            return
+        if self._on_disk(head.key):
             write_atomic(self.head_path(head.id), [json.dumps(head.as_json()).encode()])
+            head.disk_key = head.key
+        elif head.disk_key is None or head.disk_key == head.key or not self._on_disk(head.disk_key):
+            self.head_path(head.id).unlink(missing_ok=True)
+            head.disk_key = None
+
+    def _on_disk(self, key: str) -> bool:
+        """Whether the chain ending at ``key`` is whole and every block of it written."""
+        chain = self.chain(key)
+        return bool(chain) and all(self.blocks[block].on_disk for block in chain)
 
     def referenced(self) -> set[str]:
         """Blocks on some head's chain."""

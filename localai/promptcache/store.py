@@ -716,7 +716,10 @@ class PromptStore:
             with self.folder.locked(exclusive=False):  # no block of its chain is deleted until it is written
                 self._notice_deletions()  # blocks deleted while it waited: never write a head over missing blocks
                 with self._lock:
-                    if self.folder.heads.get(head.id) is not head or not self.folder.chain(head.key):
+                    chain = self.folder.chain(head.key) if self.folder.heads.get(head.id) is head else []
+                    # a block of the chain never written (the queue bound dropped it, or its write failed) would
+                    # make the entry's file name a missing block: it stays unwritten (its old file, if any, stays)
+                    if not chain or not all(self.folder.blocks[key].on_disk for key in chain):
                         return
                     data = json.dumps(head.as_json()).encode()
                     key = head.key

@@ -380,3 +380,34 @@ def test_close_stops_the_writer_thread(tmp_path: Path) -> None:
     cache.close()
     assert not cache._writer.is_alive(), "the writer thread outlived close()"
     assert store(tmp_path).lookup(tokens) is not None  # what was queued was written first
+
+
+def entries_on_disk_are_whole(root: Path) -> bool:
+    check = Folder(root / FP)
+    check.scan()
+    return all(check.chain(head.key) for head in check.heads.values())
+
+
+def test_no_entry_file_names_a_block_whose_write_the_queue_bound_dropped(tmp_path: Path) -> None:
+    """The stress soak's finding (two workers, a small queue): a session grows by two blocks on a disk that cannot
+    keep up, and the bound drops the first. Before: the entry's new version was written anyway, naming the block that
+    was never written; and when quota then evicted the last block, the entry moved back onto the dropped one and
+    was rewritten naming it. Either way a restart found an entry whose chain is broken."""
+    cache = store(tmp_path)
+    first = list(range(60_000, 60_000 + 2 * BLOCK_TOKENS))
+    cache.save(first, state_of(first), "s")
+    cache.flush()
+    cache.queue_bytes = 8 * BLOCK_TOKENS  # one block's payload
+    grown = first + list(range(61_000, 61_000 + 2 * BLOCK_TOKENS))
+    with cache._lock:  # the writer takes nothing meanwhile: the second new block pushes the first out
+        cache.save(grown, state_of(grown), "s")
+    cache.flush()
+    assert cache.stats_snapshot()["dropped_writes"] == 1
+    assert entries_on_disk_are_whole(tmp_path), "the entry's new version names the dropped block"
+    cache.max_bytes = cache.folder.bytes_on_disk() - 1  # the last block goes: the entry moves back a block
+    cache.enforce_quota()
+    assert cache.stats_snapshot()["evictions"] == 1
+    assert entries_on_disk_are_whole(tmp_path), "the moved entry was rewritten over the dropped block"
+    assert [(e.session, e.tokens) for e in admin.list_entries(tmp_path)] == [("s", len(first))]  # its file as was
+    match = store(tmp_path).lookup(grown)  # after a restart: what is on disk restores
+    assert match is not None and match.common == len(first)
