@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures lint typecheck unit install install-test install-agents install-clients bench stress clean
+.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures lint typecheck unit install install-test install-agents install-clients install-tmux bench stress clean
 
 # pip install that says what it does: each step with how long it usually takes, download and compile progress, a
 # line at least every 20 s; pip's whole output (warnings included) goes to the log named on the first line.
@@ -81,12 +81,22 @@ else
 install-clients: $(CLIENTS_DIR)/.installed
 endif
 
+# The terminal tier (tests/tui/test_terminal.py) drives `localai tui` in tmux: installed with the system's package
+# manager when missing (apt-get as root, as on CI; Homebrew on a Mac), else make test stops here saying so.
+install-tmux:
+	@command -v tmux >/dev/null || { \
+	  echo "==> Installing tmux for the terminal tier (seconds)"; \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -qq tmux >/dev/null || { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }; \
+	  elif command -v brew >/dev/null; then brew install tmux; \
+	  else echo "tmux is missing and cannot be installed here: install it (apt-get install tmux), the terminal tier needs it"; exit 1; fi; }
+
 ## test-clients: the client tier alone: every client x check against a real daemon (about 3.5 minutes)
 test-clients: install-test install-clients
 	$(BIN)/python -m pytest -q -s tests/api/daemon/clients
 
 ## test: install everything the tests need (agents and clients included), then lint, type-check and run the suite
-test: install-test install-agents install-clients fixtures lint typecheck
+test: install-test install-agents install-clients install-tmux fixtures lint typecheck
 	@echo "==> The whole test suite: about 20 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q --durations=25
 

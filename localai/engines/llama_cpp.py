@@ -547,3 +547,22 @@ class LlamaCppEngine:
             self.embedder = EmbeddingContext(self.model, self.vocab, n_ctx=self.n_ctx,
                                              n_threads=self.options.n_threads)
         return self.embedder.embed(inputs, truncate=truncate)
+
+    def close(self) -> None:
+        """Free the context, batch and weights (and the embedding and vision contexts). A worker's process frees
+        them as it exits; benches and tests that build many engines in one process call this. Idempotent."""
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
+        if self.embedder is not None:
+            self.embedder.close()
+            self.embedder = None
+        if self.batch is not None:
+            L.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            L.llama_model_free(self.model)
+            self.model = None

@@ -71,3 +71,12 @@ class EmbeddingContext:
         values = [float(pointer[i]) for i in range(self.n_embd)]
         norm = math.sqrt(sum(v * v for v in values)) or 1.0
         return [v / norm for v in values]
+
+    def close(self) -> None:
+        """Free the context and batch (the weights belong to the chat engine)."""
+        if self.batch is not None:
+            L.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None

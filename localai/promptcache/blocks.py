@@ -50,6 +50,7 @@ MAGIC = b"LAIBLK01"
 HEADER_LEN = struct.Struct("<I")
 STALE_TEMP_SECONDS = 3600.0
 CHANGED_FILE = "changed"
+TEMP_PREFIX = ".tmp-"  # write_atomic's temp files: ``.tmp-<pid>-<hex>-<name>`` beside the file they become
 LOCK_FILE = "lock"
 
 
@@ -130,7 +131,7 @@ def parse_head(text: str) -> Head:
 def write_atomic(path: Path, parts: list[bytes]) -> int:
     """Write ``parts`` to ``path`` through a temp file, fsynced and renamed; returns the bytes written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".tmp-{os.getpid()}-{os.urandom(4).hex()}-{path.name}")  # unique: threads write too
+    temp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}-{path.name}")  # unique: threads too
     try:
         with open(temp, "wb") as handle:
             for part in parts:
@@ -321,7 +322,7 @@ class Folder:
 
     def _remove_dead_temps(self) -> None:
         for folder in ("blocks", "snaps", "heads"):
-            for temp in (self.path / folder).glob(".tmp-*"):
+            for temp in (self.path / folder).glob(TEMP_PREFIX + "*"):
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     pid = int(temp.name.split("-")[1])
                     if not process_alive(pid) or time.time() - temp.stat().st_mtime > STALE_TEMP_SECONDS:
@@ -386,14 +387,15 @@ class Folder:
         except OSError:
             return 0
 
-    def forget_missing(self, *, keep_heads: set[str]) -> int:
+    def forget_missing(self, *, keep_heads: set[str], keep_snapshots: Collection[str] = ()) -> int:
         """Drop from the index the blocks, snapshots and heads whose files another process deleted (nothing is
-        deleted here); a head in ``keep_heads`` (queued for writing) stays. Returns how many were forgotten."""
+        deleted here); a head in ``keep_heads`` or a snapshot in ``keep_snapshots`` (queued for writing: no file
+        yet) stays. Returns how many were forgotten."""
         gone = [key for key, block in self.blocks.items() if block.on_disk and not self.block_path(key).exists()]
         for key in gone:
             block = self.blocks.pop(key)
             self.children.get(block.parent, set()).discard(key)
-        snaps = [key for key in self.snapshots if not self.snapshot_path(key).exists()]
+        snaps = [key for key in self.snapshots if key not in keep_snapshots and not self.snapshot_path(key).exists()]
         for key in snaps:
             del self.snapshots[key]
         heads = 0
@@ -465,8 +467,22 @@ class Folder:
                 self.drop_snapshot(head.key)
 
     def write_head(self, head: Head) -> None:
-        if head.id in self.heads:
+        """Rewrite a moved entry's file. Where its chain now holds a block never written (a worker's write the queue
+        bound dropped, or that failed), the file it has stays if that one's chain is whole (eviction keeps it:
+        ``disk_key``), else it goes: no entry on disk names a missing block."""
+        if head.id not in self.heads:
+            return
+        if self._on_disk(head.key):
             write_atomic(self.head_path(head.id), [json.dumps(head.as_json()).encode()])
+            head.disk_key = head.key
+        elif head.disk_key is None or head.disk_key == head.key or not self._on_disk(head.disk_key):
+            self.head_path(head.id).unlink(missing_ok=True)
+            head.disk_key = None
+
+    def _on_disk(self, key: str) -> bool:
+        """Whether the chain ending at ``key`` is whole and every block of it written."""
+        chain = self.chain(key)
+        return bool(chain) and all(self.blocks[block].on_disk for block in chain)
 
     def referenced(self) -> set[str]:
         """Blocks on some head's chain."""

@@ -128,6 +128,7 @@ class PromptStore:
         self._queue: list[tuple[str, Any]] = []
         self._queued_bytes = 0
         self._busy = False
+        self._closing = False  # close(): the writer ends once the queue is empty
         self._failed_writes = 0  # write failures not logged yet (see _abandon)
         self._tidy_due = False  # an entry was written: garbage and quota are due once the queue drains
         self._others_scan: tuple[float, int, list[tuple[float, int, Path]]] | None = None
@@ -140,11 +141,14 @@ class PromptStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "owners").mkdir(exist_ok=True)
         self._owner_file = self.dir / "owners" / str(os.getpid())
-        self._owner_file.touch()
-        self._seen_change = self.folder.changed_stamp()
-        for complaint in self.folder.scan(repair=True):
-            log.warning("dropping damaged cache file %s", complaint)
-            self.stats["corrupt"] += 1
+        # Registered and read under the folder's lock: another worker's quota pass, which deletes the files of
+        # folders nobody uses under the same lock, either ends before this scan or sees the owner file and stays out
+        with self.folder.locked(exclusive=False):
+            self._owner_file.touch()
+            self._seen_change = self.folder.changed_stamp()
+            for complaint in self.folder.scan(repair=True):
+                log.warning("dropping damaged cache file %s", complaint)
+                self.stats["corrupt"] += 1
         self._load_layout()
         self._writer = threading.Thread(target=self._write_loop, name="cache-writer", daemon=True)
         self._writer.start()
@@ -504,7 +508,8 @@ class PromptStore:
         with self._lock:
             self._seen_change = stamp
             queued = {item.id for kind, item in self._queue if kind == "head"}
-            forgotten = self.folder.forget_missing(keep_heads=queued)
+            snapshots = {key[2:] for key in self._pending if key.startswith("s:")}  # queued or being written
+            forgotten = self.folder.forget_missing(keep_heads=queued, keep_snapshots=snapshots)
         if forgotten:
             log.info("forgot %d cache files another process deleted", forgotten)
 
@@ -597,9 +602,12 @@ class PromptStore:
     # -- the writer ------------------------------------------------------------------------------
 
     def _enqueue(self, kind: str, item: Any, payload: bytes | bytearray | memoryview) -> None:
-        """Queue a write (caller holds the lock); a queue larger than ``queue_bytes`` drops its oldest blocks."""
+        """Queue a write (caller holds the lock); a queue larger than ``queue_bytes`` drops its oldest payloads,
+        blocks and snapshots alike (a recurrent state's snapshot is tens of MB: on a slow disk they pile up too). A
+        dropped write stays indexed without a file, as a failed one does (``_abandon``): a restore that needs it
+        finds it in RAM or missing."""
         payload = bytes(payload)  # a snapshot cut from the engine's (mutable) state buffer: kept as its own copy
-        key = {"block": lambda: "b:" + item.key, "snapshot": lambda: "s:" + item}.get(kind, lambda: "")()
+        key = _pending_key(kind, item)
         if key:
             self._queued_bytes -= len(self._pending.get(key, b""))  # queued again before written: counted once
             self._pending[key] = payload
@@ -607,14 +615,14 @@ class PromptStore:
         self._queue.append((kind, item))
         self._queued_bytes += len(payload)
         while self._queued_bytes > self.queue_bytes:
-            victim = next(((k, i) for k, i in self._queue if k == "block"), None)
+            victim = next(((k, i) for k, i in self._queue if self._pending.get(_pending_key(k, i))), None)
             if victim is None:
                 break
             self._queue.remove(victim)
-            dropped = self._pending.pop("b:" + victim[1].key, b"")
-            self._queued_bytes -= len(dropped)
+            dropped_key = _pending_key(*victim)
+            self._queued_bytes -= len(self._pending.pop(dropped_key, b""))
             self.stats["dropped_writes"] += 1
-            log.warning("cache writes are behind; not persisting block %s", victim[1].key)
+            log.warning("cache writes are behind; not persisting %s %s", victim[0], dropped_key[2:])
 
     def flush(self, timeout: float = 55.0) -> None:
         """Wait until queued writes are on disk (used at shutdown and by tests)."""
@@ -626,15 +634,23 @@ class PromptStore:
             time.sleep(0.01)
         log.warning("cache writes still queued after %.0f s at shutdown; they are lost", timeout)
 
-    def close(self) -> None:
-        self.flush()
+    def close(self, timeout: float = 55.0) -> None:
+        """Write what is queued, stop the writer thread and leave the folder (its owner file)."""
+        self.flush(timeout)
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._writer is not threading.current_thread():
+            self._writer.join(timeout)
         self._owner_file.unlink(missing_ok=True)
 
     def _write_loop(self) -> None:
         while True:
             with self._wake:
-                while not self._queue:
+                while not self._queue and not self._closing:
                     self._wake.wait()
+                if not self._queue:
+                    return  # closed, and everything queued was written
                 kind, item = self._queue.pop(0)
                 self._busy = True
             try:
@@ -675,12 +691,20 @@ class PromptStore:
         elif kind == "snapshot":
             with self._lock:
                 payload = self._pending.get("s:" + item)
+                if payload is not None and item not in self.folder.snapshots:  # dropped while it waited
+                    del self._pending["s:" + item]
+                    self._queued_bytes -= len(payload)
+                    return
             if payload is None:
                 return
             written = write_atomic(self.folder.snapshot_path(item), snapshot_file(payload))
             with self._lock:
-                self._pending.pop("s:" + item, None)
-                self._queued_bytes -= len(payload)
+                if self._pending.get("s:" + item) is payload:  # else dropped meanwhile: its bytes given back then
+                    del self._pending["s:" + item]
+                    self._queued_bytes -= len(payload)
+                if item not in self.folder.snapshots:  # dropped while it was written: its file would be an orphan
+                    self.folder.snapshot_path(item).unlink(missing_ok=True)
+                    return
                 self.folder.snapshots[item] = written
                 self.stats["bytes_written"] += written
         elif kind == "drop_snapshot":
@@ -692,7 +716,10 @@ class PromptStore:
             with self.folder.locked(exclusive=False):  # no block of its chain is deleted until it is written
                 self._notice_deletions()  # blocks deleted while it waited: never write a head over missing blocks
                 with self._lock:
-                    if self.folder.heads.get(head.id) is not head or not self.folder.chain(head.key):
+                    chain = self.folder.chain(head.key) if self.folder.heads.get(head.id) is head else []
+                    # a block of the chain never written (the queue bound dropped it, or its write failed) would
+                    # make the entry's file name a missing block: it stays unwritten (its old file, if any, stays)
+                    if not chain or not all(self.folder.blocks[key].on_disk for key in chain):
                         return
                     data = json.dumps(head.as_json()).encode()
                     key = head.key
@@ -705,7 +732,7 @@ class PromptStore:
         """A write that failed (a full disk, a vanished folder): its payload is let go, so failed writes never pile
         up in memory; the block stays known without a file, and a restore that needs it finds it missing and stops
         before it (as for a block another worker evicted)."""
-        key = {"block": lambda: "b:" + item.key, "snapshot": lambda: "s:" + item}.get(kind, lambda: "")()
+        key = _pending_key(kind, item)
         with self._lock:
             payload = self._pending.pop(key, b"") if key else b""
             self._queued_bytes -= len(payload)
@@ -748,17 +775,49 @@ class PromptStore:
             return
         # The disk work (other folders' files, a rescan of this one, the pins) happens outside the lock: lookups and
         # saves on the engine thread never wait for it. Only the index changes and this folder's eviction take it.
-        for _, size, path in sorted(others):
+        if others:
+            total = self._evict_others(total, others)
             if total <= self.max_bytes:
                 return
-            with contextlib.suppress(OSError):
-                path.unlink()
-                total -= size
-                self.count("evictions")
         self._others_scan = None
         pins = load_pins(self.root)
         with self.folder.locked(exclusive=True):
             self._evict(total, pins)
+
+    def _evict_others(self, total: int, others: list[tuple[float, int, Path]]) -> int:
+        """Delete the least recently used files of the folders no live worker uses, until ``total`` is under quota;
+        returns the total left. Each of those folders is locked (exclusively, as its own workers' eviction does)
+        and read again under its lock: the scan may be ``OTHERS_SECONDS`` old, and a worker that started on the
+        folder since has indexed its files (it registers and scans under the lock shared: ``__init__``)."""
+        stale: dict[Path, int] = {}
+        for _, size, path in others:
+            where = self.root / path.relative_to(self.root).parts[0]
+            stale[where] = stale.get(where, 0) + size
+        with contextlib.ExitStack() as locks:
+            files: list[tuple[float, int, Path, Folder]] = []
+            for path in sorted(stale):  # in one order: two workers' quota passes never wait on each other in a cycle
+                if not path.is_dir():
+                    continue
+                folder = Folder(path)
+                locks.enter_context(folder.locked(exclusive=True))
+                if _used(path):
+                    continue  # a worker started on it since the scan: its files are its own to evict
+                found = _cache_files(path)
+                total += sum(size for _, size, _ in found) - stale[path]
+                files += [(mtime, size, file, folder) for mtime, size, file in found]
+            changed: dict[Path, Folder] = {}
+            for _, size, file, folder in sorted(files, key=lambda entry: entry[:3]):
+                if total <= self.max_bytes:
+                    break
+                with contextlib.suppress(OSError):
+                    file.unlink()
+                    total -= size
+                    self.count("evictions")
+                    changed[folder.path] = folder
+            for folder in changed.values():
+                folder.mark_changed()  # a worker that starts on it later reads it afresh anyway; `localai cache` too
+        self._others_scan = None
+        return total
 
     def _scan_others(self, fresh: bool) -> tuple[int, list[tuple[float, int, Path]]]:
         """The other fingerprint folders' bytes, and the files of those no live worker uses (mtime, size, path)."""
@@ -770,15 +829,11 @@ class PromptStore:
         for folder in self.root.iterdir() if self.root.exists() else []:
             if not folder.is_dir() or folder == self.dir:
                 continue
-            live = any(path.name.isdigit() and process_alive(int(path.name)) for path in (folder / "owners").glob("*"))
-            for path in [*folder.glob("blocks/*.blk"), *folder.glob("snaps/*.snp"), *folder.glob("*.kv")]:
-                if path.name.startswith("."):
-                    continue  # another process's write in progress
-                with contextlib.suppress(OSError):
-                    stat = path.stat()
-                    total += stat.st_size
-                    if not live:
-                        others.append((stat.st_mtime, stat.st_size, path))
+            live = _used(folder)
+            for mtime, size, path in _cache_files(folder):
+                total += size
+                if not live:
+                    others.append((mtime, size, path))
         self._others_scan = (time.monotonic(), total, others)
         return total, others
 
@@ -850,6 +905,28 @@ class PromptStore:
             log.warning("converted old cache entry %s (%d tokens) into blocks%s", path.name, len(tokens),
                         "" if head else " failed: dropped")
             path.unlink(missing_ok=True)
+
+
+def _used(folder: Path) -> bool:
+    """Whether a live worker uses a fingerprint folder (its ``owners/<pid>`` file)."""
+    return any(path.name.isdigit() and process_alive(int(path.name)) for path in (folder / "owners").glob("*"))
+
+
+def _cache_files(folder: Path) -> list[tuple[float, int, Path]]:
+    """A fingerprint folder's blocks, snapshots and old entries: (mtime, size, path), writes in progress left out."""
+    found = []
+    for path in [*folder.glob("blocks/*.blk"), *folder.glob("snaps/*.snp"), *folder.glob("*.kv")]:
+        if path.name.startswith("."):
+            continue  # another process's write in progress
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            found.append((stat.st_mtime, stat.st_size, path))
+    return found
+
+
+def _pending_key(kind: str, item: Any) -> str:
+    """A queued write's key in ``_pending`` and the RAM tier ("" for writes without a payload)."""
+    return "b:" + item.key if kind == "block" else "s:" + item if kind == "snapshot" else ""
 
 
 def _chain_is_prefix(folder: Folder, head: Head, tokens: list[int]) -> bool:

@@ -99,16 +99,21 @@ class DocumentReader:
         self.timeout = timeout
         self.keep = keep
         self._texts: OrderedDict[str, PdfText] = OrderedDict()
+        self._reading: dict[str, asyncio.Task[dict[str, Any]]] = {}  # extractions in flight, by the PDF's digest
         self._slots = asyncio.Semaphore(PDF_CONCURRENCY)
 
     async def read(self, block: MediaBlock) -> PdfText:
-        """The PDF's text; an ``InvalidRequest`` naming the block when it is encrypted, damaged or too costly."""
+        """The PDF's text; an ``InvalidRequest`` naming the block when it is encrypted, damaged or too costly. Two
+        requests with the same PDF at once share one extraction: the second waits for the first's result."""
         key = block.digest()
         if key in self._texts:
             self._texts.move_to_end(key)
             return self._texts[key]
-        async with self._slots:
-            result = await self._extract(block)
+        reading = self._reading.get(key)
+        if reading is None:
+            reading = self._reading[key] = asyncio.ensure_future(self._extract_in_slot(block))
+            reading.add_done_callback(lambda _: self._reading.pop(key, None))
+        result = await asyncio.shield(reading)  # one requester cancelled (its client gone) leaves it to the others
         error = result.get("error")
         if error is not None:
             where = f"{block.where}: " if block.where else ""
@@ -125,6 +130,10 @@ class DocumentReader:
         while len(self._texts) > self.keep:
             self._texts.popitem(last=False)
         return found
+
+    async def _extract_in_slot(self, block: MediaBlock) -> dict[str, Any]:
+        async with self._slots:
+            return await self._extract(block)
 
     async def _extract(self, block: MediaBlock) -> dict[str, Any]:
         process = await asyncio.create_subprocess_exec(

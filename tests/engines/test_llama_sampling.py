@@ -3,6 +3,7 @@ on the real model, one row and four at once; anything beyond plain greedy goes t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import llama_cpp as L
@@ -13,8 +14,10 @@ from localai.engines.llama_cpp import GREEDY, LlamaCppEngine
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_path: Path) -> LlamaCppEngine:
-    return LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=1024, n_parallel=4, n_threads=2))
+def engine(smollm2_path: Path) -> Iterator[LlamaCppEngine]:
+    loaded = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=1024, n_parallel=4, n_threads=2))
+    yield loaded
+    loaded.close()
 
 
 def test_plain_greedy_takes_the_fast_path_and_nothing_else_does(engine: LlamaCppEngine) -> None:

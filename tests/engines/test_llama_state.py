@@ -83,7 +83,7 @@ def test_a_sliding_window_model_restores_from_blocks_and_its_window_snapshot_aft
     engine.seq_clear(1)
     prefill(engine, 1, prompt)
     expected = greedy(engine, 1, len(prompt))
-    del engine
+    engine.close()
 
     engine = LlamaCppEngine(options)  # a restart
     store = PromptStore(tmp_path, fingerprint(engine.fingerprint_parts()), engine, max_bytes=1 << 30, trims=True)
@@ -96,6 +96,8 @@ def test_a_sliding_window_model_restores_from_blocks_and_its_window_snapshot_aft
     assert engine.seq_keep(0, len(tokens) - 1)  # replaying the last token stays inside the window
     prefill(engine, 0, prompt, start=len(tokens) - 1)
     assert greedy(engine, 0, len(prompt)) == expected
+    store.close()
+    engine.close()
 
 
 def test_saves_back_to_back_keep_each_state_though_the_engine_reuses_its_buffer(smollm2_path: Path,
@@ -123,6 +125,18 @@ def test_saves_back_to_back_keep_each_state_though_the_engine_reuses_its_buffer(
         assert restored is not None and restored.common == len(first)
         assert bytes(restored.state) == expected
     store.close()
+    engine.close()
+
+
+def test_close_frees_the_model_context_and_batch_once(smollm2_path: Path) -> None:
+    """A worker's process frees its engine as it exits; benches and tests build many in one process. Before,
+    the engine had no close(): each one kept its weights, context and batch until the process ended."""
+    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=512, n_parallel=1))
+    engine.embed([engine.tokenize("an embedding context too")], truncate=True)
+    assert engine.model and engine.ctx and engine.embedder is not None
+    engine.close()
+    assert (engine.model, engine.ctx, engine.batch, engine.embedder) == (None, None, None, None)
+    engine.close()  # twice: nothing freed twice
 
 
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
@@ -133,3 +147,4 @@ def test_a_quantized_kv_type_loads_with_flash_attention_on(smollm2_path: Path, k
     assert engine.info()["kv_type"] == kv and engine.info()["flash_attention"]
     prefill(engine, 0, list(range(100, 140)))
     assert len(greedy(engine, 0, 40, 4)) == 4
+    engine.close()

@@ -31,6 +31,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[tuple[LlamaCppEngine, tup
     path: Path = request.getfixturevalue(f"{request.param}_path")
     loaded = LlamaCppEngine(LoadOptions(model_path=str(path), num_ctx=512, n_parallel=1))
     yield loaded, (CHATML if request.param == "smollm2" else GEMMA)
+    loaded.close()
 
 
 def render(turn: str, messages: list[tuple[str, str]], header: str, bos: str) -> str:

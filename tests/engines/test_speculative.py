@@ -279,11 +279,17 @@ def test_seeded_sampling_with_drafts_keeps_each_draw(smollm2: Any) -> None:
 
 
 def test_a_grammar_and_drafts(smollm2: Any) -> None:
-    constrained = dict(op(chatml("Give me a JSON object describing a fox: " + COPY), max_tokens=80),
-                       constraint={"type": "json_object"})
-    result = serve(smollm2(), [constrained])["r"]
+    """Drafts under a grammar: the reply copies JSON from its prompt, so drafts are proposed (before, nothing
+    checked that any was: the test passed with drafting off), and the text stays valid JSON."""
     import json
 
+    document = json.dumps({"fox": COPY.strip(), "dog": COPY.strip()})
+    constrained = dict(op(chatml("Repeat this JSON object exactly: " + document), max_tokens=80),
+                       constraint={"type": "json_object"})
+    engine = smollm2()
+    result = serve(engine, [constrained])["r"]
+    engine.close()
+    assert usage(result)["drafted_tokens"] > 0, usage(result)
     json.loads(result["text"])  # drafts the grammar would not allow are never kept
 
 

@@ -173,6 +173,16 @@ def test_corrupt_bytes_are_rejected_and_deleted(server: HubServer) -> None:
     assert hub.cached_weights(hub.HubRef("org/Tiny-GGUF")) is None
 
 
+def test_a_git_stored_file_with_a_bad_object_id_is_rejected_and_deleted(server: HubServer) -> None:
+    """A file the hub stores in git (no LFS sha256) is checked by its git object id: bytes of the right size that
+    are not the file fail it (only sha256 corruption was tested)."""
+    server.file("org/Tiny-GGUF", "config.json").served = b'{"b": 2}'  # the same size, other bytes
+    with pytest.raises(DownloadCorrupt, match=r"git object id [0-9a-f]{40} where the hub advertises"):
+        _fetch("config.json")
+    blobs = paths.hf_hub_cache() / "models--org--Tiny-GGUF" / "blobs"
+    assert not blobs.exists() or not list(blobs.iterdir())
+
+
 def test_a_partial_longer_than_the_file_starts_again(server: HubServer) -> None:
     _partial().parent.mkdir(parents=True)
     _partial().write_bytes(BLOB + b"extra")

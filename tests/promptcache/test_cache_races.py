@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from localai.promptcache import admin
+from localai.promptcache import store as store_module
 from localai.promptcache.blocks import BLOCK_TOKENS, Folder
 from localai.promptcache.store import PromptStore, StateBytes
 from tests.cachecodec import BytesCodec, state_of
@@ -180,10 +182,6 @@ def test_quota_enforcement_never_holds_the_lock_across_its_disk_work(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """enforce_quota read the pins (and rescanned the folder, and deleted other folders' files) holding the store's
     lock, so the engine thread's lookups and saves waited on the disk. Held inside load_pins, a lookup must go on."""
-    import threading
-
-    from localai.promptcache import store as store_module
-
     cache = store(tmp_path)
     tokens = list(range(7000, 7000 + 4 * BLOCK_TOKENS))
     cache.save(tokens, state_of(tokens), "s")
@@ -267,3 +265,149 @@ def test_a_moved_entrys_file_never_names_a_deleted_block_while_its_new_version_w
     again = store(tmp_path)
     match = again.lookup(grown)
     assert match is not None and match.common >= 2 * BLOCK_TOKENS  # the session still restores
+
+
+class WriteGate:
+    """Holds the writer thread inside ``write_atomic`` for one path (the interleaving is forced, not slept into);
+    records, at the writer's next write, whether that path's file and index entry were still there."""
+
+    def __init__(self, cache: PromptStore, path: Path) -> None:
+        self.cache, self.path = cache, path
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.after: tuple[bool, bool] | None = None  # (file exists, indexed) when the writer moved on
+        self.real = store_module.write_atomic
+
+    def __call__(self, path: Path, parts: list[bytes]) -> int:
+        if self.after is None and self.inside.is_set() and path != self.path:
+            with self.cache._lock:
+                self.after = (self.path.exists(), self.path.stem in self.cache.folder.snapshots)
+        if path == self.path and not self.inside.is_set():
+            self.inside.set()  # before the rename: a drop now finds no file to delete
+            assert self.release.wait(30)
+        return self.real(path, parts)
+
+
+def checkpoints(tokens: list[int], ends: list[int]) -> list[tuple[int, bytes]]:
+    """``seq_checkpoint``-shaped bytes (an 8-byte header, then the state's uncut part) at each of ``ends``."""
+    return [(end, b"\0" * 8 + bytes([end % 251]) * 512) for end in ends]
+
+
+def test_a_snapshot_dropped_while_it_is_written_is_counted_once_and_leaves_no_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session's checkpoints pass CHECKPOINTS_PER_SESSION while the writer is inside ``write_atomic`` for the
+    oldest one's snapshot: ``_bound_checkpoints`` gives its bytes back and drops it. Before: the writer gave the
+    bytes back a second time (``_queued_bytes`` negative: the queue bound loosened by a recurrent state's size) and
+    indexed the snapshot again, its file an orphan until the next tidy."""
+    rest = b"W" * 64
+    cache = PromptStore(tmp_path, FP, BytesCodec(rest=rest), max_bytes=1 << 30)
+    tokens = list(range(20_000, 20_000 + 12 * BLOCK_TOKENS))
+    oldest = cache._checkpoint_tails(tokens, checkpoints(tokens, [40]))[0].key
+    gate = WriteGate(cache, cache.folder.snapshot_path(oldest))
+    monkeypatch.setattr(store_module, "write_atomic", gate)
+    first = tokens[:2 * BLOCK_TOKENS]
+    cache.save(first, state_of(first, rest), "s", checkpoints=checkpoints(first, [40]))
+    assert gate.inside.wait(30)  # the writer is writing the oldest checkpoint's snapshot
+    ends = [BLOCK_TOKENS * n + 10 for n in range(2, 11)]  # nine more: the oldest goes
+    cache.save(tokens, state_of(tokens, rest), "s", checkpoints=checkpoints(tokens, ends))
+    assert oldest not in cache.folder.snapshots
+    gate.release.set()
+    cache.flush()
+    # ((file there, indexed) when the writer moved on, bytes queued once all is written)
+    assert (gate.after, cache._queued_bytes) == ((False, False), 0)
+    assert not cache._pending
+    cache.close()
+    assert not cache.folder.snapshot_path(oldest).exists()
+
+
+def test_the_queue_bound_drops_queued_snapshots_too(tmp_path: Path) -> None:
+    """An engine whose states cannot be cut (whole snapshots, blocks without payloads), on a disk that cannot keep
+    up (the writer held): before, only blocks were dropped, so the queued snapshots grew past ``queue_bytes``."""
+    size = 4096
+    cache = PromptStore(tmp_path, FP, BytesCodec(whole=True), max_bytes=1 << 30, queue_bytes=3 * size)
+    with cache._lock:  # the writer takes nothing from the queue meanwhile
+        for n in range(8):
+            tokens = list(range(n * 1000, n * 1000 + size // 8))
+            cache.save(tokens, state_of(tokens), f"s{n}")
+            assert 0 <= cache._queued_bytes <= cache.queue_bytes, f"save {n}: {cache._queued_bytes} bytes queued"
+        assert sum(len(p) for p in cache._pending.values()) == cache._queued_bytes
+    cache.flush()
+    assert cache.stats_snapshot()["dropped_writes"] == 5 and cache._queued_bytes == 0
+    last = list(range(7000, 7000 + size // 8))
+    match = store(tmp_path, BytesCodec(whole=True)).lookup(last)  # the newest were kept
+    assert match is not None and match.common == len(last)
+
+
+def test_eviction_of_a_folder_nobody_used_spares_a_worker_that_started_on_it_after_the_scan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker A's quota pass scans the other folders, finds B unused, and deletes B's files; a worker started on B
+    between the scan and the deletion. Before: its entries were deleted under it (from a scan up to 30 s old, without
+    B's lock). Now B is locked and read again before anything of it is deleted: A evicts its own instead."""
+    other = "e" * 32
+    old = PromptStore(tmp_path, other, BytesCodec(), max_bytes=1 << 30)
+    kept = list(range(30_000, 30_000 + 4 * BLOCK_TOKENS))
+    old.save(kept, state_of(kept), "b")
+    old.close()  # B is nobody's now
+    a = store(tmp_path)
+    mine = list(range(40_000, 40_000 + 4 * BLOCK_TOKENS))
+    a.save(mine, state_of(mine), "a")
+    a.flush()
+    started: list[PromptStore] = []
+    real = a._scan_others
+
+    def scan_then_a_worker_starts_on_b(fresh: bool) -> tuple[int, list[tuple[float, int, Path]]]:
+        found = real(fresh)
+        if not started:
+            started.append(PromptStore(tmp_path, other, BytesCodec(), max_bytes=1 << 30))
+        return found
+
+    monkeypatch.setattr(a, "_scan_others", scan_then_a_worker_starts_on_b)
+    b_bytes = sum(p.stat().st_size for p in (tmp_path / other).glob("blocks/*.blk"))
+    a.max_bytes = a.folder.bytes_on_disk() + b_bytes - 1  # one byte over: A's oldest file would do
+    a.enforce_quota()
+    b = started[0]
+    match = b.lookup(kept)
+    restored = b.restore(match) if match else None
+    assert restored is not None and restored.common == len(kept), "the new worker lost entries it had indexed"
+    assert a.stats_snapshot()["evictions"] >= 1  # A evicted from its own folder instead
+    b.close()
+    a.close()
+
+
+def test_close_stops_the_writer_thread(tmp_path: Path) -> None:
+    cache = store(tmp_path)
+    tokens = list(range(50_000, 50_000 + 2 * BLOCK_TOKENS))
+    cache.save(tokens, state_of(tokens), "s")
+    cache.close()
+    assert not cache._writer.is_alive(), "the writer thread outlived close()"
+    assert store(tmp_path).lookup(tokens) is not None  # what was queued was written first
+
+
+def entries_on_disk_are_whole(root: Path) -> bool:
+    check = Folder(root / FP)
+    check.scan()
+    return all(check.chain(head.key) for head in check.heads.values())
+
+
+def test_no_entry_file_names_a_block_whose_write_the_queue_bound_dropped(tmp_path: Path) -> None:
+    """The stress soak's finding (two workers, a small queue): a session grows by two blocks on a disk that cannot
+    keep up, and the bound drops the first. Before: the entry's new version was written anyway, naming the block that
+    was never written; and when quota then evicted the last block, the entry moved back onto the dropped one and
+    was rewritten naming it. Either way a restart found an entry whose chain is broken."""
+    cache = store(tmp_path)
+    first = list(range(60_000, 60_000 + 2 * BLOCK_TOKENS))
+    cache.save(first, state_of(first), "s")
+    cache.flush()
+    cache.queue_bytes = 8 * BLOCK_TOKENS  # one block's payload
+    grown = first + list(range(61_000, 61_000 + 2 * BLOCK_TOKENS))
+    with cache._lock:  # the writer takes nothing meanwhile: the second new block pushes the first out
+        cache.save(grown, state_of(grown), "s")
+    cache.flush()
+    assert cache.stats_snapshot()["dropped_writes"] == 1
+    assert entries_on_disk_are_whole(tmp_path), "the entry's new version names the dropped block"
+    cache.max_bytes = cache.folder.bytes_on_disk() - 1  # the last block goes: the entry moves back a block
+    cache.enforce_quota()
+    assert cache.stats_snapshot()["evictions"] == 1
+    assert entries_on_disk_are_whole(tmp_path), "the moved entry was rewritten over the dropped block"
+    assert [(e.session, e.tokens) for e in admin.list_entries(tmp_path)] == [("s", len(first))]  # its file as was
+    match = store(tmp_path).lookup(grown)  # after a restart: what is on disk restores
+    assert match is not None and match.common == len(first)

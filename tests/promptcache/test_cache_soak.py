@@ -18,3 +18,4 @@ def test_a_seeded_schedule_breaks_no_invariant(tmp_path: Path, seed: int) -> Non
     figures = soak(tmp_path, seed=seed, steps=250, serial=True)
     assert not figures.violations, "\n".join(figures.violations[:20])
     assert figures.saves and figures.restores and figures.evictions and figures.removals and figures.listings
+    assert figures.restarts and figures.dropped_writes and figures.lowest_queued == 0 and figures.orphans == 0

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import struct
 import subprocess
 import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -103,10 +103,20 @@ def test_a_damaged_block_mid_chain_is_never_served_and_restore_stops_before_it(
 
 
 def test_a_foreign_fingerprint_is_never_read(tmp_path: Path) -> None:
+    """Another model's blocks inside this fingerprint's folder (a folder copied or renamed by hand): their chains
+    start at the other fingerprint, so they are never served and are no entry here. (Reading
+    another folder proved nothing: the files were never where the second store looks.)"""
     tokens = list(range(100))
-    store(tmp_path).save(tokens, state_of(tokens), None)
+    cache = store(tmp_path)
+    cache.save(tokens, state_of(tokens), None)
+    cache.close()
+    foreign = tmp_path / ("0" * 32)
+    shutil.copytree(tmp_path / FP, foreign)
+    assert len(list(foreign.glob("blocks/*.blk"))) == 2 and list(foreign.glob("heads/*.json"))
     other = PromptStore(tmp_path, "0" * 32, BytesCodec(), max_bytes=1 << 30)
     assert other.lookup(tokens) is None
+    assert not other.folder.complete_heads()  # no entry of theirs is an entry here
+    assert store(tmp_path).lookup(tokens) is not None  # the model they belong to still has them
 
 
 def test_an_interrupted_write_leaves_no_block_and_its_temp_file_is_cleaned(tmp_path: Path) -> None:
@@ -122,11 +132,13 @@ def test_an_interrupted_write_leaves_no_block_and_its_temp_file_is_cleaned(tmp_p
 def test_the_quota_evicts_least_recently_used_tails_first_and_never_a_pinned_chain(tmp_path: Path) -> None:
     prefix = list(range(4000, 4000 + 2 * BLOCK_TOKENS))
     cache = store(tmp_path)
-    for session in ("old", "pinned", "new"):
-        tokens = prefix + [hash(session) % 1000] * (2 * BLOCK_TOKENS)
+    for used, session in enumerate(("old", "pinned", "new")):  # distinct tails, used in this order
+        tokens = prefix + [used + 1] * (2 * BLOCK_TOKENS)
         cache.save(tokens, state_of(tokens), session)
         cache.flush()
-        time.sleep(0.01)
+        for key, start, _ in cache._keys(tokens):
+            if start >= len(prefix):
+                cache.folder.blocks[key].last_used = 1_000_000.0 + used  # the order, not the clock's resolution
     pins.add_pin(session="pinned", entry=None, ttl=600, root=tmp_path)
     block_bytes = read_size = blocks_on_disk(tmp_path)[0].stat().st_size
     cache.max_bytes = cache.folder.bytes_on_disk() - 2 * block_bytes + 1

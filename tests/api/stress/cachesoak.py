@@ -1,6 +1,10 @@
-"""A seeded random schedule over the prompt store: a worker's store on a folder (with its writer thread),
-saves that grow sessions and fork sub-agents, lookups and restores, quota eviction, pins from the CLI's side,
-``cache rm``/``prune`` and admin listings, interleaved; the invariants are checked after every step.
+"""A seeded random schedule over the prompt store: two workers' stores on two fingerprint folders under one quota
+(each with its writer thread; the second's engine has an uncut part, so its saves carry snapshots and checkpoints,
+and its write queue is small, so the queue bound drops blocks and snapshots while checkpoints beyond the session's
+limit are dropped under the writer), saves that grow sessions and fork sub-agents, lookups and restores, quota
+eviction, worker restarts racing the other worker's eviction of the folder left unused, pins from the CLI's side,
+``cache rm``/``prune`` and admin listings, interleaved; the invariants are checked after every step (the queue's
+byte count never negative and equal to its payloads), and after a final tidy no orphan file is left.
 
 ``make test`` runs a short seeded schedule (tests/promptcache/test_cache_soak.py); ``make stress`` runs it for minutes.
 """
@@ -8,19 +12,37 @@ saves that grow sessions and fork sub-agents, lookups and restores, quota evicti
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from localai.promptcache import admin, pins
-from localai.promptcache.blocks import BLOCK_TOKENS, Folder
+from localai.promptcache.blocks import BLOCK_TOKENS, TEMP_PREFIX, Folder
 from localai.promptcache.store import PromptStore
 from tests.cachecodec import BytesCodec, state_of
 
 FP = "c" * 32
-STORES = 1
+FP2 = "d" * 32  # the second worker's model: an engine with a part it cannot cut (snapshots, checkpoints)
+REST = b"R" * 96  # that engine's uncut part, in every state and every checkpoint
 SYSTEM = list(range(100_000, 100_000 + 3 * BLOCK_TOKENS))  # the prefix every session shares
+
+
+@dataclass
+class Worker:
+    """What one worker's store is opened with (a restart opens it again the same way)."""
+
+    fingerprint: str
+    rest: bytes
+    queue_bytes: int | None
+
+    def open(self, root: Path) -> PromptStore:
+        return PromptStore(root, self.fingerprint, BytesCodec(rest=self.rest), max_bytes=1 << 30,
+                           ram_bytes=64 << 10, queue_bytes=self.queue_bytes)
+
+
+WORKERS = (Worker(FP, b"", None), Worker(FP2, REST, 2 << 10))
 
 
 @dataclass
@@ -32,6 +54,10 @@ class Figures:
     evictions: int = 0
     removals: int = 0
     listings: int = 0
+    restarts: int = 0
+    dropped_writes: int = 0  # writes the queue bound dropped (or that failed)
+    lowest_queued: int = 0  # the lowest ``_queued_bytes`` seen (never below 0)
+    orphans: int = 0  # files left after the final tidy that nothing names
     violations: list[str] = field(default_factory=list)
 
 
@@ -44,7 +70,7 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
     exactly); otherwise they race the steps, as in a worker."""
     rng = random.Random(seed)
     figures = Figures()
-    stores = [PromptStore(root, FP, BytesCodec(), max_bytes=1 << 30, ram_bytes=64 << 10) for _ in range(STORES)]
+    stores = [worker.open(root) for worker in WORKERS]
     sessions: dict[str, list[int]] = {}
     pinned: dict[str, float] = {}  # sessions pinned, until
     held: set[str] = set()  # pinned sessions seen with an entry since their pin: they must keep it
@@ -55,9 +81,10 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
 
     while (steps is None or figures.steps < steps) and (deadline is None or time.monotonic() < deadline):
         figures.steps += 1
-        cache = rng.choice(stores)
-        action = rng.choices(["save", "fork", "restore", "quota", "pin", "rm", "prune", "list", "flush"],
-                             weights=[30, 6, 25, 6, 5, 3, 2, 10, 8])[0]
+        index = rng.randrange(len(stores))
+        cache, worker = stores[index], WORKERS[index]
+        action = rng.choices(["save", "fork", "restore", "quota", "pin", "rm", "prune", "list", "flush", "restart"],
+                             weights=[30, 6, 25, 6, 5, 3, 2, 10, 8, 2])[0]
         try:
             if action in ("save", "fork") or not sessions:
                 if action == "fork" and sessions:
@@ -69,7 +96,10 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
                     sessions.setdefault(name, list(SYSTEM))
                 sessions[name] += [rng.randrange(50_000) for _ in range(rng.randrange(1, 3 * BLOCK_TOKENS))]
                 tokens = sessions[name]
-                cache.save(tokens, state_of(tokens), name)
+                ends = sorted(rng.sample(range(len(SYSTEM), len(tokens)), min(3, len(tokens) - len(SYSTEM)))) \
+                    if worker.rest else []  # checkpoints on the way: past 8 a session, the oldest go (the writer races)
+                cache.save(tokens, state_of(tokens, worker.rest), name,
+                           checkpoints=[(end, b"\0" * 8 + worker.rest) for end in ends] or None)
                 figures.saves += 1
                 if trace:
                     trace(f"{figures.steps}: save {name} ({len(tokens)} tokens)")
@@ -81,7 +111,7 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
                 if restored is not None:
                     figures.restores += 1
                     figures.restored_tokens += restored.common
-                    if restored.state != state_of(restored.tokens):
+                    if restored.state != state_of(restored.tokens, worker.rest):
                         violation(f"restored state does not match its {len(restored.tokens)} tokens")
                     if restored.tokens[:restored.common] != prompt[:restored.common]:
                         violation("restored tokens are not the prompt's prefix")
@@ -116,6 +146,13 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
                 admin.list_entries(root)
                 admin.stats(root)
                 figures.listings += 1
+            elif action == "restart":
+                figures.restarts += 1
+                figures.dropped_writes += cache.stats_snapshot()["dropped_writes"]
+                _restart(root, stores, index, rng, violation)
+                held.clear()  # the folder left unused meanwhile may lose pinned entries to the other's quota
+                if trace:
+                    trace(f"{figures.steps}: restart {worker.fingerprint[:4]}")
             else:
                 cache.flush()
         except Exception as exc:
@@ -123,11 +160,57 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
         if serial:
             for each in stores:
                 each.flush()
+        figures.lowest_queued = min(figures.lowest_queued, *(each._queued_bytes for each in stores))
         _check(root, stores, pinned, held, violation, settled=serial)
     for cache in stores:
         cache.close()
+        figures.dropped_writes += cache.stats_snapshot()["dropped_writes"]
+        if cache._writer.is_alive():
+            violation("a writer thread outlived close()")
     _check(root, stores, pinned, held, violation, settled=True)
+    figures.orphans = _tidy_and_count_orphans(root, violation)
     return figures
+
+
+def _restart(root: Path, stores: list[PromptStore], index: int, rng: random.Random,
+             violation: Callable[[str], None]) -> None:
+    """Worker ``index`` exits and starts again while the other worker's quota pass evicts (its folder unused for a
+    moment): nothing the restarted worker indexes may be deleted under it."""
+    stores[index].close()
+    other = stores[1 - index]
+    other.max_bytes = rng.randrange(1, max(2, 2 * other.folder.bytes_on_disk()))
+    evicting = threading.Thread(target=other.enforce_quota)
+    evicting.start()
+    stores[index] = WORKERS[index].open(root)
+    evicting.join()
+    other.max_bytes = 1 << 30
+    restarted = stores[index]
+    with restarted._lock:
+        gone = [key for key, block in restarted.folder.blocks.items()
+                if block.on_disk and not restarted.folder.block_path(key).exists()]
+    if gone:
+        violation(f"{len(gone)} blocks a restarted worker indexed were deleted under it by the other's quota")
+
+
+def _tidy_and_count_orphans(root: Path, report: Callable[[str], None]) -> int:
+    """The final tidy (each folder opened again, its garbage collected, closed), then the files nothing names: a
+    snapshot no entry has, a block no entry's chain reaches, a temp file."""
+    orphans = 0
+    for worker in WORKERS:
+        cache = worker.open(root)
+        with cache._lock:
+            cache.folder.collect_garbage()
+        cache.close()
+        folder = Folder(root / worker.fingerprint)
+        folder.scan()
+        snapshotted = {head.key for head in folder.heads.values() if head.snapshot}
+        found = [f"snapshot {key}" for key in folder.snapshots if key not in snapshotted]
+        found += [f"block {key}" for key in set(folder.blocks) - folder.referenced()]
+        found += [f"temp {path.name}" for path in (root / worker.fingerprint).rglob(TEMP_PREFIX + "*")]
+        for text in found[:5]:
+            report(f"{worker.fingerprint[:4]}: orphan {text} after the final tidy")
+        orphans += len(found)
+    return orphans
 
 
 def run(report: object, workdir: Path, seconds: float) -> None:
@@ -143,18 +226,28 @@ def run(report: object, workdir: Path, seconds: float) -> None:
         folder = workdir / f"seed-{seed}"
         folder.mkdir(parents=True)
         found = soak(folder, seed=seed, steps=400)
-        for name in ("steps", "saves", "restores", "restored_tokens", "evictions", "removals", "listings"):
+        for name in ("steps", "saves", "restores", "restored_tokens", "evictions", "removals", "listings",
+                     "restarts", "dropped_writes", "orphans"):
             setattr(totals, name, getattr(totals, name) + getattr(found, name))
+        totals.lowest_queued = min(totals.lowest_queued, found.lowest_queued)
         totals.violations += found.violations
-    report.figure(f"{seed} seeds, {totals.steps} steps in {seconds:.0f} s: {totals.saves} saves, {totals.restores} "
-                  f"restores ({totals.restored_tokens} tokens), {totals.evictions} blocks evicted, {totals.removals} "
-                  f"cache rm, {totals.listings} listings; {len(totals.violations)} violations")
+    report.figure(f"{seed} seeds, {totals.steps} steps in {seconds:.0f} s, two workers on two folders under one "
+                  f"quota: {totals.saves} saves, {totals.restores} restores ({totals.restored_tokens} tokens), "
+                  f"{totals.evictions} blocks evicted, {totals.removals} cache rm, {totals.listings} listings, "
+                  f"{totals.restarts} worker restarts racing the other's eviction, {totals.dropped_writes} writes "
+                  f"dropped by the queue bound; lowest _queued_bytes {totals.lowest_queued}; "
+                  f"{totals.orphans} orphan files after the final tidy; {len(totals.violations)} violations")
     for text in totals.violations[:10]:
         report.finding(text)
 
 
 def _check(root: Path, stores: list[PromptStore], pinned: dict[str, float], held: set[str],
            report: Callable[[str], None], *, settled: bool = False) -> None:
+    for cache in stores:
+        with cache._lock:  # the writer's accounting: the bytes of the payloads queued, never negative
+            queued, payloads = cache._queued_bytes, sum(len(p) for p in cache._pending.values())
+        if queued < 0 or queued != payloads:
+            report(f"{cache.fingerprint[:4]}: _queued_bytes {queued}, payloads queued {payloads}")
     if settled:
         for cache in stores:
             if cache._queued_bytes != 0 or cache._pending or cache._queue:
@@ -165,11 +258,12 @@ def _check(root: Path, stores: list[PromptStore], pinned: dict[str, float], held
             report(f"the pin of {name} was lost")
     if not settled:
         return
-    folder = Folder(root / FP)
-    folder.scan()
-    for head in folder.heads.values():
-        if not folder.chain(head.key):
-            report(f"entry {head.id} ({head.session}) has no complete chain of blocks on disk")
+    for worker in WORKERS:
+        folder = Folder(root / worker.fingerprint)
+        folder.scan()
+        for head in folder.heads.values():
+            if not folder.chain(head.key):
+                report(f"{worker.fingerprint[:4]}: entry {head.id} ({head.session}) has no complete chain on disk")
     entries = {e.session: e.tokens for e in admin.list_entries(root)}
     for name in pinned:
         if name in entries:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from localai.promptcache.blocks import CorruptEntry, read_block, read_snapshot
+from localai.promptcache.blocks import TEMP_PREFIX, CorruptEntry, read_block, read_snapshot
 from tests.conftest import Daemon, start_daemon
 
 PROMPT = "List three prime numbers and say why each is prime."
@@ -75,6 +75,12 @@ def rss_and_fds(pid: int) -> tuple[int, int]:
     status = Path(f"/proc/{pid}/status").read_text()
     rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024  # type: ignore[union-attr]
     return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def half_written(home: Path) -> list[Path]:
+    """Temp files left under ``home``: the cache's (``write_atomic``: ``.tmp-<pid>-<hex>-<name>``) and the other
+    atomic writers' (``.<name>.tmp``: conversations, agents' configs). None may stay once their writers are done."""
+    return sorted({*home.rglob(TEMP_PREFIX + "*"), *home.rglob("*.tmp")})
 
 
 def damaged_cache_files(home: Path) -> tuple[int, int]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.api.stress.common import Report, daemon, damaged_cache_files, wait_until
+from tests.api.stress.common import Report, daemon, damaged_cache_files, half_written, wait_until
 
 SESSIONS, TURNS = 8, 3
 FILLER = " ".join(f"line {i}: the build step compiles module {i} and links it." for i in range(30))
@@ -47,7 +47,7 @@ def run(report: Report, workdir: Path) -> None:
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m", "tmpfs", str(mount)], capture_output=True,
                              text=True)
     if mounted.returncode != 0:
-        report.figure(f"full disk: not run, cannot mount a tmpfs here ({mounted.stderr.strip()})")
+        report.finding(f"full disk: not run, cannot mount a tmpfs here ({mounted.stderr.strip()}): run as root")
     else:
         try:
             _full_disk(report, mount / "home")
@@ -64,12 +64,12 @@ def _full_disk(report: Report, home: Path) -> None:
         wait_until(lambda: False, 2)
         healthy = http.get("/health").status_code == 200
         listing = instance.cli("cache", "ls")
-        temps = [p.name for p in home.rglob("*.tmp")]
         checked, damaged = damaged_cache_files(home)
         log = instance.log()
         workers = home / "logs" / "workers.log"  # the cache is written by the worker: its warnings are there
         worker_log = workers.read_text(errors="replace") if workers.exists() else ""
         errors = (log + worker_log).count("No space left on device")
+    temps = [p.name for p in half_written(home)]  # once stopped: no write in flight
     (home.parent.parent / "full-disk-daemon.log").write_text(log)
     report.figure(f"full disk (12 MiB tmpfs home): {answered} answered, {failed} failed of {SESSIONS * TURNS}; free "
                   f"space at the end {free >> 10} KiB; ENOSPC warnings logged {errors}; healthy {healthy}; "

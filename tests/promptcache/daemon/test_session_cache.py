@@ -272,8 +272,13 @@ def test_a_reminder_the_template_moves_to_the_front_does_not_cost_the_prefix(dae
              {"role": "user", "content": "And a stack?"}]
     second = chat(daemon, later, model="hoisting", max_tokens=4, prompt_cache_key="reminded")
     assert cached(second) >= reply["usage"]["prompt_tokens"], second["usage"]
-    time.sleep(0.5)
-    assert not [d for d in poll_divergences(daemon, "reminded", 0) if d["early"]]
+    # A barrier, not a sleep (an absence after 0.5 s passed whenever recording took longer): a third turn that does
+    # part, at its system prompt. Its record is written after the second turn's would have been (that one's token
+    # count went to the worker first), so once it is there the only early record must be its own.
+    parted = [{"role": "system", "content": "You are a different agent."}, first[1]]
+    chat(daemon, parted, model="hoisting", max_tokens=4, prompt_cache_key="reminded")
+    early = [d for d in poll_divergences(daemon, "reminded", 1) if d["early"]]
+    assert len(early) == 1 and early[0]["offset_chars"] < len(SYSTEM), early  # the barrier's, at the system prompt
 
 
 def test_anthropic_cache_control_pins_the_prefix_for_its_ttl(daemon: Daemon) -> None:
