@@ -137,3 +137,26 @@ def test_health_without_a_key_says_only_ok(api: TestClient) -> None:
     assert api.get("/health", headers=auth("wrong")).json() == {"status": "ok"}
     full = api.get("/health", headers=auth(KEY_B)).json()
     assert full["status"] == "ok" and "version" in full and "loaded_models" in full
+
+
+def test_a_remembered_context_cut_never_reaches_another_keys_conversation(api: TestClient) -> None:
+    """Key A's over-long conversation is fitted (messages dropped) and the cut remembered for its next turn; key B
+    opening the same way with a short conversation is not cut (its middle reaches the model, and B learns nothing
+    of what A sent)."""
+    created = api.post("/api/create", headers=auth(KEY_A),
+                       json={"model": "scripted-fit-1k", "modelfile": "FROM smollm2\nPARAMETER num_ctx 1024\n"})
+    assert created.status_code == 200, created.text
+    opening = [{"role": "system", "content": "You fit conversations."}, {"role": "user", "content": "Read this."},
+               {"role": "assistant", "content": "Send it."}]
+
+    def ask(key: str, middle: str) -> dict[str, str]:
+        messages = [*opening, {"role": "user", "content": middle}, {"role": "assistant", "content": "Read."},
+                    {"role": "user", "content": "What did it say?"}]
+        response = api.post("/v1/chat/completions", headers=auth(key),
+                            json={"model": "scripted-fit-1k", "messages": messages, "max_tokens": 4})
+        assert response.status_code == 200, response.text
+        return dict(response.headers)
+
+    assert "x-localai-context-fitted" in ask(KEY_A, "A's long document. " * 200)
+    assert "x-localai-context-fitted" not in ask(KEY_B, "B's short note.")
+    assert "x-localai-context-fitted" not in ask(KEY_A, "A's short note.")  # nor A's other conversation
