@@ -21,7 +21,7 @@ import uvicorn.config
 from localai import paths
 from localai.api.app import create_app
 from localai.api.body_check import map_large_blocks
-from localai.api.connections import HeaderDeadlineProtocol
+from localai.api.connections import DeadlineProtocol
 from localai.client import probe
 from localai.errors import DaemonUnavailable
 from localai.models import renderer
@@ -224,8 +224,8 @@ def serve(settings: Settings, log_file: Path | None = None) -> None:
     host, port = settings.bind
     tcp = bind_tcp(host, port)
     unix = bind_unix_socket(paths.socket_path())
-    config = uvicorn.Config(app, http=HeaderDeadlineProtocol, log_level="debug" if settings.debug else "warning",
-                            access_log=settings.debug,
+    config = uvicorn.Config(app, http=DeadlineProtocol.with_body_deadline(settings.body_timeout),
+                            log_level="debug" if settings.debug else "warning", access_log=settings.debug,
                             timeout_graceful_shutdown=5, ws_max_size=settings.max_request_bytes,
                             log_config=None if log_file is not None else uvicorn.config.LOGGING_CONFIG)
     server = Server(config, runtime)
