@@ -120,3 +120,20 @@ def test_a_body_that_never_finishes_arriving_is_cut_on_a_real_daemon(tmp_path: P
         assert cut, "the slow body's connection was never closed"
         assert "LOCALAI_BODY_TIMEOUT" in daemon.log()
         assert daemon.get("/health").status_code == 200
+
+
+def test_a_request_with_both_content_length_and_transfer_encoding_is_refused_and_closed(tmp_path: Path) -> None:
+    """RFC 9112: where such a body ends is ambiguous (request smuggling), so it gets a 400 and the connection is
+    closed; the bytes after it are never answered as a second request."""
+    with start_daemon(tmp_path / "home") as daemon:
+        sock = socket.create_connection(("127.0.0.1", daemon.port))
+        sock.sendall(b"POST /api/show HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"0\r\n\r\nGET /api/version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(30)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"Content-Length and Transfer-Encoding" in answer, answer
+    assert answer.count(b"HTTP/1.1") == 1, answer  # the smuggled GET was not served
