@@ -22,6 +22,7 @@ from localai.api.common import (
     check_embedding_inputs,
     collect,
     generation_headers,
+    no_logprobs,
     parse_arguments,
     remote_descriptions,
     runtime_of,
@@ -111,6 +112,10 @@ class GenerateBody(BaseModel):
     think: OllamaThink | None = None
     images: list[str] | None = None
     cache_salt: str | None = cache_salt_field()
+    logprobs: bool | None = Field(default=None, description="Not supported yet: true is a 400.")
+    top_logprobs: int | None = Field(default=None, ge=0, description="Not supported yet: over 0 is a 400.")
+
+    _logprobs = field_validator("logprobs", "top_logprobs")(no_logprobs)
 
 
 class ChatBody(BaseModel):
@@ -124,6 +129,10 @@ class ChatBody(BaseModel):
     format: Any = None
     think: OllamaThink | None = None
     cache_salt: str | None = cache_salt_field()
+    logprobs: bool | None = Field(default=None, description="Not supported yet: true is a 400.")
+    top_logprobs: int | None = Field(default=None, ge=0, description="Not supported yet: over 0 is a 400.")
+
+    _logprobs = field_validator("logprobs", "top_logprobs")(no_logprobs)
 
 
 class EmbedBody(BaseModel):

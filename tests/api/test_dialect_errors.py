@@ -161,3 +161,22 @@ def test_a_full_disk_is_a_507_in_each_dialects_shape(api: TestClient, monkeypatc
     monkeypatch.setattr(Registry, "create", disk_full)
     created = api.post("/api/create", json={"model": "full-disk", "modelfile": "FROM smollm2\n"})
     assert created.status_code == 507 and "disk is full" in created.json()["error"], created.text
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/chat/completions", {"messages": ASK, "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"messages": ASK, "logprobs": True, "top_logprobs": 3}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs"),
+    ("/v1/responses", {"input": "x", "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/responses", {"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
+    ("/api/chat", {"messages": ASK, "stream": False, "logprobs": True}, "logprobs"),
+    ("/api/generate", {"prompt": "x", "stream": False, "top_logprobs": 1}, "top_logprobs"),
+])
+def test_logprobs_asked_for_are_a_400_not_silently_missing(api: TestClient, path: str, body: dict[str, Any],
+                                                           field: str) -> None:
+    response = api.post(path, json={"model": "smollm2", **body})
+    assert response.status_code == 400, response.text
+    assert "logprobs are not supported yet" in response.text and field in response.text
+    off = {key: (False if value is True else 0 if isinstance(value, int) else []) for key, value in body.items()
+           if key in ("logprobs", "top_logprobs", "include")}
+    assert api.post(path, json={"model": "smollm2", **body, **off, "max_tokens": 2}).status_code == 200
