@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any, overload
 
 from localai import paths, protocol
@@ -133,8 +134,19 @@ class Worker:
                 code = self.process.returncode
                 if code not in (0, None):
                     log.error("worker for %s (pid %s) died with exit code %s", self.name, self.pid, code)
+                    self._forget_cache_owner()
             if self.on_exit is not None:
                 self.on_exit(self)
+
+    def _forget_cache_owner(self) -> None:
+        """Remove the dead worker's ``<cache>/<fingerprint>/owners/<pid>`` (its store removes it on a clean exit): a
+        crash left it, and the folder looked in use by a live worker forever after (promptcache/blocks.py)."""
+        root = self.options.get("cache_dir")
+        if self.process is None or self.process.returncode is None or not root:
+            return
+        with contextlib.suppress(OSError):
+            for owner in Path(str(root)).glob(f"*/owners/{self.process.pid}"):
+                owner.unlink(missing_ok=True)
 
     async def _send(self, message: Mapping[str, Any]) -> None:
         if not self.alive or self._writer is None:
@@ -254,6 +266,7 @@ class Worker:
     async def _abandon_start(self) -> None:
         with contextlib.suppress(Exception):
             await self.kill()
+        self._forget_cache_owner()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
