@@ -214,3 +214,28 @@ def test_a_crashed_workers_cache_owner_file_is_removed(smollm2_path: Path, tmp_p
         assert not any(path.exists() for path in owners)
 
     asyncio.run(scenario())
+
+
+def test_a_request_its_reader_left_still_reports_its_usage(smollm2_path: Path) -> None:
+    """A stream whose client went away is cancelled; the worker's last frame for it (its usage) reaches the
+    ``abandoned`` callback, so what it computed and generated is counted (in /metrics), not lost."""
+    async def scenario() -> None:
+        worker = smollm2_worker(smollm2_path)
+        await worker.start(120)
+        try:
+            told: asyncio.Future[dict[str, object]] = asyncio.get_running_loop().create_future()
+            frames = worker.generate(op("left", max_tokens=4000, ignore_eos=True, prompt="Count to a thousand:"),
+                                     abandoned=lambda done: told.set_result(dict(done)))
+            seen = [await anext(frames), await anext(frames)]
+            assert [frame["ev"] for frame in seen] == ["prompt", "text"]
+            await frames.aclose()  # type: ignore[attr-defined]
+            done = await asyncio.wait_for(told, 60)
+            assert done["finish_reason"] == "cancelled"
+            usage = done["usage"]
+            assert isinstance(usage, dict) and usage["prompt_tokens"] > 0 and usage["completion_tokens"] >= 1
+            again = await drain(worker, op("after"))  # the worker serves on
+            assert again[-1]["ev"] == "done"
+        finally:
+            await worker.stop()
+
+    asyncio.run(scenario())
