@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -226,6 +227,17 @@ def test_a_template_being_parsed_never_holds_the_event_loop(api: TestClient, mon
         release.set()
         assert creating.result().status_code == 200
     assert health.status_code == 200 and answered_during_parse
+
+
+def test_a_gguf_whose_data_is_cut_off_is_refused_at_create(api: TestClient, smollm2_path: Path,
+                                                          tmp_path: Path) -> None:
+    """Accepted before, it failed every chat with a 500; now the create is a 400 saying so."""
+    whole = smollm2_path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[:len(whole) // 2])
+    response = api.post("/api/create", json={"model": "cut-weights", "modelfile": f"FROM {cut}\n"})
+    assert response.status_code == 400 and "is truncated" in response.json()["error"], response.text
+    assert api.post("/api/show", json={"model": "cut-weights"}).status_code == 404
 
 
 def test_an_oversized_template_is_refused_naming_it(api: TestClient) -> None:
