@@ -260,15 +260,30 @@ def spawn_daemon() -> subprocess.Popen[bytes]:
 
 
 def _unanswering_daemon() -> int | None:
-    """The pid in this home's pid file when it is a live ``localai serve`` that does not answer (stopped, or stuck);
-    None otherwise (no file, a stale one, or a pid reused by another program; Linux only, where /proc tells)."""
+    """The pid in this home's pid file when it is this home's live daemon that does not answer (stopped, or stuck):
+    the process holds this home's socket. None otherwise: no file, a stale one, a pid reused by another program or
+    by another home's daemon (Linux only, where /proc tells)."""
     try:
         pid = int(paths.pid_path().read_text().strip())
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return None
-    is_daemon = b"localai" in b" ".join(command) and b"serve" in command
-    return pid if is_daemon and paths.process_alive(pid) else None
+    return pid if paths.process_alive(pid) and holds_socket(pid, paths.socket_path()) else None
+
+
+def holds_socket(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` has the Unix socket bound at ``path`` open (Linux's /proc; False elsewhere)."""
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    inodes = {f"socket:[{fields[6]}]" for fields in (line.split() for line in lines)
+              if len(fields) >= 8 and fields[7] == str(path)}
+    if not inodes:
+        return False
+    try:
+        return any(os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # another user's process, or one that just exited
+        return False
 
 
 def probe(url: str) -> dict[str, Any] | None:

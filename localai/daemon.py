@@ -21,7 +21,7 @@ import uvicorn.config
 from localai import paths
 from localai.api.app import create_app
 from localai.api.body_check import map_large_blocks
-from localai.api.connections import HeaderDeadlineProtocol
+from localai.api.connections import DeadlineProtocol
 from localai.client import probe
 from localai.errors import DaemonUnavailable
 from localai.models import renderer
@@ -172,6 +172,19 @@ class Server(uvicorn.Server):
         os._exit(1)
 
 
+def write_own_file(path: Path, text: str) -> None:
+    """Write one of the daemon's files in its home through a temp file renamed over it: a link planted at ``path``
+    is replaced, never followed (its target is left as it was)."""
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.unlink(missing_ok=True)  # a crashed start's (unlink removes a link, never its target)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    os.replace(temp, path)
+
+
 def _remove_files() -> None:
     for path in (paths.socket_path(), paths.pid_path(), paths.address_path()):
         with contextlib.suppress(FileNotFoundError):
@@ -211,13 +224,13 @@ def serve(settings: Settings, log_file: Path | None = None) -> None:
     host, port = settings.bind
     tcp = bind_tcp(host, port)
     unix = bind_unix_socket(paths.socket_path())
-    config = uvicorn.Config(app, http=HeaderDeadlineProtocol, log_level="debug" if settings.debug else "warning",
-                            access_log=settings.debug,
+    config = uvicorn.Config(app, http=DeadlineProtocol.with_body_deadline(settings.body_timeout),
+                            log_level="debug" if settings.debug else "warning", access_log=settings.debug,
                             timeout_graceful_shutdown=5, ws_max_size=settings.max_request_bytes,
                             log_config=None if log_file is not None else uvicorn.config.LOGGING_CONFIG)
     server = Server(config, runtime)
-    paths.pid_path().write_text(str(os.getpid()))
-    paths.address_path().write_text(settings.base_url)  # `localai launch` hands this URL to agents
+    write_own_file(paths.pid_path(), str(os.getpid()))
+    write_own_file(paths.address_path(), settings.base_url)  # `localai launch` hands this URL to agents
     log.info("localai listening on http://%s:%s and %s", host, port, paths.socket_path())
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it found: with the
     # default one the process died there, leaving its pid file and socket behind (what a service manager sends)

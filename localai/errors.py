@@ -103,6 +103,27 @@ class ModelfileError(LocalAIError):
     code = "invalid_modelfile"
 
 
+class StorageFull(LocalAIError):
+    """The disk holding localai's home is full (a database or file write failed for room): nothing was stored."""
+
+    status_code = 507
+    code = "insufficient_storage"
+
+
+def storage_full(exc: BaseException, what: str) -> StorageFull | None:
+    """``exc`` as StorageFull when it is a full disk (ENOSPC, a disk quota, SQLite's "database or disk is full"),
+    naming ``what`` could not be written; None for any other error."""
+    import errno
+    import sqlite3
+
+    full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+        isinstance(exc, sqlite3.OperationalError) and "full" in str(exc))
+    if not full:
+        return None
+    return StorageFull(f"{what} could not be written: the disk is full ({exc}); free some space (`localai cache "
+                       "prune`, `localai rm` a model you no longer use) and retry")
+
+
 class DaemonUnavailable(LocalAIError):
     """The CLI could not reach or start the daemon."""
 

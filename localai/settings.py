@@ -153,6 +153,12 @@ class Settings(BaseSettings):
         description="Seconds a `/v1/responses` WebSocket may stay without a message from its client (while no "
                     "response is being made) before localai closes it (code 1000).",
     )
+    body_timeout: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="Seconds a request's body may take to arrive once its headers are in; a connection still "
+                    "sending it then is closed (a client sending a byte every few seconds held it for as long as it "
+                    "liked).",
+    )
     max_request_bytes: int = Field(
         default=32 << 20, ge=1 << 16,
         description="Largest request body the API accepts, in bytes; larger ones get 413 before any work is done.",

@@ -111,6 +111,38 @@ def test_a_stale_pid_file_is_not_a_daemon(tmp_path: Path) -> None:
     assert stop.returncode == 0 and "localai is not running" in stop.stdout
 
 
+def test_a_pid_file_naming_a_process_that_looks_like_a_daemon_is_not_followed(tmp_path: Path) -> None:
+    """``daemon stop`` signals only this home's daemon (the process holding this home's socket): not an unrelated
+    process whose command line reads like ``localai serve``, nor another home's daemon."""
+    lookalike = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "localai", "serve"])
+    try:
+        (tmp_path / "localai.pid").write_text(str(lookalike.pid))
+        stop = localai(tmp_path, "daemon", "stop")
+        assert lookalike.poll() is None, "the look-alike process was signalled"
+        assert stop.returncode == 0 and "localai is not running" in stop.stdout
+        with start_daemon(tmp_path / "other") as other:
+            (tmp_path / "localai.pid").write_text(str(other.process.pid))
+            stop = localai(tmp_path, "daemon", "stop")
+            assert other.process.poll() is None, "another home's daemon was stopped"
+            assert "localai is not running" in stop.stdout
+    finally:
+        lookalike.kill()
+        lookalike.wait()
+
+
+def test_the_pid_file_is_written_without_following_a_link(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    (home / "localai.pid").symlink_to(target)
+    (home / "localai.addr").symlink_to(target)
+    with start_daemon(home) as daemon:
+        assert target.read_text() == "keep me"
+        assert not (home / "localai.pid").is_symlink()
+        assert (home / "localai.pid").read_text() == str(daemon.process.pid)
+
+
 def test_a_daemon_open_to_the_network_tells_its_pid_and_home_only_over_its_socket(tmp_path: Path) -> None:
     import httpx
 

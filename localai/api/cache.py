@@ -83,18 +83,33 @@ def model_namer(runtime: Runtime) -> Callable[[str, str | None], dict[str, Any]]
     return name
 
 
+def owner(request: Request) -> str | None:
+    """Whose pins the caller makes and removes: its key's id when several keys share the daemon; None for the
+    machine's owner (who removes anyone's)."""
+    return principal_of(request.scope) if visible(request) is not None else None
+
+
+def _own_entry(request: Request, entry: str) -> bool:
+    shown = visible(request)
+    return shown is None or any(e.id == entry for e in admin.list_entries(visible=shown))
+
+
 @router.post("/api/cache/pin")
 def pin(body: PinBody, request: Request) -> dict[str, Any]:
-    shown = visible(request)
-    if body.entry and shown is not None and not any(e.id == body.entry for e in admin.list_entries(visible=shown)):
+    if body.entry and not _own_entry(request, body.entry):
         raise InvalidRequest(f"no cache entry '{body.entry[:100]}' of this API key", param="entry")
-    created = pins.add_pin(session=body.session, entry=body.entry, ttl=seconds(body.ttl, "ttl"))
+    created = pins.add_pin(session=body.session, entry=body.entry, ttl=seconds(body.ttl, "ttl"),
+                           owner=owner(request) or "")
     return asdict(created)
 
 
 @router.delete("/api/cache/pin")
-def unpin(body: PinBody) -> dict[str, Any]:
-    return {"removed": pins.remove_pin(session=body.session, entry=body.entry)}
+def unpin(body: PinBody, request: Request) -> dict[str, Any]:
+    """A key removes its own session pins and the pins of its own entries; another key's and an unknown one get
+    the same answer (nothing tells a key which names are pinned)."""
+    if body.entry and not _own_entry(request, body.entry):
+        return {"removed": False}
+    return {"removed": pins.remove_pin(session=body.session, entry=body.entry, owner=owner(request))}
 
 
 @router.delete("/api/cache/{entry_id}")

@@ -242,6 +242,14 @@ EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's own limit per request
 
 
+def no_logprobs(value: Any) -> Any:
+    """A validator for a dialect's logprobs fields: asking for them (true, or a count over 0) is a 400 naming the
+    field, not a request served without them as if they had been returned."""
+    if value is not None and not isinstance(value, str) and isinstance(value, int | float) and value > 0:
+        raise ValueError("logprobs are not supported yet")
+    return value
+
+
 def check_embedding_inputs(value: EmbeddingInput) -> EmbeddingInput:
     """At most ``MAX_EMBEDDING_INPUTS`` texts per request (a pydantic validator: raises ValueError)."""
     if isinstance(value, list) and len(value) > MAX_EMBEDDING_INPUTS:

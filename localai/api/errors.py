@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -10,8 +11,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from localai import paths
 from localai.api.validation import describe_validation
-from localai.errors import LocalAIError
+from localai.errors import LocalAIError, storage_full
 
 log = logging.getLogger("localai.server")
 
@@ -57,6 +59,18 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code >= 500:
             log.warning("%s %s failed: %s", request.method, request.url.path, exc.message)
         return error_response(request, exc)
+
+    @app.exception_handler(OSError)
+    @app.exception_handler(sqlite3.OperationalError)
+    async def _storage(request: Request, exc: Exception) -> JSONResponse:
+        # a write that met a full disk outside the registry's thread (pins, a copy): the dialect's 507, not a
+        # plain-text 500; any other such error is a 500 in the dialect's shape
+        full = storage_full(exc, f"localai's files in {paths.home()}")
+        if full is not None:
+            log.warning("%s %s failed: %s", request.method, request.url.path, full.message)
+            return error_response(request, full)
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(request, LocalAIError(f"internal error: {type(exc).__name__}: {exc}"))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -22,6 +22,7 @@ from localai.api.common import (
     check_embedding_inputs,
     collect,
     generation_headers,
+    no_logprobs,
     parse_arguments,
     remote_descriptions,
     runtime_of,
@@ -111,6 +112,10 @@ class GenerateBody(BaseModel):
     think: OllamaThink | None = None
     images: list[str] | None = None
     cache_salt: str | None = cache_salt_field()
+    logprobs: bool | None = Field(default=None, description="Not supported yet: true is a 400.")
+    top_logprobs: int | None = Field(default=None, ge=0, description="Not supported yet: over 0 is a 400.")
+
+    _logprobs = field_validator("logprobs", "top_logprobs")(no_logprobs)
 
 
 class ChatBody(BaseModel):
@@ -124,6 +129,10 @@ class ChatBody(BaseModel):
     format: Any = None
     think: OllamaThink | None = None
     cache_salt: str | None = cache_salt_field()
+    logprobs: bool | None = Field(default=None, description="Not supported yet: true is a 400.")
+    top_logprobs: int | None = Field(default=None, ge=0, description="Not supported yet: over 0 is a 400.")
+
+    _logprobs = field_validator("logprobs", "top_logprobs")(no_logprobs)
 
 
 class EmbedBody(BaseModel):
@@ -587,11 +596,8 @@ async def copy(body: CopyBody, request: Request) -> JSONResponse:
     return JSONResponse({})
 
 
-@router.post("/api/create")
-async def create(body: CreateBody, request: Request) -> JSONResponse:
-    name = body.model or body.name
-    if not name:
-        raise InvalidRequest("'model' is required", param="model")
+def _modelfile_of(body: CreateBody) -> Modelfile:
+    """The Modelfile a create asks for (its text parsed, or built from ``from`` and its fields), templates checked."""
     if body.modelfile:
         modelfile = parse(body.modelfile, source="Modelfile")
         if body.path and not Path(modelfile.from_).is_absolute() and modelfile.from_.startswith("."):
@@ -604,6 +610,17 @@ async def create(body: CreateBody, request: Request) -> JSONResponse:
         raise InvalidRequest("give 'modelfile' text or 'from'", param="modelfile")
     if body.template is not None:
         check_template(body.template, "template")
+    return modelfile
+
+
+@router.post("/api/create")
+async def create(body: CreateBody, request: Request) -> JSONResponse:
+    name = body.model or body.name
+    if not name:
+        raise InvalidRequest("'model' is required", param="model")
+    # Jinja parses a TEMPLATE in pure Python (a second for a large one): off the event loop, or every stream and
+    # /health waited for it
+    modelfile = await asyncio.to_thread(_modelfile_of, body)
     try:  # hashing a new GGUF reads every byte: off the event loop
         record = await runtime_of(request).registry.off_loop(lambda registry: registry.create(name, modelfile))
     except ModelNotFound as exc:

@@ -25,6 +25,7 @@ from localai.api.common import (
     check_tool_results,
     collect,
     generation_headers,
+    no_logprobs,
     parse_arguments,
     remote_descriptions,
     runtime_of,
@@ -199,6 +200,11 @@ class SamplingFields(BaseModel):
     speculative: Literal["auto", "on", "off"] | None = Field(
         default=None, description="Draft tokens from the context and verify them in one batch (default: the "
         "model's PARAMETER speculative, else auto: where that leaves the output bit-identical).")
+    logprobs: bool | int | None = Field(default=None, description="Not supported yet: true (chat) or a count over 0 "
+                                        "(completions) is a 400.")
+    top_logprobs: int | None = Field(default=None, ge=0, description="Not supported yet: over 0 is a 400.")
+
+    _logprobs = field_validator("logprobs", "top_logprobs")(no_logprobs)
 
     @field_validator("stop")
     @classmethod

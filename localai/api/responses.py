@@ -33,6 +33,7 @@ from localai.api.common import (
     check_tool_schema,
     collect,
     generation_headers,
+    no_logprobs,
     parse_arguments,
     runtime_of,
     sse,
@@ -102,7 +103,9 @@ class ResponsesRequest(BaseModel):
     background: bool = False
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = Field(default=None, ge=1)
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, description="Not supported yet: over 0 is a 400.")
+    include: list[Any] | None = Field(default=None, description="Accepted and ignored, but for "
+                                      "message.output_text.logprobs (not supported yet: a 400).")
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     truncation: str | None = None
@@ -111,6 +114,15 @@ class ResponsesRequest(BaseModel):
     safety_identifier: str | None = None
     service_tier: str | None = None
     generate: bool = True  # False: only evaluate and cache the prompt (Codex's WebSocket prewarm), no output
+
+    _logprobs = field_validator("top_logprobs")(no_logprobs)
+
+    @field_validator("include")
+    @classmethod
+    def _no_logprobs_included(cls, value: list[Any] | None) -> list[Any] | None:
+        if value and "message.output_text.logprobs" in value:
+            raise ValueError("logprobs are not supported yet")
+        return value
 
     @field_validator("reasoning")
     @classmethod

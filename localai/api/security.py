@@ -232,6 +232,13 @@ class BodyGuardMiddleware:
         self._release_pending = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and {b"content-length", b"transfer-encoding"} <= {k.lower() for k, _ in
+                                                                                    scope["headers"]}:
+            # where its body ends is ambiguous (a proxy may read it otherwise: request smuggling): refused, and the
+            # connection closed, so bytes after it are never read as another request (RFC 9112 6.3)
+            await _refuse(scope, send, 400, "invalid_request_error", "a request may not have both Content-Length and "
+                          "Transfer-Encoding headers", close=True)
+            return
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH", "DELETE"):
             await self.app(scope, receive, send)
             return
@@ -299,12 +306,14 @@ class BodyGuardMiddleware:
                       f"the request body is over {self.max_bytes} bytes (LOCALAI_MAX_REQUEST_BYTES)")
 
 
-async def _refuse(scope: Scope, send: Send, status: int, kind: str, message: str) -> None:
+async def _refuse(scope: Scope, send: Send, status: int, kind: str, message: str, *, close: bool = False) -> None:
     from localai.api.errors import error_body
 
     body = json.dumps(error_body(scope["path"], message, kind, status)).encode()
     headers: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json"),
                                           (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

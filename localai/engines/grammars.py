@@ -62,6 +62,11 @@ def sanitized(schema: Any) -> Any:
 def schema_grammar(schema: dict[str, Any], prop_order: list[str] | None = None) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf  # only llama.cpp workers build GBNF
 
+    if isinstance(schema.get("$ref"), str):
+        # the converter follows a root's $ref without reading its siblings, so the references inside the
+        # definitions beside it were never resolved (a KeyError): the reference goes one level down
+        schema = {**{key: schema[key] for key in REF_HOMES if key in schema},
+                  "anyOf": [{key: value for key, value in schema.items() if key not in REF_HOMES}]}
     try:
         text = str(json_schema_to_gbnf(json.dumps(sanitized(schema)), prop_order))
     except Exception as exc:  # the converter raises whatever it meets: keep it a request error
@@ -73,6 +78,95 @@ def schema_grammar(schema: dict[str, Any], prop_order: list[str] | None = None) 
         raise GrammarError(f"the JSON schema makes a grammar of {len(text)} characters, over the limit of "
                            f"{MAX_GRAMMAR_CHARS}; simplify it")
     return text
+
+
+NAMED = ("properties", "$defs", "definitions", "patternProperties")  # keywords whose keys are names, not keywords
+LITERALS = frozenset({"const", "enum", "default", "examples"})  # values taken as they are: no $ref inside is one
+REF_HOMES = ("$defs", "definitions")
+RULE_UNSAFE = re.compile(r"[^A-Za-z0-9-]+")
+MAX_REF_HOPS = 32
+
+
+def _ref_tokens(ref: str) -> list[str]:
+    """The JSON pointer of a local ``$ref`` ("#/$defs/A~1B" -> ["$defs", "A/B"])."""
+    return [token.replace("~1", "/").replace("~0", "~") for token in ref[2:].split("/")] if ref.startswith("#/") \
+        else []
+
+
+def _pointer(tokens: list[str]) -> str:
+    return "#" + "".join("/" + token.replace("~", "~0").replace("/", "~1") for token in tokens)
+
+
+def hoisted(schema: dict[str, Any], tag: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A tool's parameters made ready to sit inside a larger schema (a call's, with the tool's name beside them).
+
+    Their local ``$ref``s point into their own root ("#/$defs/P"), which inside the call's schema is no longer the
+    root: the definitions move to the root's ``$defs`` under names of the tool's own (``tag``-P, so two tools'
+    P never meet) and the references follow them; a reference to anything else of the parameters ("#",
+    "#/properties/a") points into a copy of them stored as ``$defs``.``tag``. Returns the parameters without their
+    definitions and the definitions for the root. A reference outside the schema (a URL) is a GrammarError."""
+    homes = {home: schema[home] for home in REF_HOMES if isinstance(schema.get(home), dict)}
+    needs_root = False
+    names: dict[tuple[str, str], str] = {}
+    for home, defined in homes.items():
+        for key in defined:
+            # a name that is a grammar rule's as it is: the converter names a recursive reference's rule unescaped
+            plain = RULE_UNSAFE.sub("-", key if home == "$defs" else f"{home}-{key}")
+            unique = f"{tag}-{plain}"
+            while unique in names.values() or unique == tag:
+                unique += "-"
+            names[(home, key)] = unique
+
+    def name(home: str, key: str) -> str:
+        return names[(home, key)]
+
+    def rewritten(ref: Any) -> str:
+        nonlocal needs_root
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise GrammarError(f"$ref {str(ref)[:100]!r}: only references within the schema (#/$defs/...) are "
+                               "supported")
+        tokens = _ref_tokens(ref)
+        if len(tokens) >= 2 and tokens[0] in homes and tokens[1] in homes[tokens[0]]:
+            return _pointer(["$defs", name(tokens[0], tokens[1]), *tokens[2:]])
+        needs_root = True
+        return _pointer(["$defs", tag, *tokens])
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        result: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "$ref":
+                result[key] = rewritten(value)
+            elif key in NAMED and isinstance(value, dict):
+                result[key] = {item: walk(sub) for item, sub in value.items()}
+            else:
+                result[key] = value if key in LITERALS else walk(value)
+        return result
+
+    body = walk({key: value for key, value in schema.items() if key not in homes})
+    definitions = {name(home, key): walk(sub) for home, defined in homes.items() for key, sub in defined.items()}
+    if needs_root:
+        definitions[tag] = body
+    return body, definitions
+
+
+def _dereferenced(schema: Any, definitions: dict[str, Any]) -> Any:
+    """``schema`` with a ``$ref`` at its top followed into ``definitions`` (the root's, as ``hoisted`` made them):
+    what a tagged call needs to see whether a parameter is text or an object."""
+    for _ in range(MAX_REF_HOPS):
+        if not isinstance(schema, dict) or not isinstance(schema.get("$ref"), str):
+            return schema
+        tokens = _ref_tokens(schema["$ref"])
+        target: Any = {"$defs": definitions}
+        for token in tokens:
+            target = target.get(token) if isinstance(target, dict) else None
+        if target is None:
+            return schema
+        schema = target
+    raise GrammarError("$ref: a chain of references that never reaches a schema")
 
 
 def _arguments_schema(parameters: Any, check: Any) -> dict[str, Any]:
@@ -100,13 +194,25 @@ def call_schema(constraint: Constraint, check: Any = None) -> tuple[dict[str, An
     style = constraint.get("format", "hermes")
     key = "parameters" if style == "llama3" else "arguments"
     choices = []
-    for tool in tools:
-        arguments = _arguments_schema(tool.get("parameters"), check or schema_grammar)
+    definitions: dict[str, Any] = {}
+    for number, tool in enumerate(tools):
+        arguments, defined = _hoisted_arguments(_arguments_schema(tool.get("parameters"), check or schema_grammar),
+                                                f"t{number}")
+        definitions.update(defined)
         choices.append({
             "type": "object", "properties": {"name": {"const": tool["name"]}, key: arguments},
             "required": ["name", key], "additionalProperties": False,
         })
-    return (choices[0] if len(choices) == 1 else {"oneOf": choices}), key, style
+    schema = choices[0] if len(choices) == 1 else {"oneOf": choices}
+    return ({**schema, "$defs": definitions} if definitions else schema), key, style
+
+
+def _hoisted_arguments(arguments: dict[str, Any], tag: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A tool's arguments schema (from ``_arguments_schema``) and its definitions, ``hoisted`` under ``tag``."""
+    try:
+        return hoisted(arguments, tag)
+    except GrammarError:
+        return {"type": "object"}, {}  # as for any schema that does not compile: the call takes any object
 
 
 # The forced call in each family's own syntax. Its markers are written as text: llama.cpp matches a grammar's
@@ -184,6 +290,9 @@ def native_call_grammar(constraint: Constraint, style: str) -> Grammar:
             continue
         call_open, name_open, name_close, key_open, key_close, value_close, call_close = TAGGED_CALLS[style]
         loose = style == "glm-4.5"
+        # each parameter's value is a grammar of its own: the definitions its references point to go with it
+        arguments, definitions = _hoisted_arguments(arguments, prefix)
+        arguments = _dereferenced(arguments, definitions)
         listed = arguments.get("properties")
         properties: dict[str, Any] = listed if isinstance(listed, dict) else {}
         required = [name for name in arguments.get("required") or [] if name in properties]
@@ -191,14 +300,16 @@ def native_call_grammar(constraint: Constraint, style: str) -> Grammar:
         params: list[str] = []
         for index, key in enumerate(names):
             value = f"{prefix}-v{index}"
-            choices = properties[key].get("enum") if isinstance(properties[key], dict) else None
+            seen = _dereferenced(properties[key], definitions)
+            choices = seen.get("enum") if isinstance(seen, dict) else None
             if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
                 rules.append(f"{value} ::= " + " | ".join(_literal(c) for c in choices))  # written bare, unquoted
-            elif _is_text(properties[key]):
+            elif _is_text(seen):
                 rules.append(_text_without(value, value_close.strip("\n")))
                 value += "-0"
             else:
-                rules.append(_prefixed(schema_grammar(properties[key]), value))
+                own = properties[key] if isinstance(properties[key], dict) else {}
+                rules.append(_prefixed(schema_grammar({**own, "$defs": definitions} if definitions else own), value))
                 value += "-root"
             opening = _literal(key_open + key) + " " + (_optional_newlines(key_close) if loose else _literal(key_close))
             closing = _optional_newlines(value_close) if loose else _literal(value_close)

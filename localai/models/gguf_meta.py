@@ -66,6 +66,14 @@ _SHAPE_KEYS = ("block_count", "embedding_length", "attention.head_count", "atten
 SLIDING_PATTERN = {"gemma3": 6, "gemma-embedding": 6, "gemma3n": 5, "gemma2": 2, "gpt-oss": 2, "cohere2": 4,
                    "llama4": 4, "exaone4": 4, "olmo2": 4}
 MAX_DIMS = 8  # GGML_MAX_DIMS is 4; a larger count is a damaged file
+# ggml's tensor types: (elements per block, bytes per block), as the gguf package's GGML_QUANT_SIZES gives them (a
+# test compares the two): what the last tensor needs, so a file whose data is cut off is refused at create
+GGML_TYPE_SIZES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+                   9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210),
+                   15: (256, 292), 16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18),
+                   21: (256, 110), 22: (256, 82), 23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8),
+                   28: (1, 8), 29: (256, 56), 30: (1, 2), 34: (256, 54), 35: (256, 66), 39: (32, 17),
+                   40: (64, 36), 41: (128, 18)}
 MAX_KEPT_ITEMS = 4096  # a per-layer array kept (longer ones are skipped: no model has that many layers)
 MAX_NESTING = 4  # arrays of arrays (llama.cpp writes none); deeper is a damaged or hostile file
 
@@ -265,21 +273,31 @@ def _parse(header: _Header) -> GGUFMetadata:
     size_label = fields.get("general.size_label")
     total = 0
     tensors: list[tuple[str, int]] = []  # name, offset in the data section
+    last = -1  # the offset of the tensor that starts last, and where the tensor data ends (it is the last one)
+    end = 0
     for _ in range(n_tensors):
         tensor_name = header.string()
         dims = header.take(_U32)
         if dims > MAX_DIMS:
             raise ValueError(f"{path}: a tensor with {dims} dimensions")
-        total += math.prod(header.take(_U64) for _ in range(dims))
-        header.skip(4)  # its type
-        tensors.append((tensor_name, header.take(_U64)))
+        elements = math.prod(header.take(_U64) for _ in range(dims))
+        total += elements
+        kind = header.take(_U32)
+        offset = header.take(_U64)
+        tensors.append((tensor_name, offset))
+        if offset > last:
+            per_block, block_bytes = GGML_TYPE_SIZES.get(kind, (1, 0))  # a type not known here: its start at least
+            last, end = offset, offset + -(-elements // per_block) * block_bytes
     if not size_label:
         size_label = _human_count(total)
     layer_bytes, output_bytes, expert_bytes = None, 0, None
     alignment = fields.get("general.alignment")
     alignment = alignment if isinstance(alignment, int) and alignment > 0 else 32
+    data_start = -(-header.at // alignment) * alignment
+    if tensors and data_start + end > header.size:
+        raise ValueError(f"{path} is truncated: its tensors end at byte {data_start + end:,} but the file has "
+                         f"{header.size:,} bytes (an interrupted download or copy?); fetch it again")
     if not (isinstance(fields.get("split.count"), int) and fields["split.count"] > 1):
-        data_start = -(-header.at // alignment) * alignment
         layer_bytes, output_bytes, expert_bytes = _tensor_sizes(tensors, header.size - data_start,
                                                                  _attention_layers(fields, arch))
     file_type = fields.get("general.file_type")

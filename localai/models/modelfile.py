@@ -62,6 +62,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
 }
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
+# The largest chat templates models ship are about 20 KB (gpt-oss: 17 KB); parsing takes about 1 s a megabyte of
+# such a template (more for a hostile one), on a thread that contends with the event loop's
+MAX_TEMPLATE_CHARS = 256 * 1024
 MESSAGE_ROLES = frozenset({"system", "user", "assistant", "tool"})
 INSTRUCTIONS = frozenset({"from", "parameter", "template", "system", "adapter", "license", "message", "requires",
                           "parser", "projector"})
@@ -206,8 +209,13 @@ def parse(text: str, *, source: str = "Modelfile") -> Modelfile:
 
 
 def check_template(template: str, where: str, first_line: int = 1) -> None:
-    """Refuse a TEMPLATE that does not parse or reads other files, naming the Modelfile line."""
+    """Refuse a TEMPLATE that does not parse, reads other files or is over ``MAX_TEMPLATE_CHARS``, naming the
+    Modelfile line. Parsing a large one takes a while: callers in the daemon run this off the event loop."""
     import jinja2
+
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise ModelfileError(f"{where}: TEMPLATE is {len(template):,} characters, over the limit of "
+                             f"{MAX_TEMPLATE_CHARS:,}; a chat template is a few kilobytes")
 
     from localai.models.chat_template import check_source
 

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 import sqlite_utils
 
 from localai import paths
-from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
+from localai.errors import InvalidRequest, ModelfileError, ModelNotFound, storage_full
 from localai.models import hub, library, renderer, weights
 from localai.models.db import now, open_database
 from localai.models.gguf_meta import read_metadata
@@ -153,8 +154,14 @@ class Registry:
 
     async def off_loop(self, function: Callable[[Registry], T]) -> T:
         """Run ``function(registry)`` on a worker thread: for slow work (hashing a GGUF, deleting blobs, large
-        rows) that must not stall the daemon's event loop."""
-        return await asyncio.to_thread(lambda: function(self.for_this_thread()))
+        rows) that must not stall the daemon's event loop. A full disk is StorageFull (each dialect's 507)."""
+        try:
+            return await asyncio.to_thread(lambda: function(self.for_this_thread()))
+        except (OSError, sqlite3.OperationalError) as exc:
+            full = storage_full(exc, f"localai's database or model files in {paths.home()}")
+            if full is None:
+                raise
+            raise full from exc
 
     def close(self) -> None:
         self.db.close()

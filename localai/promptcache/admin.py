@@ -63,10 +63,11 @@ def list_entries(root: Path | None = None, *, scanned: list[Folder] | None = Non
         for head in folder.complete_heads():
             keys = folder.chain(head.key)
             size = sum(folder.blocks[key].size for key in keys) + folder.snapshots.get(head.key, 0)
+            partition = folder.partition_of(head.key)
             entries.append(EntryInfo(
                 id=head.id, fingerprint=folder.fingerprint, tokens=head.n_tokens, bytes=size, blocks=len(keys),
                 session=head.session, kind=head.kind, last_used=head.last_used,
-                pinned_until=pinned_until(pins, head.id, head.session), partition=folder.partition_of(head.key),
+                pinned_until=pinned_until(pins, head.id, head.session, partition), partition=partition,
             ))
         for path in folder.path.glob("*.kv"):  # whole-sequence entries from before blocks
             if path.name.startswith("."):
@@ -181,12 +182,13 @@ def _prune(scanned: list[Folder], pins: list[Pin], max_bytes: int, older_than: f
             removed += 1
         if older_than is not None:
             stale = [h.id for h in folder.heads.values()
-                     if pinned_until(pins, h.id, h.session) is None and now - h.last_used > older_than]
+                     if pinned_until(pins, h.id, h.session, folder.partition_of(h.key)) is None
+                     and now - h.last_used > older_than]
             _drop_heads(folder, stale)
             removed += len(stale)
     total = sum(folder.bytes_on_disk() for folder in scanned)
     protected = {folder.fingerprint: {key for h in folder.heads.values()
-                                      if pinned_until(pins, h.id, h.session) is not None
+                                      if pinned_until(pins, h.id, h.session, folder.partition_of(h.key)) is not None
                                       for key in folder.chain(h.key)} for folder in scanned}
     while total > max_bytes:
         candidates = [(b.system, b.last_used, folder, b) for folder in scanned for b in folder.blocks.values()

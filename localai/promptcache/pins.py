@@ -24,11 +24,14 @@ PINS_FILE = "pins.json"
 @dataclass
 class Pin:
     """Keeps entries (their whole chains of blocks) from eviction until ``expires_at``: all of a session's, or one
-    entry (a prefix)."""
+    entry (a prefix). A session pin made with an API key (when several share the daemon) has that key's id as its
+    ``owner``: it holds only the key's own entries of that session, and only that key (or the machine's owner)
+    removes it. "" is the machine's owner."""
 
     session: str | None
     entry: str | None
     expires_at: float
+    owner: str = ""
 
 
 def pins_path(root: Path | None = None) -> Path:
@@ -45,7 +48,8 @@ def load_pins(root: Path | None = None, *, now: float | None = None) -> list[Pin
     pins = []
     for item in raw if isinstance(raw, list) else []:
         try:
-            pin = Pin(session=item.get("session"), entry=item.get("entry"), expires_at=float(item["expires_at"]))
+            pin = Pin(session=item.get("session"), entry=item.get("entry"), expires_at=float(item["expires_at"]),
+                      owner=str(item.get("owner") or ""))
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
         if pin.expires_at > moment and math.isfinite(pin.expires_at):  # a hand-edited Infinity is no pin
@@ -62,19 +66,32 @@ def update_pins(change: Callable[[list[Pin]], list[Pin]], root: Path | None = No
         return pins
 
 
-def pinned_until(pins: list[Pin], entry_id: str, session: str | None) -> float | None:
-    times = [p.expires_at for p in pins if p.entry == entry_id or (p.session and p.session == session)]
+def pinned_until(pins: list[Pin], entry_id: str, session: str | None, partition: str | None = None) -> float | None:
+    """Until when an entry is pinned: by its id, or by its session (``partition``: the entry's, when known; a key's
+    session pin holds only that key's entries)."""
+    times = [p.expires_at for p in pins if p.entry == entry_id or (
+        p.session and p.session == session and (partition is None or _owns(p.owner, partition)))]
     return max(times) if times else None
 
 
-def add_pin(*, session: str | None, entry: str | None, ttl: float, root: Path | None = None) -> Pin:
+def _owns(owner: str, partition: str) -> bool:
+    return not owner or partition.split(".", 1)[0] == owner
+
+
+def add_pin(*, session: str | None, entry: str | None, ttl: float, root: Path | None = None, owner: str = "") -> Pin:
+    """Pin a session or an entry for ``ttl`` seconds, replacing the same pin of the same ``owner`` (never
+    another key's)."""
     if bool(session) == bool(entry):
         raise InvalidRequest("pin either a session or an entry", param="session")
     if ttl <= 0:
         raise InvalidRequest("ttl must be positive", param="ttl")
-    pin = Pin(session=session, entry=entry, expires_at=time.time() + ttl)
-    update_pins(lambda pins: [*(p for p in pins if not (p.session == session and p.entry == entry)), pin], root)
+    pin = Pin(session=session, entry=entry, expires_at=time.time() + ttl, owner=owner if session else "")
+    update_pins(lambda pins: [*(p for p in pins if not _same(p, session, entry, pin.owner)), pin], root)
     return pin
+
+
+def _same(pin: Pin, session: str | None, entry: str | None, owner: str | None) -> bool:
+    return pin.session == session and pin.entry == entry and (owner is None or pin.owner == owner)
 
 
 def extend_pin(entry: str, ttl: float, root: Path | None = None) -> None:
@@ -90,12 +107,14 @@ def extend_pin(entry: str, ttl: float, root: Path | None = None) -> None:
     update_pins(change, root)
 
 
-def remove_pin(*, session: str | None, entry: str | None, root: Path | None = None) -> bool:
+def remove_pin(*, session: str | None, entry: str | None, root: Path | None = None, owner: str | None = None) -> bool:
+    """Remove a session's or an entry's pin: ``owner``'s only (an API key's), or anyone's (None: the machine's
+    owner). Whether one was removed."""
     before: list[int] = []
 
     def change(pins: list[Pin]) -> list[Pin]:
         before.append(len(pins))
-        return [p for p in pins if not (p.session == session and p.entry == entry)]
+        return [p for p in pins if not _same(p, session, entry, owner if session else None)]
 
     return len(update_pins(change, root)) != before[0]
 

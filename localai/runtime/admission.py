@@ -52,10 +52,10 @@ async def admit(request: GenerationRequest, target: Target[Any], reopen: Callabl
     A prompt over the context is cut (``fitting``) and sent again, each attempt smaller; errors that belong to the
     request (over the context with nothing left to cut, a constraint that cannot be built) are raised."""
     original = request.messages
-    key = conversation_key(model, session, original) if original else ""
+    key = conversation_key(model, request.cache_partition, session, original) if original else ""
     at = _Attempt()
     if fitting and original:
-        at.dropped, at.tool_level = memory.get(key)
+        at.dropped, at.tool_level = memory.get(key, original)
     retried = False
     while True:
         messages = original
@@ -91,7 +91,7 @@ async def admit(request: GenerationRequest, target: Target[Any], reopen: Callabl
     if original is not None and any(cuts):
         fit = fit or Fit()
         fit.dropped, fit.shortened_chars, fit.tool_level = cuts
-        memory.put(key, at.dropped, at.tool_level)
+        memory.put(key, original, at.dropped, at.tool_level)
         log.warning("fitted a conversation for %s into its context: %s", model, fit.header())
     return Admitted(target, fitted, messages, op, first, frames, fit, cuts)
 

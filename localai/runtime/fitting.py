@@ -142,13 +142,27 @@ def _shorten(messages: list[Message], cut_chars: int) -> list[Message]:
     return result
 
 
-def conversation_key(model: str, session: str | None, messages: list[Message]) -> str:
-    """Identifies a conversation across turns: its session id, or its first messages."""
+def conversation_key(model: str, partition: str, session: str | None, messages: list[Message]) -> str:
+    """Identifies a conversation across turns, within a cache partition (an API key's, a salt's): its session id, or
+    its first messages. Two keys' conversations never share a key, even with the same session id or opening."""
     if session:
-        return f"{model}\0{session}"
-    digest = hashlib.sha256(model.encode())
+        return f"{model}\0{partition}\0{session}"
+    digest = hashlib.sha256(model.encode() + b"\0" + partition.encode() + b"\0")
     for message in messages[:3]:
         digest.update(message.role.encode() + b"\0" + message.text().encode() + b"\0")
+    return digest.hexdigest()
+
+
+def dropped_digest(messages: list[Message], dropped: int) -> str:
+    """What a cut of ``dropped`` messages takes out of ``messages``: a later turn reuses the cut only when it would
+    drop the same messages (the ones that made the prompt too long), never another conversation's by its opening."""
+    start, end = protected_bounds(messages)
+    digest = hashlib.sha256()
+    for message in messages[start:min(start + dropped, end)]:
+        digest.update(message.role.encode() + b"\0" + message.text().encode() + b"\0")
+        for block in message.content:
+            if isinstance(block, ToolResultBlock):
+                digest.update(block.content.encode() + b"\0")
     return digest.hexdigest()
 
 
@@ -157,17 +171,19 @@ class FitMemory:
     """Remembers each conversation's cut so the next turn reuses it (and its cached prefix)."""
 
     capacity: int = 1024
-    cuts: OrderedDict[str, tuple[int, int]] = field(default_factory=OrderedDict)
+    cuts: OrderedDict[str, tuple[int, int, str]] = field(default_factory=OrderedDict)
 
-    def get(self, key: str) -> tuple[int, int]:
-        """(messages dropped, tool level) of the conversation's last fit."""
-        value = self.cuts.get(key, (0, 0))
-        if key in self.cuts:
-            self.cuts.move_to_end(key)
-        return value
+    def get(self, key: str, messages: list[Message]) -> tuple[int, int]:
+        """(messages dropped, tool level) of the conversation's last fit, when that cut drops the same messages of
+        ``messages`` as it did then; (0, 0) otherwise."""
+        dropped, tool_level, digest = self.cuts.get(key, (0, 0, ""))
+        if key not in self.cuts or digest != dropped_digest(messages, dropped):
+            return 0, 0
+        self.cuts.move_to_end(key)
+        return dropped, tool_level
 
-    def put(self, key: str, dropped: int, tool_level: int = 0) -> None:
-        self.cuts[key] = (dropped, tool_level)
+    def put(self, key: str, messages: list[Message], dropped: int, tool_level: int = 0) -> None:
+        self.cuts[key] = (dropped, tool_level, dropped_digest(messages, dropped))
         self.cuts.move_to_end(key)
         while len(self.cuts) > self.capacity:
             self.cuts.popitem(last=False)

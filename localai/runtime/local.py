@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from localai.errors import InvalidRequest
+from localai.metrics import Metrics
 from localai.models import renderer
 from localai.models.chat_template import RenderCall
 from localai.models.registry import ModelRecord
-from localai.protocol import Constraint, GenerateOp, RequestFrame, Sampling, image_mark
+from localai.protocol import Constraint, DoneFrame, GenerateOp, RequestFrame, Sampling, image_mark
 from localai.runtime import prompt as prompting
 from localai.runtime.fitting import output_reserve
 from localai.runtime.formats import Parser, parser_for
@@ -48,6 +49,7 @@ class LocalTarget:
     loaded: LoadedModel
     settings: Settings
     retries_on_crash: bool = True
+    metrics: Metrics | None = None  # where a request its client left counts (its generation never saw its end)
 
     @functools.cached_property
     def template(self) -> prompting.Template:
@@ -90,7 +92,15 @@ class LocalTarget:
         return len(op["prompt"])
 
     def generate(self, op: GenerateOp) -> AsyncIterator[RequestFrame]:
-        return self.loaded.worker.generate(op, idle=self.settings.stream_keepalive)
+        return self.loaded.worker.generate(op, idle=self.settings.stream_keepalive, abandoned=self._abandoned)
+
+    def _abandoned(self, done: DoneFrame) -> None:
+        """A request whose client left: what it computed and generated until the worker stopped it counts."""
+        if self.metrics is not None:
+            usage = done["usage"]
+            self.metrics.request_done(self.record.name, usage["prompt_tokens"], usage["cached_tokens"],
+                                      usage["completion_tokens"], done["finish_reason"],
+                                      usage.get("drafted_tokens", 0), usage.get("accepted_tokens", 0))
 
     async def render(self, request: GenerationRequest, messages: list[Message] | None, *,
                      system: bool = True) -> tuple[str, str | None]:

@@ -101,7 +101,7 @@ class Runtime:
         await self.sessions.note_cache_use(record.name, loaded.shared.fingerprint, request.session_id)
         if (record.name, loaded.worker.pid) not in self._warmed:  # beside this request, not before it
             self.sessions.spawn(self._warm_template(record, loaded))
-        return LocalTarget(record, loaded, self.settings)
+        return LocalTarget(record, loaded, self.settings, metrics=self.scheduler.metrics)
 
     async def _warm_template(self, record: ModelRecord, loaded: LoadedModel) -> None:
         """Have every render process compile the model's template once per worker (awaited by an explicit load,

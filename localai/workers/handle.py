@@ -11,12 +11,14 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
 from typing import Any, overload
 
 from localai import paths, protocol
 from localai.errors import InvalidRequest, RequestTooLarge, WorkerCrashed, WorkerLoadFailed
 from localai.protocol import (
     CancelOp,
+    DoneFrame,
     EmbeddingsFrame,
     EmbedOp,
     FrameTooLarge,
@@ -52,6 +54,8 @@ class Worker:
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._queues: dict[str, asyncio.Queue[WorkerFrame | None]] = {}  # None: the worker died
+        # requests their reader left before their end: told their done frame (the usage of what was generated)
+        self._abandoned: dict[str, Callable[[DoneFrame], None]] = {}
 
     @property
     def pid(self) -> int | None:
@@ -114,6 +118,10 @@ class Worker:
                 queue = self._queues.get(str(message["id"]))
                 if queue is not None:
                     queue.put_nowait(message)
+                elif message["ev"] in ("done", "error"):
+                    told = self._abandoned.pop(str(message["id"]), None)
+                    if told is not None and message["ev"] == "done":
+                        told(message)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except ValueError as exc:  # an oversized or undecodable frame: the protocol is broken, so is the worker
@@ -125,6 +133,7 @@ class Worker:
                 self._writer = None
             for queue in self._queues.values():
                 queue.put_nowait(None)
+            self._abandoned.clear()
             if self.process is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self.process.wait(), 5)
@@ -133,8 +142,19 @@ class Worker:
                 code = self.process.returncode
                 if code not in (0, None):
                     log.error("worker for %s (pid %s) died with exit code %s", self.name, self.pid, code)
+                    self._forget_cache_owner()
             if self.on_exit is not None:
                 self.on_exit(self)
+
+    def _forget_cache_owner(self) -> None:
+        """Remove the dead worker's ``<cache>/<fingerprint>/owners/<pid>`` (its store removes it on a clean exit): a
+        crash left it, and the folder looked in use by a live worker forever after (promptcache/blocks.py)."""
+        root = self.options.get("cache_dir")
+        if self.process is None or self.process.returncode is None or not root:
+            return
+        with contextlib.suppress(OSError):
+            for owner in Path(str(root)).glob(f"*/owners/{self.process.pid}"):
+                owner.unlink(missing_ok=True)
 
     async def _send(self, message: Mapping[str, Any]) -> None:
         if not self.alive or self._writer is None:
@@ -149,9 +169,11 @@ class Worker:
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerCrashed(f"the worker for '{self.name}' stopped: {exc}") from exc
 
-    async def generate(self, op: GenerateOp, *, idle: float = 0.0) -> AsyncIterator[RequestFrame]:
-        """Send a generate op and yield its frames until ``done`` or ``error``; cancels if abandoned. With ``idle``,
-        an ``{"ev": "idle"}`` frame comes each time the worker sent nothing for that many seconds."""
+    async def generate(self, op: GenerateOp, *, idle: float = 0.0,
+                       abandoned: Callable[[DoneFrame], None] | None = None) -> AsyncIterator[RequestFrame]:
+        """Send a generate op and yield its frames until ``done`` or ``error``; cancels if abandoned, and then
+        ``abandoned`` is told its done frame when the worker sends it (what it generated still counts). With
+        ``idle``, an ``{"ev": "idle"}`` frame comes each time the worker sent nothing for that many seconds."""
         queue: asyncio.Queue[WorkerFrame | None] = asyncio.Queue()
         self._queues[op["id"]] = queue
         finished = False
@@ -176,8 +198,14 @@ class Worker:
                     yield message
                     return
         finally:
-            self._queues.pop(op["id"], None)
-            if not finished and self.alive:
+            left = self._queues.pop(op["id"], None)
+            ended = next((m for m in _drained(left) if m is not None and m["ev"] in ("done", "error")), None)
+            if not finished and ended is not None:  # it ended while its reader was going
+                if ended["ev"] == "done" and abandoned is not None:
+                    abandoned(ended)
+            elif not finished and self.alive:
+                if abandoned is not None:
+                    self._abandoned[op["id"]] = abandoned
                 cancel: CancelOp = {"op": "cancel", "id": op["id"]}
                 with contextlib.suppress(Exception):
                     await self._send(cancel)
@@ -254,6 +282,7 @@ class Worker:
     async def _abandon_start(self) -> None:
         with contextlib.suppress(Exception):
             await self.kill()
+        self._forget_cache_owner()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -264,6 +293,14 @@ class Worker:
                 self.process.kill()
             await self.process.wait()
         self.alive = False
+
+
+def _drained(queue: asyncio.Queue[WorkerFrame | None] | None) -> list[WorkerFrame | None]:
+    """The frames still waiting in ``queue``."""
+    frames: list[WorkerFrame | None] = []
+    while queue is not None and not queue.empty():
+        frames.append(queue.get_nowait())
+    return frames
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> WorkerFrame:

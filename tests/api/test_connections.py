@@ -7,13 +7,14 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
 
-from localai.api.connections import HeaderDeadlineProtocol
-from tests.conftest import free_port
+from localai.api.connections import DeadlineProtocol
+from tests.conftest import free_port, start_daemon
 
 
 async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
@@ -25,10 +26,10 @@ async def app(scope: dict, receive: object, send: object) -> None:  # type: igno
 
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    monkeypatch.setattr(HeaderDeadlineProtocol, "header_seconds", 1.0)
-    monkeypatch.setattr(HeaderDeadlineProtocol, "max_waiting", 5)
+    monkeypatch.setattr(DeadlineProtocol, "header_seconds", 1.0)
+    monkeypatch.setattr(DeadlineProtocol, "max_waiting", 5)
     port = free_port()
-    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=HeaderDeadlineProtocol,
+    instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=DeadlineProtocol,
                                              log_level="warning", lifespan="off"))
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
@@ -68,7 +69,7 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(server: int) -> 
 def test_only_so_many_connections_wait_for_their_headers(server: int) -> None:
     clients = [slow_client(server) for _ in range(8)]
     time.sleep(0.3)
-    assert not HeaderDeadlineProtocol.waiting or len(HeaderDeadlineProtocol.waiting) <= 5
+    assert not DeadlineProtocol.waiting or len(DeadlineProtocol.waiting) <= 5
     with httpx.Client() as http:  # a client that sends its request at once still gets in
         assert http.get(f"http://127.0.0.1:{server}/").text == "ok"
     for sock in clients[:3]:
@@ -89,3 +90,50 @@ def test_a_keep_alive_connection_waits_for_its_next_headers_again(server: int) -
     sock.sendall(b"GET / HTTP/1.1\r\nHost: 127")  # the next request, never finished
     assert closed(sock)
     sock.close()
+
+
+def test_a_body_that_never_finishes_arriving_is_cut_on_a_real_daemon(tmp_path: Path) -> None:
+    """A client that sends its headers, then its body a byte at a time and never all of it: the daemon closes the
+    connection at LOCALAI_BODY_TIMEOUT (1 s here), and keeps serving."""
+    with start_daemon(tmp_path / "home", body_timeout="1") as daemon:
+        sock = socket.create_connection(("127.0.0.1", daemon.port))
+        sock.sendall(b"POST /api/show HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{")
+        sock.settimeout(1.0)
+        cut = False
+        for _ in range(60):  # a byte a second, as a slow client sends them; the deadline ends it long before
+            try:
+                if sock.recv(1024) == b"":
+                    cut = True
+                    break
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                cut = True
+                break
+            try:
+                sock.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                cut = True
+                break
+        sock.close()
+        assert cut, "the slow body's connection was never closed"
+        assert "LOCALAI_BODY_TIMEOUT" in daemon.log()
+        assert daemon.get("/health").status_code == 200
+
+
+def test_a_request_with_both_content_length_and_transfer_encoding_is_refused_and_closed(tmp_path: Path) -> None:
+    """RFC 9112: where such a body ends is ambiguous (request smuggling), so it gets a 400 and the connection is
+    closed; the bytes after it are never answered as a second request."""
+    with start_daemon(tmp_path / "home") as daemon:
+        sock = socket.create_connection(("127.0.0.1", daemon.port))
+        sock.sendall(b"POST /api/show HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"0\r\n\r\nGET /api/version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        sock.settimeout(30)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"Content-Length and Transfer-Encoding" in answer, answer
+    assert answer.count(b"HTTP/1.1") == 1, answer  # the smuggled GET was not served

@@ -4,6 +4,7 @@ llama.cpp's grammar converter refuses, are tested against the real model in test
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 import pytest
@@ -136,3 +137,46 @@ def test_a_forced_tool_call_and_a_schema_come_back_well_formed(api: TestClient) 
                                          "format": {"type": "object", "properties": {"n": {"type": "integer"}},
                                                     "required": ["n"]}}).json()
     assert shaped["message"]["content"] == '{"n": 0}'
+
+
+def disk_full(*_: Any, **__: Any) -> None:
+    raise sqlite3.OperationalError("database or disk is full")
+
+
+def test_a_full_disk_is_a_507_in_each_dialects_shape(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's "database or disk is full" while storing a response or creating a model: a 507 saying so, in the
+    dialect's error shape (a plain-text 500 before), and a streamed response ends with response.failed."""
+    from localai.api import response_store
+    from localai.models.registry import Registry
+
+    monkeypatch.setattr(response_store, "retain", disk_full)
+    stored = api.post("/v1/responses", json={"model": "smollm2", "input": "hi", "max_output_tokens": 4})
+    assert stored.status_code == 507, stored.text
+    error = stored.json()["error"]
+    assert "disk is full" in error["message"] and error["code"] == "insufficient_storage"
+    with api.stream("POST", "/v1/responses", json={"model": "smollm2", "input": "hi", "max_output_tokens": 4,
+                                                   "stream": True}) as streamed:
+        text = "".join(streamed.iter_text())
+    assert "response.failed" in text and "disk is full" in text
+    monkeypatch.setattr(Registry, "create", disk_full)
+    created = api.post("/api/create", json={"model": "full-disk", "modelfile": "FROM smollm2\n"})
+    assert created.status_code == 507 and "disk is full" in created.json()["error"], created.text
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/chat/completions", {"messages": ASK, "logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"messages": ASK, "logprobs": True, "top_logprobs": 3}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 2}, "logprobs"),
+    ("/v1/responses", {"input": "x", "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/responses", {"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
+    ("/api/chat", {"messages": ASK, "stream": False, "logprobs": True}, "logprobs"),
+    ("/api/generate", {"prompt": "x", "stream": False, "top_logprobs": 1}, "top_logprobs"),
+])
+def test_logprobs_asked_for_are_a_400_not_silently_missing(api: TestClient, path: str, body: dict[str, Any],
+                                                           field: str) -> None:
+    response = api.post(path, json={"model": "smollm2", **body})
+    assert response.status_code == 400, response.text
+    assert "logprobs are not supported yet" in response.text and field in response.text
+    off = {key: (False if value is True else 0 if isinstance(value, int) else []) for key, value in body.items()
+           if key in ("logprobs", "top_logprobs", "include")}
+    assert api.post(path, json={"model": "smollm2", **body, **off, "max_tokens": 2}).status_code == 200

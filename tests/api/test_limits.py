@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -198,6 +201,52 @@ def test_a_template_that_includes_files_is_refused_naming_the_line(api: TestClie
     assert response.status_code == 400, response.text
     assert "line 3" in response.json()["error"] and "include" in response.json()["error"]
     assert api.post("/api/show", json={"model": "snoop"}).status_code == 404
+
+
+def test_a_template_being_parsed_never_holds_the_event_loop(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A create's Modelfile (a large TEMPLATE: Jinja parses it in pure Python) is parsed off the event loop:
+    /health answers while the parse is held in the middle."""
+    from localai.api import ollama
+
+    entered, release, parsed = threading.Event(), threading.Event(), threading.Event()
+    real = ollama.parse
+
+    def held_parse(text: str, **kwargs: Any) -> Any:
+        entered.set()
+        release.wait(timeout=30)  # a safety net only: the test releases it
+        parsed.set()
+        return real(text, **kwargs)
+
+    monkeypatch.setattr(ollama, "parse", held_parse)
+    modelfile = "FROM smollm2\nTEMPLATE \"\"\"{{ messages[0].content }}\"\"\"\n"
+    with ThreadPoolExecutor(1) as pool:
+        creating = pool.submit(api.post, "/api/create", json={"model": "held-template", "modelfile": modelfile})
+        assert entered.wait(timeout=30)
+        health = api.get("/health")
+        answered_during_parse = not parsed.is_set()
+        release.set()
+        assert creating.result().status_code == 200
+    assert health.status_code == 200 and answered_during_parse
+
+
+def test_a_gguf_whose_data_is_cut_off_is_refused_at_create(api: TestClient, smollm2_path: Path,
+                                                          tmp_path: Path) -> None:
+    """Accepted before, it failed every chat with a 500; now the create is a 400 saying so."""
+    whole = smollm2_path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[:len(whole) // 2])
+    response = api.post("/api/create", json={"model": "cut-weights", "modelfile": f"FROM {cut}\n"})
+    assert response.status_code == 400 and "is truncated" in response.json()["error"], response.text
+    assert api.post("/api/show", json={"model": "cut-weights"}).status_code == 404
+
+
+def test_an_oversized_template_is_refused_naming_it(api: TestClient) -> None:
+    template = "{{ messages[0].content }}" + " " * (300 * 1024)
+    response = api.post("/api/create", json={"model": "huge-template",
+                                             "modelfile": f'FROM smollm2\nTEMPLATE """{template}"""\n'})
+    assert response.status_code == 400 and "TEMPLATE is" in response.json()["error"], response.text[:300]
+    response = api.post("/api/create", json={"model": "huge-template", "from": "smollm2", "template": template})
+    assert response.status_code == 400 and "over the limit" in response.json()["error"], response.text[:300]
 
 
 @pytest.mark.parametrize(("path", "body", "param"), [

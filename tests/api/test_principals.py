@@ -137,3 +137,46 @@ def test_health_without_a_key_says_only_ok(api: TestClient) -> None:
     assert api.get("/health", headers=auth("wrong")).json() == {"status": "ok"}
     full = api.get("/health", headers=auth(KEY_B)).json()
     assert full["status"] == "ok" and "version" in full and "loaded_models" in full
+
+
+def test_a_remembered_context_cut_never_reaches_another_keys_conversation(api: TestClient) -> None:
+    """Key A's over-long conversation is fitted (messages dropped) and the cut remembered for its next turn; key B
+    opening the same way with a short conversation is not cut (its middle reaches the model, and B learns nothing
+    of what A sent)."""
+    created = api.post("/api/create", headers=auth(KEY_A),
+                       json={"model": "scripted-fit-1k", "modelfile": "FROM smollm2\nPARAMETER num_ctx 1024\n"})
+    assert created.status_code == 200, created.text
+    opening = [{"role": "system", "content": "You fit conversations."}, {"role": "user", "content": "Read this."},
+               {"role": "assistant", "content": "Send it."}]
+
+    def ask(key: str, middle: str) -> dict[str, str]:
+        messages = [*opening, {"role": "user", "content": middle}, {"role": "assistant", "content": "Read."},
+                    {"role": "user", "content": "What did it say?"}]
+        response = api.post("/v1/chat/completions", headers=auth(key),
+                            json={"model": "scripted-fit-1k", "messages": messages, "max_tokens": 4})
+        assert response.status_code == 200, response.text
+        return dict(response.headers)
+
+    assert "x-localai-context-fitted" in ask(KEY_A, "A's long document. " * 200)
+    assert "x-localai-context-fitted" not in ask(KEY_B, "B's short note.")
+    assert "x-localai-context-fitted" not in ask(KEY_A, "A's short note.")  # nor A's other conversation
+
+
+def test_a_key_removes_only_its_own_session_pins_and_learns_no_names(api: TestClient) -> None:
+    """Key B can neither unpin key A's session nor tell a pinned session name from an unknown one; its pin of the
+    same name is its own and leaves A's in force."""
+    from localai.promptcache.pins import load_pins
+
+    chat(api, KEY_A, "An entry to keep. " * 3, "pinned-by-a")
+    assert api.post("/api/cache/pin", headers=auth(KEY_A), json={"session": "pinned-by-a"}).status_code == 200
+    foreign = api.request("DELETE", "/api/cache/pin", headers=auth(KEY_B), json={"session": "pinned-by-a"})
+    unknown = api.request("DELETE", "/api/cache/pin", headers=auth(KEY_B), json={"session": "pinned-by-nobody"})
+    assert foreign.status_code == unknown.status_code == 200 and foreign.json() == unknown.json() == {"removed": False}
+    short = api.post("/api/cache/pin", headers=auth(KEY_B), json={"session": "pinned-by-a", "ttl": 1})
+    assert short.status_code == 200
+    assert any(p.session == "pinned-by-a" and p.owner == key_id(KEY_A) and p.expires_at > short.json()["expires_at"]
+               for p in load_pins())  # B's short pin did not replace A's
+    mine = api.get("/api/cache", headers=auth(KEY_A)).json()["entries"]
+    assert any(e["session"] == "pinned-by-a" and e["pinned_until"] for e in mine)
+    removed = api.request("DELETE", "/api/cache/pin", headers=auth(KEY_A), json={"session": "pinned-by-a"})
+    assert removed.json() == {"removed": True}

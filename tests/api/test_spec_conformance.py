@@ -44,11 +44,11 @@ def check_response(response: dict[str, Any], status: str) -> None:
 
 def test_a_response_object_has_every_field_the_schema_requires(api: TestClient) -> None:
     body = {"model": "smollm2", "input": "hi [[say:hello]]", "metadata": {"k": "v"}, "user": "u1",
-            "safety_identifier": "s1", "prompt_cache_key": "spec-1", "max_tool_calls": 3, "top_logprobs": 2}
+            "safety_identifier": "s1", "prompt_cache_key": "spec-1", "max_tool_calls": 3, "top_logprobs": 0}
     response = api.post("/v1/responses", json=body).json()
     check_response(response, "completed")
     assert (response["metadata"], response["user"], response["safety_identifier"], response["prompt_cache_key"],
-            response["max_tool_calls"], response["top_logprobs"]) == ({"k": "v"}, "u1", "s1", "spec-1", 3, 2)
+            response["max_tool_calls"], response["top_logprobs"]) == ({"k": "v"}, "u1", "s1", "spec-1", 3, 0)
     assert (response["background"], response["service_tier"], response["truncation"]) == (False, "default",
                                                                                           "disabled")
     assert api.get(f"/v1/responses/{response['id']}").json() == response  # stored as sent

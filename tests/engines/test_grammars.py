@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,84 @@ def test_a_forced_call_in_a_familys_own_syntax_is_what_llama_cpp_lets_through(vo
         closing = "</parameter>" if style == "qwen3-coder" else "</arg_value>"
         text = native_call(style, "write_file", {"path": "a", "content": f"x{closing}y"})
         assert accepted(vocab, grammar.text, text)[0] is False
+
+
+# Pydantic writes nested models as references into $defs (agent frameworks send such tools); two tools with a
+# definition of the same name, one recursive, one a reference from another definition.
+POINT = {"type": "object", "required": ["x", "y"], "additionalProperties": False,
+         "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}}
+DEFS_TOOLS = [
+    {"name": "move", "parameters": {"$defs": {"P": POINT, "Path": {"type": "array", "items": {"$ref": "#/$defs/P"}}},
+                                    "type": "object", "required": ["to", "via"], "additionalProperties": False,
+                                    "properties": {"to": {"$ref": "#/$defs/P"}, "via": {"$ref": "#/$defs/Path"}}}},
+    {"name": "label", "parameters": {"definitions": {"P": {"type": "string", "enum": ["a", "b"]}},
+                                     "type": "object", "required": ["p"], "additionalProperties": False,
+                                     "properties": {"p": {"$ref": "#/definitions/P"}}}},
+    {"name": "tree", "parameters": {"$ref": "#/$defs/Node", "$defs": {"Node": {
+        "type": "object", "required": ["name"], "additionalProperties": False,
+        "properties": {"name": {"type": "string", "maxLength": 8},
+                       "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}}}},
+]
+
+
+def hermes(name: str, arguments: object) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def test_forced_calls_of_tools_whose_schemas_use_defs_and_refs(vocab: Any) -> None:
+    """Each tool's references point into its own definitions, as if its parameters were the whole schema: the
+    call's grammar lets its right arguments through and refuses another tool's definition of the same name."""
+    grammar = grammar_for({"type": "tool_call", "tools": DEFS_TOOLS, "format": "hermes"})  # type: ignore[typeddict-item]
+    assert grammar is not None
+    move = {"to": {"x": 1, "y": 2}, "via": [{"x": 0, "y": 0}]}
+    assert accepted(vocab, grammar.text, hermes("move", move)) == (True, True)
+    assert accepted(vocab, grammar.text, hermes("label", {"p": "b"})) == (True, True)
+    tree = {"name": "root", "children": [{"name": "leaf", "children": []}]}
+    assert accepted(vocab, grammar.text, hermes("tree", tree)) == (True, True)  # recursive
+    assert accepted(vocab, grammar.text, hermes("label", {"p": {"x": 1, "y": 2}}))[0] is False  # move's P
+    assert accepted(vocab, grammar.text, hermes("move", {"to": "a", "via": []}))[0] is False  # label's P
+    assert accepted(vocab, grammar.text, hermes("move", {"to": {"x": "1", "y": 2}, "via": []}))[0] is False
+
+
+def test_a_family_syntax_call_follows_a_parameters_ref(vocab: Any) -> None:
+    """Qwen3-Coder's tagged call: a parameter that is a reference to an object is JSON, not free text."""
+    from localai.engines.scripted import native_call
+
+    grammar = grammar_for({"type": "tool_call", "tools": DEFS_TOOLS[:2], "format": "qwen3-coder"})  # type: ignore[typeddict-item]
+    assert grammar is not None
+    move = {"to": {"x": 1, "y": 2}, "via": [{"x": 3, "y": 4}]}
+    assert accepted(vocab, grammar.text, native_call("qwen3-coder", "move", move)) == (True, True)
+    assert accepted(vocab, grammar.text, native_call("qwen3-coder", "label", {"p": "a"})) == (True, True)
+    bad = native_call("qwen3-coder", "move", {"to": "somewhere", "via": []})
+    assert accepted(vocab, grammar.text, bad)[0] is False
+
+
+def test_a_tool_whose_refs_leave_its_schema_takes_any_object() -> None:
+    remote = {"type": "object", "properties": {"a": {"$ref": "https://127.0.0.1:9/schema.json#/x"}}}
+    with pytest.raises(GrammarError, match="cannot be compiled"):
+        grammar_for({"type": "json_schema", "schema": remote})
+    grammar = grammar_for({"type": "tool_call", "tools": [{"name": "f", "parameters": remote}], "format": "hermes"})  # type: ignore[typeddict-item]
+    assert grammar is not None and "https" not in grammar.text
+
+
+def test_a_schema_whose_root_is_a_ref_compiles(vocab: Any) -> None:
+    """A response format that is a reference to a definition which itself refers to another (Pydantic's shape for
+    a model whose fields are models)."""
+    schema = {"$ref": "#/$defs/Move", "$defs": {"P": POINT, "Move": {
+        "type": "object", "required": ["to"], "additionalProperties": False,
+        "properties": {"to": {"$ref": "#/$defs/P"}}}}}
+    grammar = grammar_for({"type": "json_schema", "schema": schema})
+    assert grammar is not None
+    assert accepted(vocab, grammar.text, json.dumps({"to": {"x": 1, "y": 2}})) == (True, True)
+    assert accepted(vocab, grammar.text, json.dumps({"to": {"x": "a", "y": 2}}))[0] is False
+
+
+def test_lark_grammars_resolve_each_tools_refs() -> None:
+    """The MLX engine's llguidance grammar: the same tools compile, and each call keeps to its own definitions."""
+    from llguidance import LLMatcher
+
+    from localai.engines.grammars import lark_for
+
+    grammar = lark_for({"type": "tool_call", "tools": DEFS_TOOLS, "format": "hermes"}, lambda _: "")  # type: ignore[typeddict-item]
+    assert grammar is not None and LLMatcher.validate_grammar(grammar) == ""
+    assert '"t0-P"' in grammar and '"t1-definitions-P"' in grammar

@@ -215,3 +215,19 @@ def test_a_file_cut_short_while_it_is_read_is_an_error_not_a_crash(tmp_path: Pat
         with pytest.raises(ValueError, match="is truncated"):
             _parse(header)
         assert header.size > end  # it was cut after the reader sized it: the short read itself was caught
+
+
+def test_the_ggml_type_sizes_are_the_gguf_packages() -> None:
+    from localai.models.gguf_meta import GGML_TYPE_SIZES
+
+    assert {int(kind): sizes for kind, sizes in gguf.GGML_QUANT_SIZES.items()} == GGML_TYPE_SIZES
+
+
+def test_a_file_whose_tensor_data_is_cut_off_is_refused(smollm2_path: Path, tmp_path: Path) -> None:
+    """The header is whole but the tensors are not (an interrupted copy): refused when read, not at every chat."""
+    whole = smollm2_path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[:len(whole) - 4096])
+    with pytest.raises(ValueError, match="is truncated: its tensors end at byte"):
+        read_metadata(cut)
+    read_metadata(smollm2_path)  # the whole file reads

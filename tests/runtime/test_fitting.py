@@ -36,14 +36,29 @@ def test_next_cut_drops_with_slack_then_shortens() -> None:
 
 def test_the_cut_is_remembered_per_conversation() -> None:
     memory = FitMemory(capacity=2)
-    key = conversation_key("m", None, CONVERSATION)
-    assert key == conversation_key("m", None, [*CONVERSATION, msg("user", "more")])
-    assert key != conversation_key("m", "session-1", CONVERSATION)
-    memory.put(key, 3, 1)
-    assert memory.get(key) == (3, 1)
-    memory.put("b", 1)
-    memory.put("c", 1)
-    assert memory.get(key) == (0, 0)  # evicted beyond capacity
+    key = conversation_key("m", "", None, CONVERSATION)
+    longer = [*CONVERSATION, msg("user", "more")]
+    assert key == conversation_key("m", "", None, longer)
+    assert key != conversation_key("m", "", "session-1", CONVERSATION)
+    memory.put(key, CONVERSATION, 3, 1)
+    assert memory.get(key, longer) == (3, 1)  # the next turn drops the same messages
+    memory.put("b", CONVERSATION, 1)
+    memory.put("c", CONVERSATION, 1)
+    assert memory.get(key, CONVERSATION) == (0, 0)  # evicted beyond capacity
+
+
+def test_a_remembered_cut_stays_in_its_partition_and_with_its_messages() -> None:
+    """Two API keys (partitions) with the same opening messages or session id are two conversations; and a cut is
+    reused only where it drops the very messages it dropped (those that made the prompt too long)."""
+    assert conversation_key("m", "key-a", None, CONVERSATION) != conversation_key("m", "key-b", None, CONVERSATION)
+    assert conversation_key("m", "key-a", "s", CONVERSATION) != conversation_key("m", "key-b", "s", CONVERSATION)
+    memory = FitMemory()
+    key = conversation_key("m", "key-a", None, CONVERSATION)
+    memory.put(key, CONVERSATION, 3)
+    other = [*CONVERSATION[:3], msg("user", "another question"), *CONVERSATION[4:]]
+    assert conversation_key("m", "key-a", None, other) == key  # the same opening
+    assert memory.get(key, other) == (0, 0)  # but not the messages the cut dropped
+    assert memory.get(key, CONVERSATION) == (3, 0)
 
 
 def test_slim_tools_steps() -> None:

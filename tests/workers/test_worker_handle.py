@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -192,5 +193,49 @@ def test_a_worker_that_fails_to_start_leaves_no_socket_and_no_process(tmp_path: 
             await worker.start(2)
         assert worker.process is not None and worker.process.returncode is not None
         assert open_fds() <= before and worker._writer is None
+
+    asyncio.run(scenario())
+
+
+def test_a_crashed_workers_cache_owner_file_is_removed(smollm2_path: Path, tmp_path: Path) -> None:
+    """A worker registers in its prompt-cache folder (``owners/<pid>``) and removes itself on a clean exit; one
+    killed outright cannot, so the daemon removes the file when it sees the worker die."""
+    async def scenario() -> None:
+        worker = Worker("smollm2", "llama.cpp", {"model_path": str(smollm2_path), "num_ctx": 512, "n_parallel": 1,
+                                                 "n_threads": 2, "cache_dir": str(tmp_path / "cache")})
+        exited = asyncio.Event()
+        worker.on_exit = lambda _: exited.set()
+        await worker.start(120)
+        assert worker.pid is not None
+        owners = list((tmp_path / "cache").glob(f"*/owners/{worker.pid}"))
+        assert owners, "the worker did not register in its cache folder"
+        os.kill(worker.pid, signal.SIGKILL)
+        await asyncio.wait_for(exited.wait(), 60)
+        assert not any(path.exists() for path in owners)
+
+    asyncio.run(scenario())
+
+
+def test_a_request_its_reader_left_still_reports_its_usage(smollm2_path: Path) -> None:
+    """A stream whose client went away is cancelled; the worker's last frame for it (its usage) reaches the
+    ``abandoned`` callback, so what it computed and generated is counted (in /metrics), not lost."""
+    async def scenario() -> None:
+        worker = smollm2_worker(smollm2_path)
+        await worker.start(120)
+        try:
+            told: asyncio.Future[dict[str, object]] = asyncio.get_running_loop().create_future()
+            frames = worker.generate(op("left", max_tokens=4000, ignore_eos=True, prompt="Count to a thousand:"),
+                                     abandoned=lambda done: told.set_result(dict(done)))
+            seen = [await anext(frames), await anext(frames)]
+            assert [frame["ev"] for frame in seen] == ["prompt", "text"]
+            await frames.aclose()  # type: ignore[attr-defined]
+            done = await asyncio.wait_for(told, 60)
+            assert done["finish_reason"] == "cancelled"
+            usage = done["usage"]
+            assert isinstance(usage, dict) and usage["prompt_tokens"] > 0 and usage["completion_tokens"] >= 1
+            again = await drain(worker, op("after"))  # the worker serves on
+            assert again[-1]["ev"] == "done"
+        finally:
+            await worker.stop()
 
     asyncio.run(scenario())

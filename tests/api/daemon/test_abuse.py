@@ -140,6 +140,33 @@ def requests_ended(http: httpx.Client, outcome: str) -> float:
                if line.startswith("localai_requests_total{") and f'outcome="{outcome}"' in line)
 
 
+def counted(http: httpx.Client, name: str, model: str, outcome: str | None = None) -> float:
+    """The sum of a /metrics counter over the labels of ``model`` (and ``outcome``, when given)."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in http.get("/metrics").text.splitlines()
+               if line.startswith(name + "{") and f'model="{model}' in line
+               and (outcome is None or f'outcome="{outcome}"' in line))
+
+
+@pytest.mark.timeout(240)
+def test_an_abandoned_streams_tokens_reach_the_metrics(daemon: Daemon) -> None:
+    """A stream whose client leaves is stopped; the tokens it computed and generated until then are counted in
+    /metrics (a cancelled request), not lost with the connection. (A model of its own: other tests' abandoned
+    requests count under theirs.)"""
+    model = "smollm2-abandoned"
+    body = {"model": model, "messages": [{"role": "user", "content": "Count to a million."}],
+            "max_tokens": 3500, "ignore_eos": True, "stream": True}
+    with daemon.http() as http:
+        assert http.post("/api/create", json={"model": model, "modelfile": "FROM smollm2\n"}).status_code == 200
+        with http.stream("POST", "/v1/chat/completions", json=body) as stream:
+            lines = stream.iter_lines()
+            assert sum(1 for line, _ in zip(lines, range(6), strict=False) if line.startswith("data:")) >= 3
+        deadline = time.monotonic() + 60  # the worker stops it at its next step; its last frame then counts
+        while not counted(http, "localai_requests_total", model, "cancelled") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert counted(http, "localai_requests_total", model, "cancelled") == 1
+        assert counted(http, "localai_completion_tokens_total", model) >= 2
+
+
 def test_files_under_an_existing_home_are_private(daemon: Daemon) -> None:
     with daemon.http() as http:
         assert chat(http, options={"num_predict": 1}).status_code == 200

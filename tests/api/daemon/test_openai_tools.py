@@ -58,6 +58,28 @@ def test_required_tool_choice_streams_the_call(daemon: Daemon) -> None:
     jsonschema.validate(json.loads(result["calls"][0]["arguments"]), WEATHER["function"]["parameters"])  # type: ignore[index]
 
 
+# Pydantic's shape for a tool whose argument is a model: a reference into $defs
+ROUTE = {"type": "function", "function": {
+    "name": "plan_route", "description": "Plan a route to a place", "parameters": {
+    "$defs": {"Place": {"type": "object", "additionalProperties": False, "required": ["city"],
+                        "properties": {"city": {"type": "string", "maxLength": 40}}}},
+    "type": "object", "additionalProperties": False, "required": ["destination"],
+    "properties": {"destination": {"$ref": "#/$defs/Place"}}}}}
+
+
+def test_required_tool_choice_with_defs_and_refs_in_the_schema(daemon: Daemon) -> None:
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": "Plan a route to Paris."}],
+            "tools": [ROUTE, WEATHER], "tool_choice": "required", "max_tokens": 64, "temperature": 0}
+    with daemon.http() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    call = choice["message"]["tool_calls"][0]["function"]
+    schema = next(t["function"]["parameters"] for t in (ROUTE, WEATHER) if t["function"]["name"] == call["name"])  # type: ignore[index]
+    jsonschema.validate(json.loads(call["arguments"]), schema)
+
+
 def test_tool_choice_none_answers_in_text(sdk: openai.OpenAI) -> None:
     response = sdk.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER], tool_choice="none",  # type: ignore[arg-type,list-item]
                                            max_tokens=24, temperature=0)

@@ -276,3 +276,28 @@ def test_mlx_states_are_cut_into_token_blocks_and_put_back_bit_for_bit(mlx_model
         engine.state_split(state, len(tokens) + 1, [(0, 64)])
     with pytest.raises(ValueError):
         engine.state_join(layout, [pieces[0][:-2]], [64], rest)
+
+
+def test_forced_calls_of_tools_with_defs_and_recursive_refs(mlx_daemon: Daemon) -> None:
+    """llguidance takes each tool's $defs/$ref schema (Pydantic's shape for nested models): the forced call keeps to
+    its own definitions; a recursive one compiles too (smollm2 may then write whitespace to its limit, which JSON
+    allows: only the call's name is checked there)."""
+    place = {"type": "object", "required": ["city"], "additionalProperties": False,
+             "properties": {"city": {"type": "string", "maxLength": 20}}}
+    route = {"type": "function", "function": {"name": "plan_route", "description": "Plan a route to a place",
+                                              "parameters": {"$defs": {"Place": place}, "type": "object",
+                                                             "required": ["to"], "additionalProperties": False,
+                                                             "properties": {"to": {"$ref": "#/$defs/Place"}}}}}
+    forced = chat(mlx_daemon, ASK, tools=[route], max_tokens=60,
+                  tool_choice={"type": "function", "function": {"name": "plan_route"}})
+    assert forced["choices"][0]["finish_reason"] == "tool_calls", forced["choices"][0]["message"]
+    arguments = json.loads(forced["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+    assert set(arguments) == {"to"} and set(arguments["to"]) == {"city"} and isinstance(arguments["to"]["city"], str)
+    node = {"type": "object", "required": ["name"], "additionalProperties": False,
+            "properties": {"name": {"type": "string", "maxLength": 8},
+                           "children": {"type": "array", "maxItems": 2, "items": {"$ref": "#/$defs/Node"}}}}
+    tree = {"type": "function", "function": {"name": "make_tree", "description": "Make a tree of named nodes",
+                                             "parameters": {"$ref": "#/$defs/Node", "$defs": {"Node": node}}}}
+    recursive = chat(mlx_daemon, [{"role": "user", "content": "Make a tree."}], tools=[tree], max_tokens=30,
+                     tool_choice="required")
+    assert recursive["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "make_tree"
