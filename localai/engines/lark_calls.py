@@ -18,6 +18,8 @@ from localai.engines.grammars import (
     TAGGED_CALLS,
     GrammarError,
     _arguments_schema,
+    _dereferenced,
+    _hoisted_arguments,
     _is_text,
     closed,
     sanitized,
@@ -93,6 +95,9 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
             raise GrammarError(f"no grammar is built for {style!r} tool calls")
         call_open, name_open, name_close, key_open, key_close, value_close, call_close = TAGGED_CALLS[style]
         spaced = _loose if style == "glm-4.5" else marker
+        # each parameter's value is a grammar of its own: the definitions its references point to go with it
+        arguments, definitions = _hoisted_arguments(arguments, prefix)
+        arguments = _dereferenced(arguments, definitions)
         listed = arguments.get("properties")
         properties: dict[str, Any] = listed if isinstance(listed, dict) else {}
         required = [name for name in arguments.get("required") or [] if name in properties]
@@ -101,17 +106,19 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
         closing = value_close.strip("\n")
         for index, key in enumerate(names):
             value = f"{prefix}_v{index}"
-            choices = properties[key].get("enum") if isinstance(properties[key], dict) else None
+            seen = _dereferenced(properties[key], definitions)
+            choices = seen.get("enum") if isinstance(seen, dict) else None
             if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
                 rules.append(f"{value}: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices))
-            elif _is_text(properties[key]):  # written bare: any text without the value's closing tag
+            elif _is_text(seen):  # written bare: any text without the value's closing tag
                 escaped = re.escape(closing).replace("/", "\\/")
-                longest = properties[key].get("maxLength") if isinstance(properties[key], dict) else None
+                longest = seen.get("maxLength") if isinstance(seen, dict) else None
                 length = f"{{0,{int(longest)}}}" if isinstance(longest, int) and longest >= 0 else "*"
                 rules.append(f"{value.upper()}: /(?s:.{length})/ & ~/(?s:.*){escaped}(?s:.*)/")
                 value = value.upper()
             else:
-                rules.append(f"{value}: {_schema(properties[key])}")
+                own = properties[key] if isinstance(properties[key], dict) else {}
+                rules.append(f"{value}: {_schema({**own, '$defs': definitions} if definitions else own)}")
             rules.append(f"{prefix}_p{index}: {marker(key_open + key, specials)} {spaced(key_close, specials)} "
                          f"{value} {spaced(value_close, specials)}")
             params.append(f"{prefix}_p{index}")

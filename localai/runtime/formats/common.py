@@ -118,13 +118,28 @@ class Thinking:
             events.append(TextDelta(text))
 
 
+def _parameter(schema: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
+    """Parameter ``key``'s schema, a local ``$ref`` followed (Pydantic writes a nested model as
+    ``{"$ref": "#/$defs/Model"}``)."""
+    properties = schema.get("properties") if isinstance(schema, Mapping) else None
+    prop = properties.get(key) if isinstance(properties, Mapping) else None
+    for _ in range(8):
+        ref = prop.get("$ref") if isinstance(prop, Mapping) else None
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            break
+        target: Any = schema
+        for part in ref[2:].split("/"):
+            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, Mapping) else None
+        prop = target
+    return prop if isinstance(prop, Mapping) else None
+
+
 def string_typed(schema: Mapping[str, Any], key: str) -> bool:
     """Whether parameter ``key`` of a function whose parameters are ``schema`` takes a string (or is not described:
     then its text is kept as text)."""
-    properties = schema.get("properties") if isinstance(schema, Mapping) else None
-    if not isinstance(properties, Mapping) or not isinstance(properties.get(key), Mapping):
+    prop = _parameter(schema, key)
+    if prop is None:
         return True
-    prop = properties[key]
     kind = prop.get("type")
     if kind is None:
         for choice in (*prop.get("anyOf", ()), *prop.get("oneOf", ())):
@@ -140,9 +155,8 @@ def string_typed(schema: Mapping[str, Any], key: str) -> bool:
 
 def nullable(schema: Mapping[str, Any], key: str) -> bool:
     """Whether parameter ``key`` may be null (``"type": ["string", "null"]``, or an ``anyOf`` with null)."""
-    properties = schema.get("properties") if isinstance(schema, Mapping) else None
-    prop = properties.get(key) if isinstance(properties, Mapping) else None
-    if not isinstance(prop, Mapping):
+    prop = _parameter(schema, key)
+    if prop is None:
         return False
     kind = prop.get("type")
     if isinstance(kind, list):

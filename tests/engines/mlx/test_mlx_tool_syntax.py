@@ -106,6 +106,39 @@ def test_a_forced_call_on_mlx_is_written_in_the_family_syntax(style: str, mlx_ar
         assert set(schema["required"]) <= set(arguments) <= set(schema["properties"]), (style, text)
 
 
+PLACE = {"name": "find", "parameters": {
+    "type": "object", "properties": {"where": {"$ref": "#/$defs/Place"}, "note": {"type": "string", "maxLength": 8}},
+    "required": ["where"], "$defs": {"Place": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 10}}, "required": ["city"], "additionalProperties": False}}}}
+
+
+@pytest.mark.parametrize("style", sorted(NATIVE_FORCED))
+def test_a_forced_call_whose_parameters_use_defs_and_refs(style: str, mlx_arch_fixtures: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    """Pydantic writes nested models as $defs and $ref: each family's grammar follows them (a tagged call's
+    parameter is a grammar of its own, with the definitions it points to)."""
+    from localai.engines.mlx import MlxEngine
+
+    folder = with_specials(mlx_arch_fixtures["llama"], tmp_path / style, SPECIALS[style])
+    engine = MlxEngine(LoadOptions(model_path=str(folder), num_ctx=2048, n_parallel=1, n_batch=256))
+    prompt = engine.tokenize("Find Paris.")
+    engine.decode([BatchItem(0, token, index, index == len(prompt) - 1) for index, token in enumerate(prompt)])
+    sampler = engine.new_sampler({"temperature": 0.8, "seed": 3}, {"type": "tool_call", "format": style,
+                                                                  "tools": [PLACE]})
+    output: list[int] = []
+    row = len(prompt) - 1
+    while len(output) < 300 and not engine.is_end(token := engine.sample(sampler, row)):
+        row = 0
+        output.append(token)
+        engine.decode([BatchItem(0, token, len(prompt) + len(output) - 1, True)])
+    text = b"".join(engine.token_bytes(token) for token in output).decode()
+    parser = parser_for("mistral" if style == "mistral-args" else style, tools=True, reasoning=False,
+                        functions={"find": PLACE["parameters"]})
+    calls = [event for event in [*parser.feed(text), *parser.finish()] if isinstance(event, ToolCallEnd)]
+    assert len(calls) == 1 and calls[0].name == "find", (style, text)
+    jsonschema.validate(json.loads(calls[0].arguments), PLACE["parameters"])
+
+
 def test_every_native_format_has_special_tokens_to_test() -> None:
     assert set(SPECIALS) == set(JSON_ARGUMENT_CALLS) | set(TAGGED_CALLS)
 

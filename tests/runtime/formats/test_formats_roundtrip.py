@@ -241,3 +241,19 @@ def test_a_reply_after_a_prompt_that_opened_the_reasoning_starts_inside_it(style
     events = [*parser.feed("I should write it.</think>\n\nDone."), *parser.finish()]
     assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "I should write it."
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Done."
+
+
+@pytest.mark.parametrize("style", ["qwen3-coder", "glm-4.5"])
+def test_a_parameter_given_by_ref_is_typed_from_its_definition(style: str) -> None:
+    """A tagged call's values are typed from the tool's schema, a local $ref followed: Pydantic's nested model
+    ({"$ref": "#/$defs/Place"}) comes back as an object, not as the text of one."""
+    schema = {"type": "object", "properties": {"where": {"$ref": "#/$defs/Place"}, "n": {"$ref": "#/$defs/N"}},
+              "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}}},
+                        "N": {"type": "integer"}}}
+    output = {"qwen3-coder": '<tool_call>\n<function=find>\n<parameter=where>\n{"city": "Paris"}\n</parameter>\n'
+                             '<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>',
+              "glm-4.5": '<tool_call>find\n<arg_key>where</arg_key>\n<arg_value>{"city": "Paris"}</arg_value>\n'
+                         '<arg_key>n</arg_key>\n<arg_value>3</arg_value>\n</tool_call>'}[style]
+    parser = parser_for(style, tools=True, reasoning=False, functions={"find": schema})
+    _, _, calls = outcome([*parser.feed(output), *parser.finish()])
+    assert calls == [("find", {"where": {"city": "Paris"}, "n": 3})]
