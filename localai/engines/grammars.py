@@ -272,6 +272,42 @@ def _is_text(schema: Any) -> bool:
     return kind in (None, "string") or (isinstance(kind, list) and "string" in kind)
 
 
+@dataclass(frozen=True)
+class TaggedParameter:
+    """One parameter of a tagged call (Qwen3-Coder, GLM), as both engines' grammars write it: bare text up to the
+    value's closing tag, one of its string ``enum`` values bare, or JSON of its schema (``schema``, with the
+    definitions its references point to)."""
+
+    key: str
+    kind: str  # "text", "enum" or "json"
+    schema: dict[str, Any]
+    required: bool
+
+
+def tagged_parameters(parameters: Any, tag: str, check: Any) -> list[TaggedParameter]:
+    """A tool's parameters for a tagged call, the required first; ``check(schema)`` raises GrammarError for
+    parameters the engine cannot compile (the tool then takes any object)."""
+    arguments = _arguments_schema(parameters, check)
+    arguments, definitions = _hoisted_arguments(arguments, tag)
+    arguments = _dereferenced(arguments, definitions)
+    listed = arguments.get("properties")
+    properties: dict[str, Any] = listed if isinstance(listed, dict) else {}
+    required = [name for name in arguments.get("required") or [] if name in properties]
+    result = []
+    for key in [*required, *(name for name in properties if name not in required)]:
+        seen = _dereferenced(properties[key], definitions)
+        choices = seen.get("enum") if isinstance(seen, dict) else None
+        if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+            kind, schema = "enum", seen
+        elif _is_text(seen):
+            kind, schema = "text", seen if isinstance(seen, dict) else {}
+        else:
+            own = properties[key] if isinstance(properties[key], dict) else {}
+            kind, schema = "json", {**own, "$defs": definitions} if definitions else own
+        result.append(TaggedParameter(key, kind, schema, key in required))
+    return result
+
+
 def native_call_grammar(constraint: Constraint, style: str) -> Grammar:
     """One call of any of the constraint's tools, written in ``style``'s own syntax."""
     tools = constraint.get("tools") or []
@@ -280,41 +316,33 @@ def native_call_grammar(constraint: Constraint, style: str) -> Grammar:
     rules: list[str] = []
     alternatives: list[str] = []
     for number, tool in enumerate(tools):
-        arguments = _arguments_schema(tool.get("parameters"), schema_grammar)
         prefix = f"t{number}"
         if style in JSON_ARGUMENT_CALLS:
             before, between, after = JSON_ARGUMENT_CALLS[style]
-            rules.append(_prefixed(schema_grammar(arguments), prefix))
+            rules.append(_prefixed(schema_grammar(_arguments_schema(tool.get("parameters"), schema_grammar)), prefix))
             alternatives.append(" ".join(part for part in (
                 _literal(before + tool["name"] + between), f"{prefix}-root", _literal(after) if after else "") if part))
             continue
         call_open, name_open, name_close, key_open, key_close, value_close, call_close = TAGGED_CALLS[style]
         loose = style == "glm-4.5"
-        # each parameter's value is a grammar of its own: the definitions its references point to go with it
-        arguments, definitions = _hoisted_arguments(arguments, prefix)
-        arguments = _dereferenced(arguments, definitions)
-        listed = arguments.get("properties")
-        properties: dict[str, Any] = listed if isinstance(listed, dict) else {}
-        required = [name for name in arguments.get("required") or [] if name in properties]
-        names = [*required, *(name for name in properties if name not in required)]
+        parameters = tagged_parameters(tool.get("parameters"), prefix, schema_grammar)
         params: list[str] = []
-        for index, key in enumerate(names):
+        for index, parameter in enumerate(parameters):
             value = f"{prefix}-v{index}"
-            seen = _dereferenced(properties[key], definitions)
-            choices = seen.get("enum") if isinstance(seen, dict) else None
-            if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
-                rules.append(f"{value} ::= " + " | ".join(_literal(c) for c in choices))  # written bare, unquoted
-            elif _is_text(seen):
+            if parameter.kind == "enum":  # written bare, unquoted
+                rules.append(f"{value} ::= " + " | ".join(_literal(c) for c in parameter.schema["enum"]))
+            elif parameter.kind == "text":
                 rules.append(_text_without(value, value_close.strip("\n")))
                 value += "-0"
             else:
-                own = properties[key] if isinstance(properties[key], dict) else {}
-                rules.append(_prefixed(schema_grammar({**own, "$defs": definitions} if definitions else own), value))
+                rules.append(_prefixed(schema_grammar(parameter.schema), value))
                 value += "-root"
-            opening = _literal(key_open + key) + " " + (_optional_newlines(key_close) if loose else _literal(key_close))
+            opening = _literal(key_open + parameter.key) + " " + (
+                _optional_newlines(key_close) if loose else _literal(key_close))
             closing = _optional_newlines(value_close) if loose else _literal(value_close)
             rules.append(f"{prefix}-p{index} ::= {opening} {value} {closing}")
             params.append(f"{prefix}-p{index}")
+        required = [p for p in parameters if p.required]
         given = " ".join(params[:len(required)])
         optional = params[len(required):]
         body = " ".join(part for part in (given, f"({' | '.join(optional)})*" if optional else "") if part)

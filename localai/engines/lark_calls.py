@@ -18,11 +18,9 @@ from localai.engines.grammars import (
     TAGGED_CALLS,
     GrammarError,
     _arguments_schema,
-    _dereferenced,
-    _hoisted_arguments,
-    _is_text,
     closed,
     sanitized,
+    tagged_parameters,
 )
 from localai.protocol import Constraint
 
@@ -82,11 +80,10 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
     rules: list[str] = []
     alternatives: list[str] = []
     for number, tool in enumerate(tools):
-        arguments = _arguments_schema(tool.get("parameters"), check)
         prefix = f"t{number}"
         if style in JSON_ARGUMENT_CALLS:
             before, between, after = JSON_ARGUMENT_CALLS[style]
-            rules.append(f"{prefix}_args: {_schema(arguments)}")
+            rules.append(f"{prefix}_args: {_schema(_arguments_schema(tool.get('parameters'), check))}")
             alternatives.append(" ".join(item for item in (
                 marker(before + tool["name"] + between, specials), f"{prefix}_args", marker(after, specials))
                 if item))
@@ -95,38 +92,27 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
             raise GrammarError(f"no grammar is built for {style!r} tool calls")
         call_open, name_open, name_close, key_open, key_close, value_close, call_close = TAGGED_CALLS[style]
         spaced = _loose if style == "glm-4.5" else marker
-        # each parameter's value is a grammar of its own: the definitions its references point to go with it
-        arguments, definitions = _hoisted_arguments(arguments, prefix)
-        arguments = _dereferenced(arguments, definitions)
-        listed = arguments.get("properties")
-        properties: dict[str, Any] = listed if isinstance(listed, dict) else {}
-        required = [name for name in arguments.get("required") or [] if name in properties]
-        names = [*required, *(name for name in properties if name not in required)]
+        closing = re.escape(value_close.strip("\n")).replace("/", "\\/")
         params = []
-        closing = value_close.strip("\n")
-        for index, key in enumerate(names):
+        for index, parameter in enumerate(tagged_parameters(tool.get("parameters"), prefix, check)):
             value = f"{prefix}_v{index}"
-            seen = _dereferenced(properties[key], definitions)
-            choices = seen.get("enum") if isinstance(seen, dict) else None
-            if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
-                rules.append(f"{value}: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices))
-            elif _is_text(seen):  # written bare: any text without the value's closing tag
-                escaped = re.escape(closing).replace("/", "\\/")
-                longest = seen.get("maxLength") if isinstance(seen, dict) else None
+            if parameter.kind == "enum":  # written bare, unquoted
+                rules.append(f"{value}: " + " | ".join(json.dumps(c, ensure_ascii=False)
+                                                       for c in parameter.schema["enum"]))
+            elif parameter.kind == "text":  # any text without the value's closing tag, up to its maxLength
+                longest = parameter.schema.get("maxLength")
                 length = f"{{0,{int(longest)}}}" if isinstance(longest, int) and longest >= 0 else "*"
-                rules.append(f"{value.upper()}: /(?s:.{length})/ & ~/(?s:.*){escaped}(?s:.*)/")
                 value = value.upper()
+                rules.append(f"{value}: /(?s:.{length})/ & ~/(?s:.*){closing}(?s:.*)/")
             else:
-                own = properties[key] if isinstance(properties[key], dict) else {}
-                rules.append(f"{value}: {_schema({**own, '$defs': definitions} if definitions else own)}")
-            rules.append(f"{prefix}_p{index}: {marker(key_open + key, specials)} {spaced(key_close, specials)} "
-                         f"{value} {spaced(value_close, specials)}")
-            params.append(f"{prefix}_p{index}")
-        # the required parameters, then each optional one at most once, in the schema's order (a repeat of one, which
-        # a model could write for ever, is not a call the tool takes)
-        body = " ".join([*params[:len(required)], *(f"{param}?" for param in params[len(required):])])
+                rules.append(f"{value}: {_schema(parameter.schema)}")
+            rules.append(f"{prefix}_p{index}: {marker(key_open + parameter.key, specials)} "
+                         f"{spaced(key_close, specials)} {value} {spaced(value_close, specials)}")
+            # each optional parameter at most once, in the schema's order: a repeat of one, which a model could
+            # write for ever, is not a call the tool takes
+            params.append(f"{prefix}_p{index}" + ("" if parameter.required else "?"))
         head = f"{marker(call_open + name_open + tool['name'], specials)} {spaced(name_close, specials)}"
-        alternatives.append(" ".join(item for item in (head, body, marker(call_close, specials)) if item))
+        alternatives.append(" ".join(item for item in (head, *params, marker(call_close, specials)) if item))
     return "\n".join(["start: " + " | ".join(f"({a})" for a in alternatives), *rules])
 
 
