@@ -405,6 +405,17 @@ def closed(schema: Any) -> Any:
     return result
 
 
+# Between JSON tokens: nothing, a space, or a line break and an indent (llama.cpp's converter allows the same).
+# llguidance's default is any run of whitespace, which a model can write for ever inside a forced call.
+LLGUIDANCE_WHITESPACE = {"whitespace_pattern": "(?: |\n[ \t]{0,20})?"}
+
+
+def llguidance_schema(schema: Any) -> Any:
+    """A JSON schema as llguidance compiles it here: sanitized, closed, whitespace bounded as llama.cpp's."""
+    bounded = closed(sanitized(schema))
+    return {**bounded, "x-guidance": LLGUIDANCE_WHITESPACE} if isinstance(bounded, dict) else bounded
+
+
 def lark_for(constraint: Constraint | None, validate: Any) -> str | None:
     """The llguidance grammar that enforces ``constraint``, or None when generation is free (and for lazy tool
     calls, which are parsed, not constrained, on this engine). ``validate(grammar)`` returns an error message or
@@ -412,7 +423,7 @@ def lark_for(constraint: Constraint | None, validate: Any) -> str | None:
     from llguidance import LLMatcher
 
     def compiled(schema: dict[str, Any]) -> str:
-        grammar = str(LLMatcher.grammar_from_json_schema(json.dumps(closed(sanitized(schema)))))
+        grammar = str(LLMatcher.grammar_from_json_schema(json.dumps(llguidance_schema(schema))))
         error = validate(grammar)
         if error:
             raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {error}")
@@ -433,7 +444,7 @@ def lark_for(constraint: Constraint | None, validate: Any) -> str | None:
     if constraint.get("lazy"):
         return None
     schema, _, style = call_schema(constraint, compiled)
-    call = "call: %json " + json.dumps(closed(sanitized(schema)))
+    call = "call: %json " + json.dumps(llguidance_schema(schema))
     start = {"hermes": 'start: "<tool_call>\\n" call "\\n</tool_call>"',
              "mistral": 'start: "[" call ("," call)* "]"'}.get(style, "start: call")
     grammar = str(LLMatcher.grammar_from_lark(f"{start}\n{call}"))

@@ -18,8 +18,7 @@ from localai.engines.grammars import (
     TAGGED_CALLS,
     GrammarError,
     _arguments_schema,
-    closed,
-    sanitized,
+    llguidance_schema,
     tagged_parameters,
 )
 from localai.protocol import Constraint
@@ -58,16 +57,8 @@ def _loose(text: str, specials: SpecialIds) -> str:
     return " ".join(items)
 
 
-# Between JSON tokens: nothing, a space, or a line break and an indent (llama.cpp's converter allows the same).
-# llguidance's default is any run of whitespace, which a model can write for ever inside a forced call.
-WHITESPACE = {"whitespace_pattern": "(?: |\n[ \t]{0,20})?"}
-
-
 def _schema(schema: Any) -> str:
-    bounded = closed(sanitized(schema))
-    if isinstance(bounded, dict):
-        bounded = {**bounded, "x-guidance": WHITESPACE}
-    return "%json " + json.dumps(bounded)
+    return "%json " + json.dumps(llguidance_schema(schema))
 
 
 def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
@@ -122,7 +113,7 @@ def forced_call_grammar(constraint: Constraint, specials: SpecialIds, validate: 
     from llguidance import LLMatcher
 
     def check(schema: dict[str, Any]) -> None:
-        error = validate(str(LLMatcher.grammar_from_json_schema(json.dumps(closed(sanitized(schema))))))
+        error = validate(str(LLMatcher.grammar_from_json_schema(json.dumps(llguidance_schema(schema)))))
         if error:
             raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {error}")
 
