@@ -97,15 +97,16 @@ def _build(config: dict[str, Any]) -> Any:
     return model
 
 
-def write(arch: str, out: Path, tokenizer_dir: Path) -> Path:
-    """Write the random-weight model folder for ``arch`` (a key of ARCHS) to ``out``; returns ``out``.
+def write(arch: str, out: Path, tokenizer_dir: Path, **changes: Any) -> Path:
+    """Write the random-weight model folder for ``arch`` (a key of ARCHS, its config updated with ``changes``) to
+    ``out``; returns ``out``.
 
     Raises AssertionError when mlx-lm does not load the folder back to the same logits.
     """
     from mlx_lm.utils import load_model
 
     generation = json.loads((tokenizer_dir / "generation_config.json").read_text())
-    config = {**ARCHS[arch], "bos_token_id": generation["bos_token_id"],
+    config = {**ARCHS[arch], **changes, "bos_token_id": generation["bos_token_id"],
               "eos_token_id": generation["eos_token_id"], "torch_dtype": "float32"}
     model = _build(config)
     out.mkdir(parents=True, exist_ok=True)

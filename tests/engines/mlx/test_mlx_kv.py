@@ -13,12 +13,13 @@ from localai.errors import ModelfileError
 from localai.models.modelfile import parse
 
 
-def test_a_quantized_mlx_cache_is_cut_into_blocks_and_restores_exactly(mlx_model_path: Path) -> None:
+def test_a_quantized_mlx_cache_is_cut_into_blocks_and_restores_exactly(mlx_model_path: Path, tmp_path: Path) -> None:
     from localai.engines.mlx import MlxEngine
+    from tests.mlxarch import write
 
-    plain = MlxEngine(LoadOptions(model_path=str(mlx_model_path), num_ctx=512, n_parallel=1, n_batch=64))
-    engine = MlxEngine(LoadOptions(model_path=str(mlx_model_path), num_ctx=512, n_parallel=2, n_batch=64,
-                                   kv_type="q4_0"))
+    folder = write("llama", tmp_path / "llama-64", mlx_model_path, head_dim=64)  # a head size groups of 64 divide
+    plain = MlxEngine(LoadOptions(model_path=str(folder), num_ctx=512, n_parallel=1, n_batch=64))
+    engine = MlxEngine(LoadOptions(model_path=str(folder), num_ctx=512, n_parallel=2, n_batch=64, kv_type="q4_0"))
     assert engine.info()["kv_type"] == "q4"
     assert engine.fingerprint_parts() != plain.fingerprint_parts()  # never mixed with f16 entries
     tokens = list(range(300, 450))
