@@ -7,11 +7,13 @@ and how text, stops and usage are reported; the engine only evaluates tokens, sa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 from localai.promptcache.store import StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
+from localai.text import common_prefix_length
 
 
 @dataclass
@@ -65,6 +67,16 @@ class DecodeFailed(Exception):
 
 class EmbeddingsUnsupported(ValueError):
     """This engine has no embeddings; the request gets a 400 saying so."""
+
+
+# What may follow a kept reply (a message's content) in the next turn: a letter, a space, a newline, a digit
+STABLE_PROBES = ("x", " x", "\n", "1")
+
+
+def stable_by_probes(tokenize: Callable[[str], list[int]], text: str, tokens: list[int]) -> int:
+    """``Engine.stable_prefix`` for an engine with a tokenizer: how many of ``tokens`` stay the same whatever of
+    ``STABLE_PROBES`` follows ``text``."""
+    return min(common_prefix_length(tokens, tokenize(text + probe)) for probe in STABLE_PROBES)
 
 
 class NoCheckpoints:

@@ -20,7 +20,7 @@ import numpy as np
 
 from localai.engines import llama_devices, llama_state
 from localai.engines.descriptions import speculative_support, state_kind
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, stable_by_probes
 from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.engines.llama_devices import LoadReport
 from localai.engines.llama_embed import EmbeddingContext
@@ -29,7 +29,6 @@ from localai.engines.llama_vision import Vision
 from localai.engines.placement import ModelSizes, Placement, cpu_only, place
 from localai.promptcache.store import StateBytes
 from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
-from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.worker")
 
@@ -309,9 +308,7 @@ class LlamaCppEngine:
         return self.prompt_tokens.tokenize(text)
 
     def stable_prefix(self, text: str, tokens: list[int]) -> int:
-        # Probes of what follows a kept reply (a message's content): a letter, a space, a newline, a digit
-        probes = [self.prompt_tokens.tokenize(text + probe, remember=False) for probe in ("x", " x", "\n", "1")]
-        return min(common_prefix_length(tokens, probe) for probe in probes)
+        return stable_by_probes(lambda probed: self.prompt_tokens.tokenize(probed, remember=False), text, tokens)
 
     def remember_media(self, media: dict[str, str]) -> None:
         """Keep the images a request sent for its prompt's marks (a model with a vision projector)."""

@@ -29,14 +29,13 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logi
 from mlx_lm.utils import load
 
 from localai.engines import mlx_state
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, stable_by_probes
 from localai.engines.grammars import NATIVE_FORCED, GrammarError, lark_for
 from localai.engines.lark_calls import forced_call_grammar
 from localai.engines.mlx_batch import DecodeGroup, batchable
 from localai.engines.placement import Placement, cpu_only
 from localai.promptcache.store import StateBytes
 from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
-from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.worker")
 # kv_type -> the bits of mlx-lm's QuantizedKVCache (groups of KV_GROUP values share a scale and a bias)
@@ -90,6 +89,7 @@ class MlxEngine:
         self.caches = [self._new_cache() for _ in range(self.n_seq)]
         self.lengths = [0] * self.n_seq  # tokens each sequence's caches hold
         self.group = DecodeGroup()  # the sequences decoding together, their caches merged
+        self.layer_types = [type(layer) for layer in self.caches[0]]  # what every sequence's caches are
         self.batches = batchable(self.caches[0])
         # A sliding window or recurrent layers cannot be cut back to any earlier token: such a sequence returns only to
         # checkpoints (the layers that cannot be cut, as they were at a token), as on the llama.cpp engine
@@ -156,7 +156,7 @@ class MlxEngine:
             "model_sha256": self.options.model_sha256 or self.options.model_path,
             "engine": VERSIONS, "kv_dtype": self.kv_dtype,
             "kv_quantization": {"bits": self.kv_bits, "group_size": KV_GROUP} if self.kv_bits else None,
-            "caches": [type(layer).__name__ for layer in self.caches[0]],
+            "caches": [kind.__name__ for kind in self.layer_types],
             "chat_template": hashlib.sha256(template.encode()).hexdigest(),
         }
 
@@ -350,8 +350,7 @@ class MlxEngine:
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, struct.error) as exc:
             log.warning("an MLX cache state did not load: %s", exc)
             return False
-        expected = self.caches[seq] if seq not in self.group.seqs else self._new_cache()
-        if [type(layer) for layer in cache] != [type(layer) for layer in expected]:
+        if [type(layer) for layer in cache] != self.layer_types:
             log.warning("an MLX cache state's layers do not match the model's")
             return False
         if any(layer.offset != n_tokens for layer in cache if mlx_state.is_cuttable(layer)):
@@ -389,8 +388,7 @@ class MlxEngine:
         return True
 
     def stable_prefix(self, text: str, tokens: list[int]) -> int:
-        # Probes of what follows a kept reply (a message's content): a letter, a space, a newline, a digit
-        return min(common_prefix_length(tokens, self.tokenize(text + probe)) for probe in ("x", " x", "\n", "1"))
+        return stable_by_probes(self.tokenize, text, tokens)
 
     # -- the prompt cache's blocks ---------------------------------------------------------------
 

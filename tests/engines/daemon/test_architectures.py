@@ -136,21 +136,32 @@ def test_every_reuse_path_answers_as_a_cold_daemon_and_reuses_as_the_dense_contr
             results[which]["after restart"]["messages"] = results[which].pop("next")["messages"]
 
     mine, dense = results[name], results["control"]
-    runs = [(name if "fit" not in key else f"{name}-512", model, small if "fit" in key else "", seen["messages"])
-            for key, seen in mine.items() if "messages" in seen]
-    cold = cold_answers(tmp_path / "cold", runs)
+    keys = check_answers(tmp_path / "cold", name, model, mine, small)
+    check_reuse(f"{name} ({fixture.kind})", mine, dense, keys)
+
+
+def check_answers(home: Path, name: str, path: Path, mine: dict[str, dict[str, Any]], small: str) -> list[str]:
+    """Every request of a walk answered again by a cold daemon (``name``-512 with ``small`` for the fitted ones):
+    the answers must be the same. Returns the requests' keys."""
     keys = [key for key, seen in mine.items() if "messages" in seen]
+    runs = [(name if "fit" not in key else f"{name}-512", path, small if "fit" in key else "", mine[key]["messages"])
+            for key in keys]
+    cold = cold_answers(home, runs)
     for key, expected in zip(keys, cold, strict=True):
         assert mine[key]["text"] == expected, (name, key)  # every path: the cold daemon's answer
+    return keys
 
+
+def check_reuse(label: str, mine: dict[str, dict[str, Any]], dense: dict[str, dict[str, Any]],
+                keys: list[str]) -> None:
+    """A walk's reuse against the dense control's on the same conversation (printed, then asserted)."""
     table = {key: (mine[key]["cached"], mine[key]["prompt"], dense[key]["cached"], dense[key]["prompt"])
              for key in keys}
-    print(f"{name} ({fixture.kind}): " + ", ".join(f"{k} {a}/{b} (control {c}/{d})" for k, (a, b, c, d) in
-                                                   table.items()))
+    print(f"{label}: " + ", ".join(f"{k} {a}/{b} (control {c}/{d})" for k, (a, b, c, d) in table.items()))
     assert {mine[key]["source"] for key in keys} >= {"live", "ram", "disk"}
     for key in ("t2 live", "t3 ram", "t4 before restart", "sub-agent", "branch", "after restart", "after fitting"):
         share, control_share = mine[key]["cached"] / mine[key]["prompt"], dense[key]["cached"] / dense[key]["prompt"]
-        assert share >= 0.95 * control_share, (name, key, table[key])
+        assert share >= 0.95 * control_share, (label, key, table[key])
     assert mine["fitted"]["fitted"] and "dropped_messages=0" not in mine["fitted"]["fitted"]
     # an edit of the first task: back to the last checkpoint before it (the shared system segment)
     assert mine["edited"]["cached"] <= dense["edited"]["cached"]

@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import start_daemon
-from tests.engines.daemon.test_architectures import ask, cold_answers, create, fitted, paths
+from tests.engines.daemon.test_architectures import (
+    ask,
+    check_answers,
+    check_reuse,
+    cold_answers,
+    create,
+    fitted,
+    paths,
+)
 from tests.mlxarch import ARCHS
 
 NAMES = [name for name in ARCHS if name != "llama"]
@@ -47,23 +55,8 @@ def test_every_mlx_reuse_path_answers_as_a_cold_daemon_and_reuses_as_the_dense_c
         tmp_path: Path) -> None:
     folder = mlx_arch_fixtures[name]
     mine = walk(tmp_path / name, name, folder)
-    keys = [key for key, seen in mine.items() if "messages" in seen]
-    runs = [(name if "fit" not in key else f"{name}-512", folder, SMALL if "fit" in key else "", mine[key]["messages"])
-            for key in keys]
-    cold = cold_answers(tmp_path / "cold", runs)
-    for key, expected in zip(keys, cold, strict=True):
-        assert mine[key]["text"] == expected, (name, key)  # every path: the cold daemon's answer
-    dense = dense_control
-    table = {key: (mine[key]["cached"], mine[key]["prompt"], dense[key]["cached"], dense[key]["prompt"])
-             for key in keys}
-    print(f"mlx {name}: " + ", ".join(f"{k} {a}/{b} (control {c}/{d})" for k, (a, b, c, d) in table.items()))
-    assert {mine[key]["source"] for key in keys} >= {"live", "ram", "disk"}
-    for key in ("t2 live", "t3 ram", "t4 before restart", "sub-agent", "branch", "after restart", "after fitting"):
-        share, control_share = mine[key]["cached"] / mine[key]["prompt"], dense[key]["cached"] / dense[key]["prompt"]
-        assert share >= 0.95 * control_share, (name, key, table[key])
-    assert mine["fitted"]["fitted"] and "dropped_messages=0" not in mine["fitted"]["fitted"]
-    assert mine["edited"]["cached"] <= dense["edited"]["cached"]
-    assert mine["edited"]["cached"] >= min(mine["sub-agent"]["cached"], dense["edited"]["cached"]) > 0
+    keys = check_answers(tmp_path / "cold", name, folder, mine, SMALL)
+    check_reuse(f"mlx {name}", mine, dense_control, keys)
 
 
 def test_a_folder_mlx_lm_cannot_load_is_a_clear_error(mlx_arch_fixtures: dict[str, Path], tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import Daemon, cached, corrupt_cache_files, start_daemon
 from tests.conftest import chat as shared_chat
-from tests.engines.mlx.conftest import MLX_MODEL, create_mlx_model
+from tests.engines.mlx.conftest import MLX_MODEL, assert_blocks_round_trip, create_mlx_model
 
 SYSTEM = "You are a careful coding assistant. " + "Follow the project's conventions and explain briefly. " * 12
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -251,27 +251,12 @@ def test_mlx_states_are_cut_into_token_blocks_and_put_back_bit_for_bit(mlx_model
     """The prompt cache stores an MLX sequence as token blocks: cutting its state by token range and joining the
     pieces gives the same bytes, and the first pieces alone give the state of that shorter prefix, which restores
     and continues exactly as the sequence computed directly does."""
-    from localai.engines.engine import BatchItem, LoadOptions
+    from localai.engines.engine import LoadOptions
     from localai.engines.mlx import MlxEngine
 
     engine = MlxEngine(LoadOptions(model_path=str(mlx_model_path), num_ctx=512, n_parallel=2, n_batch=64))
     tokens = engine.tokenize(SYSTEM * 2)[:150]
-    assert len(tokens) == 150
-    for start in range(0, len(tokens), 64):
-        engine.decode([BatchItem(0, token, start + i, False) for i, token in enumerate(tokens[start:start + 64])])
-    state = engine.seq_state(0)
-    split = engine.state_split(state, len(tokens), [(0, 64), (64, 128), (128, 150)])
-    assert split is not None
-    layout, pieces, rest = split
-    assert rest == b"" and len(pieces) == 3
-    assert engine.state_join(layout, pieces, [64, 64, 22], rest) == state
-    prefix = engine.state_join(layout, pieces[:2], [64, 64], rest)
-    assert engine.seq_keep(0, 128)
-    assert engine.seq_state(0) == prefix
-    assert engine.seq_restore(1, prefix)
-    engine.decode([BatchItem(0, tokens[128], 128, True), BatchItem(1, tokens[128], 128, True)])
-    sampler = engine.new_sampler({"temperature": 0}, None)
-    assert engine.sample(sampler, 0) == engine.sample(sampler, 1)
+    layout, pieces, rest, state = assert_blocks_round_trip(engine, tokens)
     with pytest.raises(ValueError):
         engine.state_split(state, len(tokens) + 1, [(0, 64)])
     with pytest.raises(ValueError):
