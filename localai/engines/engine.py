@@ -95,6 +95,12 @@ class NoCheckpoints:
         return False
 
 
+# ``prefill_chunk`` on a CPU: prefill runs at the same rate in chunks of 32 to 512 tokens there (this 2-core machine:
+# SmolLM2 on llama.cpp 257-274 tokens/s, on MLX 14), and a step of 64 costs the others 0.24 s instead of 2 s (llama.cpp)
+# or 38 s (MLX); on a GPU a large batch is what makes prefill fast, and the chunk is num_batch
+CPU_PREFILL_CHUNK = 64
+
+
 class Engine(Protocol):
     """A loaded model behind the serving loop."""
 
@@ -110,6 +116,9 @@ class Engine(Protocol):
     # A position evaluated in a batch after others of its sequence gets bit for bit the logits it gets alone: drafts
     # then change nothing in the output, and speculative decoding is on by default
     drafts_exact: bool
+    # Prompt tokens a request evaluates a step (its prompt's chunks are the same whatever runs beside it): the longer,
+    # the longer the other sequences wait for their next token
+    prefill_chunk: int
 
     def info(self) -> ModelInfo:
         """What the daemon learns about the model in the worker's ``ready`` frame."""

@@ -109,6 +109,7 @@ class ScriptedEngine(NoCheckpoints):
         self.n_ctx = options.num_ctx
         self.n_seq = options.n_parallel
         self.n_batch = options.n_batch
+        self.prefill_chunk = options.n_batch
         self.sequences: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._rows: list[int] = []  # the sequence of each batch position that asked for logits
 

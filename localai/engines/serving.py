@@ -62,6 +62,11 @@ CHECKPOINT_EVERY = 2048
 # otherwise once the next turn extends it, and a reply as the history renders it may part from the generation prompt
 # right after the assistant's header (a thinking model's "<think>", a tool call's wrapper).
 CHECKPOINT_MARGIN = 4
+# A prompt of more characters than this many a context token is first tokenized in part, that many characters a token:
+# when that part alone is over the context, the prompt is refused with its length estimated from it (fitting cuts it
+# and tries again), not tokenized whole on the loop, which the other sequences' steps wait for (a 4 M-character
+# document, the most a request may bring: about 1 s of llama.cpp's tokenizer here; its first 64 k characters: 20 ms).
+SAMPLE_CHARS_PER_TOKEN = 8
 LIVE_CHECKPOINTS = 4  # kept in RAM per sequence (the newest); older ones are in the prompt cache once saved
 
 
@@ -121,6 +126,7 @@ class Request:
     text: str = ""  # the prompt as sent (a warm prefill without a session is recognised by it)
     drafter: Drafter | None = None  # speculative decoding from the context (engines/speculative.py)
     draft: list[int] = field(default_factory=list)  # the tokens guessed in this step, after the pending one
+    chunk_step: int = 0  # the step that last evaluated a chunk of its prompt
 
 
 class Serving:
@@ -132,6 +138,10 @@ class Serving:
         self.requests: dict[str, Request] = {}
         self.waiting: list[GenerateOp] = []
         self.step_seconds = 0.0  # a decode step's wall time, smoothed: when the next token is due
+        self.steps = 0  # steps run (the prefilling request that waited longest for a chunk goes first)
+        # prompt tokens a request evaluates a step: the engine's choice, leaving room for every sequence's next token
+        wanted = getattr(engine, "prefill_chunk", engine.n_batch)
+        self.prefill_chunk = max(1, min(wanted, engine.n_batch - engine.n_seq))
         self.cache: PromptStore | None = None
         if options.cache_dir and options.cache_max_bytes > 0:
             self.cache = PromptStore(Path(options.cache_dir), fingerprint(engine.fingerprint_parts()), engine,
@@ -238,18 +248,20 @@ class Serving:
     def _start(self, op: GenerateOp, free: list[Slot], emit: Emit) -> None:
         engine = self.engine
         started = time.perf_counter()
-        prompt = engine.tokenize(op["prompt"])
-        if not prompt:
+        too_long = over_context(engine.tokenize, op["prompt"], engine.n_ctx)
+        prompt = [] if too_long else engine.tokenize(op["prompt"])
+        if not prompt and not too_long:
             raise ValueError("the prompt is empty")
         reserve = max(0, int(op.get("reserve") or 0))
-        if len(prompt) >= engine.n_ctx or len(prompt) + reserve > engine.n_ctx:
+        if too_long or len(prompt) >= engine.n_ctx or len(prompt) + reserve > engine.n_ctx:
+            length = f"about {too_long}" if too_long else str(len(prompt))
             needs = f" and its reply needs room for up to {reserve}" if len(prompt) < engine.n_ctx else ""
             emit(ErrorFrame(
                 ev="error", id=op["id"], kind="context_length",
-                message=f"the prompt is {len(prompt)} tokens{needs}, but the model's context (num_ctx) is "
+                message=f"the prompt is {length} tokens{needs}, but the model's context (num_ctx) is "
                         f"{engine.n_ctx} tokens; shorten the conversation, ask for fewer output tokens or raise "
                         "num_ctx",
-                prompt_tokens=len(prompt), n_ctx=engine.n_ctx,
+                prompt_tokens=too_long or len(prompt), n_ctx=engine.n_ctx,
             ))
             return
         warm = bool(op.get("warm"))
@@ -487,6 +499,7 @@ class Serving:
     def _step(self, emit: Emit) -> None:
         """Decode one batch: every generating request's next token, then prompt chunks."""
         started = time.perf_counter()
+        self.steps += 1
         self._evaluate(emit)
         self.step_seconds += 0.25 * (time.perf_counter() - started - self.step_seconds)
 
@@ -494,22 +507,26 @@ class Serving:
         batch: list[BatchItem] = []
         owners: list[Request] = []
         drafts: set[int] = set()  # rows of guessed tokens: verified with their request's pending token
+        prefilling = [r for r in self.requests.values() if r.pending_token is None and r.next_prompt < len(r.prompt)]
+        keep = self.prefill_chunk if prefilling else 0  # drafts leave room for a prompt chunk
         for request in self.requests.values():
             if request.pending_token is not None:
                 at = len(request.slot.tokens)
                 batch.append(BatchItem(request.slot.seq, request.pending_token, at, True))
                 owners.append(request)
-                request.draft = self._draft(request, self.engine.n_batch - len(batch))
+                request.draft = self._draft(request, self.engine.n_batch - len(batch) - keep)
                 for offset, token in enumerate(request.draft, start=1):
                     drafts.add(len(batch))
                     batch.append(BatchItem(request.slot.seq, token, at + offset, True))
                     owners.append(request)
-        for request in self.requests.values():
-            if request.pending_token is not None or request.next_prompt >= len(request.prompt):
-                continue
-            room = self.engine.n_batch - len(batch)
-            if room <= 0:
-                break
+        # Each prefilling request evaluates one chunk a step, of the engine's prefill_chunk tokens (fewer only where
+        # its prompt, system segment or next checkpoint ends): a long prompt delays the others' next token by one
+        # chunk, and a request's chunks are the same whatever runs beside it (the kernels' arithmetic depends on a
+        # chunk's size, so greedy replies do not depend on what else the daemon serves). When the step's room does
+        # not hold every chunk, the request that waited longest for one goes first.
+        room = self.engine.n_batch - len(batch)
+        size = self.prefill_chunk
+        for request in sorted(prefilling, key=lambda r: r.chunk_step):
             start = request.next_prompt
             last_index = len(request.prompt) - 1
             # The last prompt token always goes in a step of its own, so its logits come from the same
@@ -519,7 +536,11 @@ class Serving:
                 end = min(end, request.snapshot_at)  # stop at the system segment's end to snapshot it
             if request.checkpoint_at is not None and start < request.checkpoint_at:
                 end = min(end, request.checkpoint_at)  # stop where a checkpoint is taken
-            chunk = request.prompt[start:min(start + room, end)]
+            chunk = request.prompt[start:min(start + size, end)]
+            if len(chunk) > room:
+                continue  # the next step (never a smaller chunk: that would change its arithmetic)
+            room -= len(chunk)
+            request.chunk_step = self.steps
             base = len(request.slot.tokens)
             for offset, token in enumerate(chunk):
                 wants = start + offset == last_index and not request.warm
@@ -684,6 +705,17 @@ def _continues(op: GenerateOp, warm: Request) -> bool:
         return warm.session == session
     prompt = op["prompt"]
     return warm.text.startswith(prompt[:(len(prompt) + 1) // 2])  # one comparison: this runs every decode step
+
+
+def over_context(tokenize: Callable[[str], list[int]], text: str, n_ctx: int) -> int:
+    """The estimated length of a prompt far over the context, from its first characters alone; 0 when it may fit
+    (then it is tokenized whole). A prefix's tokens are the whole text's up to the last one (which may merge with what
+    follows), so a prefix of more than ``n_ctx`` tokens proves the text is over it."""
+    sample = max(65_536, n_ctx * SAMPLE_CHARS_PER_TOKEN)
+    if len(text) <= sample:
+        return 0
+    count = len(tokenize(text[:sample]))
+    return count * len(text) // sample if count > n_ctx else 0
 
 
 def in_sequence_order(batch: list[BatchItem], owners: list[Request], drafts: set[int]

@@ -3,13 +3,17 @@
 The PDF's bytes come on stdin; one JSON object goes to stdout: ``{"pages": N, "text": "..."}`` or
 ``{"error": "encrypted" | "malformed", "message": "..."}``. A PDF is whatever a client sent, so it is read where a
 parser bug, a decompression bomb or a page tree that never ends costs this process, not the daemon: its address
-space is capped here (``MEMORY_BYTES``) and the daemon kills it after its time limit (``runtime/media.py``).
+space and CPU time are capped here (``MEMORY_BYTES``, ``--cpu``), it runs at a lower priority than the engines
+(``--nice``), and the daemon kills it after a wall-clock bound (``runtime/media.py``).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import io
 import json
+import os
 import sys
 from typing import Any
 
@@ -63,8 +67,27 @@ def extract(data: bytes) -> dict[str, Any]:
     return {"pages": pages, "text": joined[:MAX_CHARS], "cut": size > MAX_CHARS}
 
 
+def limit_cpu(seconds: int, nice: int) -> None:
+    """Stop at ``seconds`` of CPU time (SIGXCPU), counted only while the process runs: at a lower priority (``nice``)
+    it waits for the CPU the engines leave, and its wall time says nothing about its cost."""
+    if nice:
+        with contextlib.suppress(OSError):
+            os.nice(nice)
+    if seconds:
+        try:
+            import resource
+            resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 5))
+        except (ImportError, ValueError, OSError):  # the parent's wall-clock bound still holds
+            pass
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m localai.runtime.pdf_text")
+    parser.add_argument("--cpu", type=int, default=0, help="CPU seconds before the reader is stopped")
+    parser.add_argument("--nice", type=int, default=0)
+    args = parser.parse_args()
     limit_memory()
+    limit_cpu(args.cpu, args.nice)
     data = sys.stdin.buffer.read()
     try:
         result = extract(data)

@@ -117,3 +117,106 @@ def test_text_is_held_back_only_when_the_next_token_is_due_within_the_flush_inte
         assert frames == list(reply)
     else:
         assert len(frames) <= len(reply) // 4 and max(len(frame) for frame in frames) <= FLUSH_INTERVAL / step + 1
+
+
+def prefill_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int) -> tuple[Serving, list[dict[int, int]]]:
+    """A loop whose engine prefills ``chunk`` tokens a request a step (a CPU's); returns it and every step's rows per
+    sequence."""
+    load = LoadOptions(model_path="scripted", num_ctx=16384, n_parallel=3, n_batch=512)
+    engine = ScriptedEngine(load)
+    engine.prefill_chunk = chunk
+    loop = Serving(engine, load)
+    steps: list[dict[int, int]] = []
+    real = engine.decode
+
+    def decode(batch: list[Any]) -> None:
+        rows: dict[int, int] = {}
+        for item in batch:
+            rows[item.seq] = rows.get(item.seq, 0) + 1
+        steps.append(rows)
+        real(batch)
+
+    monkeypatch.setattr(engine, "decode", decode)
+    return loop, steps
+
+
+def run_until_done(loop: Serving, events: list[dict[str, Any]], request_id: str) -> None:
+    while not any(e["ev"] == "done" and e["id"] == request_id for e in events):
+        loop._step(events.append)
+
+
+def test_a_long_prefill_delays_a_new_request_by_one_chunk_not_by_the_whole_prompt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46, item 8: a long prompt took every step's room (num_batch, 512: 2 s a step on this CPU) until it was
+    done: a 200-image request held a parallel chat for 19 s. Now each prefilling request evaluates one chunk of the
+    engine's prefill_chunk a step, so a request that arrives during a long prefill gets its prompt into the next
+    step and its tokens one chunk-sized step apart, while the long prompt goes on."""
+    loop, steps = prefill_loop(tmp_path, monkeypatch, chunk=32)
+    events: list[dict[str, Any]] = []
+    long_prompt = "word " * 1200 + "[[say:the long answer]]"  # 6,000 tokens (the scripted engine's are bytes)
+    loop._handle(generate("long", long_prompt, max_tokens=20), events.append)
+    loop._admit(events.append)
+    for _ in range(3):
+        loop._step(events.append)
+    long_seq = loop.requests["long"].slot.seq
+    assert all(rows == {long_seq: 32} for rows in steps), steps  # alone: a chunk a step, not num_batch
+    loop._handle(generate("short", "hello [[say:abcdefgh]]", max_tokens=8, speculative=False), events.append)
+    loop._admit(events.append)
+    arrived = len(steps)
+    run_until_done(loop, events, "short")
+    waited = steps[arrived:]
+    assert "long" in loop.requests and loop.requests["long"].next_prompt < len(loop.requests["long"].prompt)
+    # its prompt (one chunk, then its last token alone), then a step a token; none of them held more than a chunk
+    # of the long prompt
+    assert len(waited) <= 2 + 8, waited
+    assert all(rows.get(long_seq, 0) <= 32 for rows in waited), waited
+    assert "".join(e["text"] for e in events if e["ev"] == "text" and e["id"] == "short") == "abcdefgh"
+    run_until_done(loop, events, "long")
+    assert "".join(e["text"] for e in events if e["ev"] == "text" and e["id"] == "long") == "the long answer"
+
+
+def test_a_prompts_chunks_do_not_depend_on_what_runs_beside_it(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk's size changes the kernels' arithmetic (llama.cpp on a CPU), so chunks sized by what else is in the
+    step made greedy replies depend on the daemon's other traffic (two sessions' first replies differed from run to
+    run). Each request's chunks are the same alone and beside others, whatever the room."""
+
+    def chunks(tmp: Path, others: int) -> list[int]:
+        loop, steps = prefill_loop(tmp, monkeypatch, chunk=48)
+        events: list[dict[str, Any]] = []
+        for n in range(others):  # decoding and prefilling neighbours, started first
+            loop._handle(generate(f"o{n}", "x" * (100 + 37 * n) + "[[say:" + "y" * 30 + "]]", max_tokens=30,
+                                  speculative=False), events.append)
+        loop._admit(events.append)
+        loop._step(events.append)
+        loop._handle(generate("me", "z" * 500 + "[[say:done]]", max_tokens=4), events.append)
+        loop._admit(events.append)
+        seq = loop.requests["me"].slot.seq
+        arrived = len(steps)
+        run_until_done(loop, events, "me")
+        return [rows[seq] for rows in steps[arrived:] if seq in rows]
+
+    alone = chunks(tmp_path / "a", 0)
+    assert alone[:3] == [48, 48, 48]
+    assert chunks(tmp_path / "b", 2) == alone
+
+
+def test_a_prompt_far_over_the_context_is_refused_without_tokenizing_it_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 M-character document (the most a request brings) took the loop about 1 s per fitting attempt to
+    tokenize, steps the other sequences waited for; its first characters alone prove it is over the context."""
+    loop = serving(tmp_path)
+    lengths: list[int] = []
+    real = loop.engine.tokenize
+    monkeypatch.setattr(loop.engine, "tokenize", lambda text: (lengths.append(len(text)), real(text))[1])
+    events: list[dict[str, Any]] = []
+    loop._handle(generate("huge", "page of a document " * 200_000), events.append)
+    loop._admit(events.append)
+    error = next(e for e in events if e["id"] == "huge")
+    assert error["ev"] == "error" and error["kind"] == "context_length", error
+    assert error["message"].startswith("the prompt is about ") and error["prompt_tokens"] > 4096 * 10
+    assert max(lengths) <= 65_536, lengths
+    assert not loop.requests and not any(slot.busy for slot in loop.slots)
+    loop._handle(generate("fits", "page of a document " * 100), events.append)  # a long prompt that fits: whole
+    loop._admit(events.append)
+    assert "fits" in loop.requests

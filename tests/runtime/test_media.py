@@ -60,3 +60,45 @@ def test_a_cancelled_request_leaves_the_shared_extraction_to_the_other() -> None
         return await second
 
     assert "Still read" in asyncio.run(scenario()).text
+
+
+def test_the_pdf_reader_runs_below_the_engines_and_is_stopped_by_cpu_time(monkeypatch: Any) -> None:
+    """Issue 46, item 8: pypdf at the engines' priority took the cores from their threads (a 20,000-page PDF held a
+    parallel chat's 8 tokens for 5 s instead of 0.3 s). The reader now runs at PDF_NICE, and its limit is CPU time
+    (SIGXCPU), so waiting for the CPU the engines leave does not fail it; a PDF that costs too much still does."""
+    from localai.runtime import media
+
+    spawned: list[int] = []
+    niceness: list[int] = []
+    real_exec = asyncio.create_subprocess_exec
+
+    async def watched(*args: Any, **kwargs: Any) -> Any:
+        process = await real_exec(*args, **kwargs)
+        spawned.append(process.pid)
+        return process
+
+    monkeypatch.setattr(media.asyncio, "create_subprocess_exec", watched)
+
+    async def scenario() -> tuple[PdfText | Exception, str]:
+        reader = DocumentReader(timeout=1.0)
+        task = asyncio.create_task(reader.read(MediaBlock("document", "application/pdf", files.pdf_bomb(70))))
+        while not spawned:
+            await asyncio.sleep(0.01)
+        while not task.done():  # the child's priority, read while it runs
+            try:
+                with open(f"/proc/{spawned[0]}/stat") as stat:
+                    niceness.append(int(stat.read().rsplit(")", 1)[1].split()[16]))
+            except (OSError, ValueError, IndexError):
+                pass
+            await asyncio.sleep(0.05)
+        try:
+            return task.result(), ""
+        except Exception as exc:
+            return exc, str(exc)
+
+    result, message = asyncio.run(scenario())
+    assert isinstance(result, Exception) and "reading the PDF took longer than 1 s" in message, result
+    assert niceness and max(niceness) == media.PDF_NICE, niceness
+    spawned.clear()
+    text = asyncio.run(DocumentReader().read(MediaBlock("document", "application/pdf", files.pdf_with_text("Fine"))))
+    assert "Fine" in text.text  # an ordinary PDF is read the same way

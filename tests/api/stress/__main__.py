@@ -18,6 +18,7 @@ from tests.api.stress import (
     load,
     oversized,
     security,
+    starve,
     stored,
     templates,
 )
@@ -25,9 +26,11 @@ from tests.api.stress.common import Report
 
 # templates, isolation, stored, oversized, edges: issue 38's hostile input (templates that never end, a shared
 # cache that answers guesses, stored responses without bounds, oversized requests, the smaller findings)
+# starve: issue 46's long prompt beside short ones (200 images, a 20,000-page PDF)
 CHECKS = ("security", "fuzz", "disk", "chaos", "load", "cache", "templates", "isolation", "stored", "oversized",
-          "edges")
-SECTIONS = {"templates": templates.run, "isolation": isolation.run, "oversized": oversized.run, "edges": edges.run}
+          "edges", "starve")
+SECTIONS = {"templates": templates.run, "isolation": isolation.run, "oversized": oversized.run, "edges": edges.run,
+            "starve": starve.run}
 
 
 def main() -> int:
