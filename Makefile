@@ -97,7 +97,7 @@ test-clients: install-test install-clients
 
 ## test: install everything the tests need (agents and clients included), then lint, type-check and run the suite
 test: install-test install-agents install-clients install-tmux fixtures lint typecheck
-	@echo "==> The whole test suite: about 29 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
+	@echo "==> The whole test suite: about 33 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q --durations=25
 
 ## test-fast: lint, type-check and the tests that load no model and run no agent (about a minute and a half)
@@ -195,9 +195,10 @@ $(VENV)/.installed-stress: pyproject.toml | $(BIN)/python
 	$(PIP) install --quiet -e '.[stress]'
 	touch $@
 
-## stress: the abuse runs with figures (about 45 minutes): security, fuzz, full disk, kill -9 chaos, 64-client load,
+## stress: the abuse runs with figures (about 35 minutes): security, fuzz, full disk, kill -9 chaos, 64-client load,
 ## the prompt store's 10-minute concurrency soak, and hostile input (templates that never end, cross-key cache
-## guesses, a 1,000-turn stored-responses chain, oversized requests, slow headers and the smaller findings).
+## guesses, a 1,000-turn stored-responses chain, oversized requests, slow headers and the smaller findings), and a
+## long request (200 images, a 20,000-page PDF) beside a chatting client.
 ## Needs root for the full-disk check (it mounts a small tmpfs); `python -m tests.api.stress --help` for one check.
 stress: $(VENV)/.installed-stress
 	$(BIN)/python -m tests.api.stress
