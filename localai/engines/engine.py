@@ -101,6 +101,11 @@ class NoCheckpoints:
 CPU_PREFILL_CHUNK = 64
 
 
+def prefill_chunk(n_batch: int, on_gpu: bool) -> int:
+    """An engine's ``prefill_chunk``: ``n_batch`` on a GPU, ``CPU_PREFILL_CHUNK`` at most on a CPU."""
+    return n_batch if on_gpu else min(n_batch, CPU_PREFILL_CHUNK)
+
+
 class Engine(Protocol):
     """A loaded model behind the serving loop."""
 

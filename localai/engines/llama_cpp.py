@@ -20,7 +20,7 @@ import numpy as np
 
 from localai.engines import llama_devices, llama_state
 from localai.engines.descriptions import speculative_support, state_kind
-from localai.engines.engine import CPU_PREFILL_CHUNK, BatchItem, DecodeFailed, LoadOptions, stable_by_probes
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, prefill_chunk, stable_by_probes
 from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.engines.llama_devices import LoadReport
 from localai.engines.llama_embed import EmbeddingContext
@@ -122,8 +122,7 @@ class LlamaCppEngine:
             _LOAD_REPORT = None
         self.load_report = report  # what llama.cpp said of its buffers (tests compare the estimates with it)
         self._reported(report)
-        # a request's prompt tokens a step (engine.CPU_PREFILL_CHUNK: why smaller on a CPU)
-        self.prefill_chunk = options.n_batch if self.placement.layers else min(options.n_batch, CPU_PREFILL_CHUNK)
+        self.prefill_chunk = prefill_chunk(options.n_batch, on_gpu=bool(self.placement.layers))
         self.batch = L.llama_batch_init(options.n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
         self._state_buffer = bytearray()  # seq_state's, reused

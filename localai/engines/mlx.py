@@ -29,7 +29,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logi
 from mlx_lm.utils import load
 
 from localai.engines import mlx_state
-from localai.engines.engine import CPU_PREFILL_CHUNK, BatchItem, DecodeFailed, LoadOptions, stable_by_probes
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, prefill_chunk, stable_by_probes
 from localai.engines.grammars import NATIVE_FORCED, GrammarError, lark_for
 from localai.engines.lark_calls import forced_call_grammar
 from localai.engines.mlx_batch import DecodeGroup, batchable
@@ -80,9 +80,7 @@ class MlxEngine:
         self.n_ctx = min(options.num_ctx, trained)
         self.n_seq = options.n_parallel
         self.n_batch = options.n_batch
-        # a request's prompt tokens a step (engine.CPU_PREFILL_CHUNK: why smaller on a CPU)
-        on_gpu = mx.default_device().type == mx.DeviceType.gpu
-        self.prefill_chunk = options.n_batch if on_gpu else min(options.n_batch, CPU_PREFILL_CHUNK)
+        self.prefill_chunk = prefill_chunk(options.n_batch, on_gpu=mx.default_device().type == mx.DeviceType.gpu)
         self.hf = self.tokenizer._tokenizer
         self.eos_ids = set(self.tokenizer.eos_token_ids)
         self.eos_token = int(self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None

@@ -140,8 +140,7 @@ class Serving:
         self.step_seconds = 0.0  # a decode step's wall time, smoothed: when the next token is due
         self.steps = 0  # steps run (the prefilling request that waited longest for a chunk goes first)
         # prompt tokens a request evaluates a step: the engine's choice, leaving room for every sequence's next token
-        wanted = getattr(engine, "prefill_chunk", engine.n_batch)
-        self.prefill_chunk = max(1, min(wanted, engine.n_batch - engine.n_seq))
+        self.prefill_chunk = max(1, min(engine.prefill_chunk, engine.n_batch - engine.n_seq))
         self.cache: PromptStore | None = None
         if options.cache_dir and options.cache_max_bytes > 0:
             self.cache = PromptStore(Path(options.cache_dir), fingerprint(engine.fingerprint_parts()), engine,
@@ -525,7 +524,6 @@ class Serving:
         # chunk's size, so greedy replies do not depend on what else the daemon serves). When the step's room does
         # not hold every chunk, the request that waited longest for one goes first.
         room = self.engine.n_batch - len(batch)
-        size = self.prefill_chunk
         for request in sorted(prefilling, key=lambda r: r.chunk_step):
             start = request.next_prompt
             last_index = len(request.prompt) - 1
@@ -536,7 +534,7 @@ class Serving:
                 end = min(end, request.snapshot_at)  # stop at the system segment's end to snapshot it
             if request.checkpoint_at is not None and start < request.checkpoint_at:
                 end = min(end, request.checkpoint_at)  # stop where a checkpoint is taken
-            chunk = request.prompt[start:min(start + size, end)]
+            chunk = request.prompt[start:min(start + self.prefill_chunk, end)]
             if len(chunk) > room:
                 continue  # the next step (never a smaller chunk: that would change its arithmetic)
             room -= len(chunk)
