@@ -96,14 +96,24 @@ class NoCheckpoints:
 
 
 # ``prefill_chunk`` on a CPU: prefill runs at the same rate in chunks of 32 to 512 tokens there (this 2-core machine:
-# SmolLM2 on llama.cpp 257-274 tokens/s, on MLX 14), and a step of 64 costs the others 0.24 s instead of 2 s (llama.cpp)
-# or 38 s (MLX); on a GPU a large batch is what makes prefill fast, and the chunk is num_batch
+# SmolLM2 on llama.cpp 257-274 tokens/s, on MLX 14), and a step's time is about its tokens times the weights read
+# for each: the chunk is what keeps a step of a model of SmolLM2's size (96 MiB) to 64 tokens (0.24 s instead of
+# 2 s for a 512-token step on llama.cpp), fewer for larger models (at least 32), more for smaller ones (at most
+# num_batch). On a GPU a large batch is what makes prefill fast, and the chunk is num_batch. The chunk is fixed
+# for a load (a chunk's size changes the kernels' arithmetic: greedy replies must not depend on timing).
 CPU_PREFILL_CHUNK = 64
+CPU_CHUNK_BYTES = CPU_PREFILL_CHUNK * (96 << 20)  # tokens x weight bytes in one CPU prefill step
+MIN_CPU_CHUNK = 32
 
 
-def prefill_chunk(n_batch: int, on_gpu: bool) -> int:
-    """An engine's ``prefill_chunk``: ``n_batch`` on a GPU, ``CPU_PREFILL_CHUNK`` at most on a CPU."""
-    return n_batch if on_gpu else min(n_batch, CPU_PREFILL_CHUNK)
+def prefill_chunk(n_batch: int, on_gpu: bool, weights_bytes: int = 0) -> int:
+    """An engine's ``prefill_chunk``: ``n_batch`` on a GPU; on a CPU, by the weights' size (``CPU_CHUNK_BYTES``),
+    a power of two from ``MIN_CPU_CHUNK`` to ``n_batch`` (``CPU_PREFILL_CHUNK`` when the size is not known)."""
+    if on_gpu:
+        return n_batch
+    tokens = CPU_CHUNK_BYTES // weights_bytes if weights_bytes > 0 else CPU_PREFILL_CHUNK
+    tokens = 1 << max(0, tokens.bit_length() - 1)  # a power of two at most tokens
+    return max(1, min(n_batch, max(MIN_CPU_CHUNK, tokens)))
 
 
 class Engine(Protocol):

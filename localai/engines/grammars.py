@@ -418,8 +418,8 @@ def llguidance_schema(schema: Any) -> Any:
 
 def lark_for(constraint: Constraint | None, validate: Any) -> str | None:
     """The llguidance grammar that enforces ``constraint``, or None when generation is free (and for lazy tool
-    calls, which are parsed, not constrained, on this engine). ``validate(grammar)`` returns an error message or
-    "" (``LLMatcher.validate_grammar`` with the model's tokenizer)."""
+    calls, whose grammar applies from their trigger: ``lark_calls.lazy_call_grammar``). ``validate(grammar)``
+    returns an error message or "" (``LLMatcher.validate_grammar`` with the model's tokenizer)."""
     from llguidance import LLMatcher
 
     def compiled(schema: dict[str, Any]) -> str:

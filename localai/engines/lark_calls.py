@@ -14,15 +14,18 @@ from collections.abc import Callable
 from typing import Any
 
 from localai.engines.grammars import (
+    HERMES_TRIGGER,
     JSON_ARGUMENT_CALLS,
     TAGGED_CALLS,
     GrammarError,
     _arguments_schema,
+    call_schema,
     llguidance_schema,
     tagged_parameters,
 )
 from localai.protocol import Constraint
 
+HERMES_CLOSE = "</tool_call>"
 SpecialIds = dict[str, int]  # a special token's text -> its id
 
 
@@ -119,6 +122,30 @@ def forced_call_grammar(constraint: Constraint, specials: SpecialIds, validate: 
 
     grammar = str(LLMatcher.grammar_from_lark(native_call_lark(constraint, str(constraint.get("format")), specials,
                                                                check)))
+    error = validate(grammar)
+    if error:
+        raise GrammarError(f"the tools cannot be compiled to a grammar: {error}")
+    return grammar
+
+
+def lazy_call_grammar(constraint: Constraint, specials: SpecialIds, validate: Callable[[str], str]) -> str:
+    """The llguidance grammar of what follows ``<tool_call>`` in an ``auto`` reply (the llama.cpp engine's lazy
+    grammar, ``grammars.tool_call_grammar``, from its trigger on): the call, its closing tag, then any further
+    calls, each in its own block, and nothing after them."""
+    from llguidance import LLMatcher
+
+    def check(schema: dict[str, Any]) -> None:
+        error = validate(str(LLMatcher.grammar_from_json_schema(json.dumps(llguidance_schema(schema)))))
+        if error:
+            raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {error}")
+
+    schema, _, style = call_schema(constraint, check)
+    if style != "hermes":
+        raise GrammarError(f"lazy tool grammars are only built for the hermes format, not {style}")
+    block_end = f'"\\n"? call "\\n"? {marker(HERMES_CLOSE, specials)}'
+    lark = "\n".join([f'start: {block_end} ("\\n" {marker(HERMES_TRIGGER, specials)} {block_end})*',
+                      f"call: {_schema(schema)}"])
+    grammar = str(LLMatcher.grammar_from_lark(lark))
     error = validate(grammar)
     if error:
         raise GrammarError(f"the tools cannot be compiled to a grammar: {error}")

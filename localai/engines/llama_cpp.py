@@ -122,7 +122,8 @@ class LlamaCppEngine:
             _LOAD_REPORT = None
         self.load_report = report  # what llama.cpp said of its buffers (tests compare the estimates with it)
         self._reported(report)
-        self.prefill_chunk = prefill_chunk(options.n_batch, on_gpu=bool(self.placement.layers))
+        self.prefill_chunk = prefill_chunk(options.n_batch, on_gpu=bool(self.placement.layers),
+                                           weights_bytes=int(L.llama_model_size(self.model)))
         self.batch = L.llama_batch_init(options.n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
         self._state_buffer = bytearray()  # seq_state's, reused

@@ -1,9 +1,9 @@
 """The MLX engine: MLX safetensors models through mlx-lm, inside a worker process.
 
 Each sequence is one mlx-lm prompt cache (a list of per-layer caches). A decode step runs the sequences that decode
-(one token each) in one batched forward pass over mlx-lm's batch caches (``mlx_batch``), and each prompt chunk in a
-pass of its own beside it, as mlx-lm's BatchGenerator does (a chunk is at most ``n_batch`` tokens, so a long prompt
-delays the others' next token by one chunk at most). Sampling is
+(one token each, or a token and its drafts, right-padded) in one batched forward pass over mlx-lm's batch caches
+(``mlx_batch``), and each prompt chunk in a pass of its own beside it, as mlx-lm's BatchGenerator does (a chunk is
+``prefill_chunk`` tokens, so a long prompt delays the others' next token by one chunk at most). Sampling is
 mlx-lm's filters and penalties with a per-request random key (so ``seed`` is honoured); grammars are
 llguidance's matcher over the model's tokenizer, its mask applied to the logits with ``mx.where`` (portable,
 unlike llguidance's Metal kernel). A sequence's state is serialized layer by layer (``mlx_state``): the attention KV
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 import numpy as np
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
@@ -30,10 +31,11 @@ from mlx_lm.utils import load
 
 from localai.engines import mlx_state
 from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, prefill_chunk, stable_by_probes
-from localai.engines.grammars import NATIVE_FORCED, GrammarError, lark_for
-from localai.engines.lark_calls import forced_call_grammar
-from localai.engines.mlx_batch import DecodeGroup, batchable
+from localai.engines.grammars import HERMES_TRIGGER, NATIVE_FORCED, GrammarError, lark_for
+from localai.engines.lark_calls import forced_call_grammar, lazy_call_grammar
+from localai.engines.mlx_batch import DecodeGroup, batchable, ragged
 from localai.engines.placement import Placement, cpu_only
+from localai.engines.speculative import MAX_DRAFT
 from localai.promptcache.store import StateBytes
 from localai.protocol import DEFAULT_SAMPLING, Constraint, ModelInfo, Sampling
 
@@ -41,6 +43,8 @@ log = logging.getLogger("localai.worker")
 # kv_type -> the bits of mlx-lm's QuantizedKVCache (groups of KV_GROUP values share a scale and a bias)
 KV_BITS = {"q8_0": 8, "q4_0": 4}
 KV_GROUP = 64
+# the most tokens a sequence brings to the batched pass (a token and its drafts); more is a prompt chunk
+RAGGED_MAX = 1 + MAX_DRAFT
 VERSIONS = f"mlx {importlib.metadata.version('mlx')} mlx-lm {importlib.metadata.version('mlx-lm')}"
 
 
@@ -57,6 +61,7 @@ class MlxSampler:
     key: Any
     matcher: Any = None
     history: list[int] = field(default_factory=list)
+    lazy: tuple[int, str] | None = None  # a trigger token and the grammar that applies once it is sampled
 
 
 class MlxEngine:
@@ -80,7 +85,9 @@ class MlxEngine:
         self.n_ctx = min(options.num_ctx, trained)
         self.n_seq = options.n_parallel
         self.n_batch = options.n_batch
-        self.prefill_chunk = prefill_chunk(options.n_batch, on_gpu=mx.default_device().type == mx.DeviceType.gpu)
+        self.prefill_chunk = prefill_chunk(options.n_batch, on_gpu=mx.default_device().type == mx.DeviceType.gpu,
+                                           weights_bytes=sum(array.nbytes for _, array in
+                                                             tree_flatten(self.model.parameters())))
         self.hf = self.tokenizer._tokenizer
         self.eos_ids = set(self.tokenizer.eos_token_ids)
         self.eos_token = int(self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None
@@ -92,6 +99,7 @@ class MlxEngine:
         self.group = DecodeGroup()  # the sequences decoding together, their caches merged
         self.layer_types = [type(layer) for layer in self.caches[0]]  # what every sequence's caches are
         self.batches = batchable(self.caches[0])
+        self.ragged = self.batches and ragged(self.caches[0])  # rows of different lengths share a pass
         # A sliding window or recurrent layers cannot be cut back to any earlier token: such a sequence returns only to
         # checkpoints (the layers that cannot be cut, as they were at a token), as on the llama.cpp engine
         self.checkpoints = not all(mlx_state.is_cuttable(layer) for layer in self.caches[0])
@@ -195,6 +203,9 @@ class MlxEngine:
     def new_sampler(self, sampling: Sampling, constraint: Constraint | None) -> MlxSampler:
         options: dict[str, Any] = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
         matcher = self._matcher(constraint)
+        lazy = None
+        if isinstance(matcher, tuple):
+            lazy, matcher = matcher, None
         last_n = int(options["repeat_last_n"])
         context = self.n_ctx if last_n < 0 else max(1, min(last_n, self.n_ctx))
         processors = make_logits_processors(
@@ -208,9 +219,11 @@ class MlxEngine:
             int.from_bytes(np.random.bytes(4), "little"))
         return MlxSampler(temperature=float(options["temperature"]), top_k=int(options["top_k"]),
                           top_p=float(options["top_p"]), min_p=float(options["min_p"]), processors=processors,
-                          key=key, matcher=matcher)
+                          key=key, matcher=matcher, lazy=lazy)
 
     def _matcher(self, constraint: Constraint | None) -> Any:
+        """The request's grammar matcher; for a lazy grammar (``auto`` tool calls), the trigger token and the
+        grammar that applies after it, as a pair (``MlxSampler.lazy``)."""
         if not constraint:
             return None
         from llguidance import LLMatcher
@@ -224,13 +237,22 @@ class MlxEngine:
         def validate(text: str) -> str:
             return str(LLMatcher.validate_grammar(text, self._guidance))
 
-        if constraint.get("type") == "tool_call" and constraint.get("format") in NATIVE_FORCED \
-                and not constraint.get("lazy"):
+        if constraint.get("type") == "tool_call" and constraint.get("lazy"):
+            # As on llama.cpp: constrained from the trigger on, only where the trigger is one token (a model that
+            # writes <tool_call> in pieces gets its calls parsed, unconstrained)
+            trigger = self.hf.encode(HERMES_TRIGGER, add_special_tokens=False)
+            if len(trigger) != 1:
+                return None
+            return trigger[0], lazy_call_grammar(constraint, self._special_ids(), validate)
+        if constraint.get("type") == "tool_call" and constraint.get("format") in NATIVE_FORCED:
             grammar: str | None = forced_call_grammar(constraint, self._special_ids(), validate)
         else:
             grammar = lark_for(constraint, validate)
-        if grammar is None:
-            return None
+        return None if grammar is None else self._compiled(grammar)
+
+    def _compiled(self, grammar: str) -> Any:
+        from llguidance import LLMatcher
+
         matcher = LLMatcher(self._guidance, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"the grammar built for this request was refused: {matcher.get_error()}")
@@ -272,6 +294,9 @@ class MlxEngine:
             token = int(np.asarray(mx.random.categorical(logprobs * (1 / sampler.temperature), key=subkey))[0])
         if sampler.matcher is not None and not sampler.matcher.is_stopped():
             sampler.matcher.consume_token(token)
+        elif sampler.lazy is not None and token == sampler.lazy[0]:
+            sampler.matcher = self._compiled(sampler.lazy[1])  # the call begins: from here on it is constrained
+            sampler.lazy = None
         sampler.history.append(token)
         return token
 
@@ -287,21 +312,26 @@ class MlxEngine:
             if items[0][1].pos != self.lengths[seq]:
                 raise DecodeFailed(f"position {items[0][1].pos} does not follow sequence {seq}'s "
                                    f"{self.lengths[seq]} tokens")
-        singles = [seq for seq, items in groups.items() if len(items) == 1] if self.batches else []
+        together = [seq for seq, items in groups.items() if self._together(items)] if self.batches else []
+        if len(together) < 2:
+            together = []
         rows: dict[int, Any] = {}
         try:
-            if len(singles) >= 2:
-                group = self.group.gather(singles, self.caches)
-                tokens = mx.array([[groups[seq][0][1].token] for seq in group.seqs])
+            if together:
+                group = self.group.gather(together, self.caches)
+                width = max(len(groups[seq]) for seq in group.seqs)
+                tokens = mx.array([[item.token for _, item in groups[seq]]
+                                   + [groups[seq][-1][1].token] * (width - len(groups[seq])) for seq in group.seqs])
                 logits = self.model(tokens, cache=group.cache)
                 for index, seq in enumerate(group.seqs):
-                    row, item = groups[seq][0]
-                    if item.logits:
-                        rows[row] = logits[index, -1].astype(mx.float32)
-                    self.lengths[seq] += 1
+                    for column, (row, item) in enumerate(groups[seq]):
+                        if item.logits:
+                            rows[row] = logits[index, column].astype(mx.float32)
+                    self.lengths[seq] += len(groups[seq])
+                    group.drop(seq, width - len(groups[seq]))  # its right padding
                 mx.eval(list(rows.values()), group.state())  # no graph carried over
             for seq, items in groups.items():
-                if len(singles) >= 2 and seq in singles:
+                if seq in together:
                     continue
                 cache = self._cache(seq)
                 logits = self.model(mx.array([[item.token for _, item in items]]), cache=cache)
@@ -314,6 +344,11 @@ class MlxEngine:
             raise DecodeFailed(f"MLX failed to evaluate the batch: {exc}") from exc
         self._rows = rows
 
+    def _together(self, items: list[tuple[int, BatchItem]]) -> bool:
+        """Whether a sequence's tokens of a step go in the batched pass: one token, or (where rows can differ in
+        length) a token and its drafts, every one wanting logits. Prompt chunks go in a pass of their own."""
+        return len(items) == 1 or (self.ragged and len(items) <= RAGGED_MAX and all(item.logits for _, item in items))
+
     def _cache(self, seq: int) -> list[Any]:
         """A sequence's own caches, taken out of the decoding group first when it is in it."""
         self.group.release(seq, self.caches)
@@ -322,10 +357,14 @@ class MlxEngine:
     # -- sequences -------------------------------------------------------------------------------
 
     def seq_keep(self, seq: int, n_tokens: int) -> bool:
-        cache = self._cache(seq)
         current = self.lengths[seq]
         if n_tokens >= current:
             return True
+        if self.ragged and seq in self.group.seqs:  # rejected drafts: dropped from its row, which stays in the batch
+            self.group.drop(seq, current - n_tokens)
+            self.lengths[seq] = n_tokens
+            return True
+        cache = self._cache(seq)
         if not all(layer.is_trimmable() for layer in cache):
             return False
         for layer in cache:

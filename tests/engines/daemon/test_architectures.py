@@ -64,15 +64,18 @@ def create(daemon: Daemon, name: str, path: Path, extra: str = "") -> None:
     assert created.status_code == 200, created.text
 
 
-def paths(daemon: Daemon, model: str) -> dict[str, dict[str, Any]]:
+def paths(daemon: Daemon, model: str, *, retry: bool = False) -> dict[str, dict[str, Any]]:
     """The reuse paths in the order an agent meets them, on ``model`` (two sequences: the third session takes
-    the first one's, which then comes back from the RAM tier)."""
+    the first one's, which then comes back from the RAM tier); with ``retry``, turn 2 asked twice (a client
+    retrying the same prompt: its reply in the KV is not part of the prompt)."""
     s1 = Conversation(daemon, model, "s1")
     sub = Conversation(daemon, model, "sub", first="Find where the configuration file is read, without editing.")
     other = Conversation(daemon, model, "s3", first="Summarise the README in three lines.")
     seen = {"t1": s1.ask()}
     s1.answer(seen["t1"], FOLLOW_UPS[0])
     seen["t2 live"] = s1.ask()
+    if retry:
+        seen["retry"] = s1.ask()
     seen["sub-agent"] = sub.ask()  # the parent's system prompt and tools, a task of its own
     branch = Conversation(daemon, model, "branch")  # the parent's history after its first turn, another request
     branch.messages = [*s1.messages[:-1], {"role": "user", "content": "Instead, list the tests for it."}]
@@ -159,7 +162,10 @@ def check_reuse(label: str, mine: dict[str, dict[str, Any]], dense: dict[str, di
              for key in keys}
     print(f"{label}: " + ", ".join(f"{k} {a}/{b} (control {c}/{d})" for k, (a, b, c, d) in table.items()))
     assert {mine[key]["source"] for key in keys} >= {"live", "ram", "disk"}
-    for key in ("t2 live", "t3 ram", "t4 before restart", "sub-agent", "branch", "after restart", "after fitting"):
+    for key in ("t2 live", "retry", "t3 ram", "t4 before restart", "sub-agent", "branch", "after restart",
+                "after fitting"):
+        if key not in mine:
+            continue
         share, control_share = mine[key]["cached"] / mine[key]["prompt"], dense[key]["cached"] / dense[key]["prompt"]
         assert share >= 0.95 * control_share, (label, key, table[key])
     assert mine["fitted"]["fitted"] and "dropped_messages=0" not in mine["fitted"]["fitted"]

@@ -131,3 +131,51 @@ def test_a_state_saved_from_the_batch_restores_and_continues_exactly(engine: Any
     assert engine.sample(sampler, 0) == engine.sample(sampler, 1)
     with pytest.raises(Exception, match="does not follow"):
         engine.decode([BatchItem(2, 13, 5, True), BatchItem(0, 14, len(prompts[0]) + 2, True)])
+
+
+def test_a_token_and_its_drafts_verify_in_the_batched_pass(engine: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sequence 1 drafts (its pending token and up to 4 guesses, some wrong) beside sequence 0's single tokens and
+    sequence 2's: each step is one forward pass of right-padded rows, the rejected guesses and the padding are
+    dropped from the end of their rows without the row leaving the batch, and every sequence's greedy tokens are the
+    ones it produces alone."""
+    prompts = [engine.tokenize(text) for text in PROMPTS[:3]]
+    expected = [alone(engine, tokens) for tokens in prompts]
+    samplers = [engine.new_sampler({"temperature": 0}, None) for _ in prompts]
+    outs: list[list[int]] = [[], [], []]
+    for seq in range(3):
+        prefill(engine, seq, prompts[seq])
+        outs[seq].append(engine.sample(samplers[seq], 0))
+    passes = Passes(engine, monkeypatch)
+    rejected = 0
+    for step in range(STEPS):
+        batch: list[BatchItem] = []
+        for seq in range(3):
+            if len(outs[seq]) >= STEPS:
+                continue
+            at = len(prompts[seq]) + len(outs[seq]) - 1
+            batch.append(BatchItem(seq, outs[seq][-1], at, True))
+            if seq == 1:  # the right continuation, its guesses wrong from the first or the second every other step
+                guess = expected[1][len(outs[1]):len(outs[1]) + 1 + step % 4]
+                if step % 2 and guess:
+                    guess[step % 4 == 3] = (guess[step % 4 == 3] + 1) % engine.n_vocab
+                batch += [BatchItem(1, token, at + offset, True) for offset, token in enumerate(guess, start=1)]
+        if len({item.seq for item in batch}) < 2:
+            break
+        before = len(passes.rows)
+        engine.decode(batch)
+        assert passes.rows[before:] == [len({item.seq for item in batch})], passes.rows[before:]
+        for seq in range(3):
+            mine = [row for row, item in enumerate(batch) if item.seq == seq]
+            for position, row in enumerate(mine):
+                token = engine.sample(samplers[seq], row)
+                outs[seq].append(token)
+                if position + 1 == len(mine) or batch[mine[position + 1]].token != token:
+                    break
+            kept = len(outs[seq]) - 1 + len(prompts[seq])  # the last sampled token is pending, not in the KV
+            if kept < engine.lengths[seq]:
+                rejected += engine.lengths[seq] - kept
+                assert engine.seq_keep(seq, kept)
+        assert engine.group.seqs == [seq for seq in range(3) if any(item.seq == seq for item in batch)]
+    assert rejected >= 4
+    for seq in range(3):
+        assert outs[seq][:STEPS] == expected[seq][:STEPS], seq

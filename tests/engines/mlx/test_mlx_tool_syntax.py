@@ -144,7 +144,10 @@ def test_every_native_format_has_special_tokens_to_test() -> None:
 
 
 WEATHER = {"type": "function", "function": {"name": TOOLS[0]["name"], "parameters": TOOLS[0]["parameters"]}}
-DAEMON_STYLES = ["harmony", "deepseek-v3.1", "qwen3-coder", "glm-4.5"]
+DAEMON_STYLES = ["harmony", "deepseek-v3.1", "mistral-args", "qwen3-coder", "glm-4.5"]
+# Mistral's [ARGS] form is picked from the template (runtime/local.forced_format): a note in the chat template
+# like the one Mistral's templates carry
+ARGS_NOTE = "{#- a tool call is written [TOOL_CALLS]name[ARGS]arguments -#}"
 
 
 @pytest.fixture(scope="module")
@@ -154,9 +157,15 @@ def tool_daemon(mlx_arch_fixtures: dict[str, Path], tmp_path_factory: pytest.Tem
     with start_daemon(home / "home") as daemon:
         for style in DAEMON_STYLES:
             folder = with_specials(mlx_arch_fixtures["llama"], home / style, SPECIALS[style])
+            parser = style
+            if style == "mistral-args":
+                parser = "mistral"
+                config = json.loads((folder / "tokenizer_config.json").read_text())
+                config["chat_template"] = ARGS_NOTE + config["chat_template"]
+                (folder / "tokenizer_config.json").write_text(json.dumps(config))
             with daemon.http() as http:
                 created = http.post("/api/create", json={"model": f"mlx-{style}",
-                                                         "modelfile": f"FROM {folder}\nPARSER {style}\n"})
+                                                         "modelfile": f"FROM {folder}\nPARSER {parser}\n"})
             assert created.status_code == 200, created.text
         yield daemon
 
@@ -206,3 +215,70 @@ def test_forced_calls_in_the_family_syntax_in_every_dialect_plain_and_streamed(t
             final = stream.get_final_message()
         streamed_uses = [block for block in final.content if block.type == "tool_use"]
         assert [u.input for u in streamed_uses] == [u.input for u in uses]  # type: ignore[union-attr]
+
+
+def sample_with_trigger_at(engine: Any, sampler: Any, prompt: list[int], trigger: int, at: int,
+                           limit: int = 200) -> str:
+    """Sample ``sampler`` after ``prompt``, its logits pushed towards ``trigger`` at token ``at`` (the model opening
+    a call in an ``auto`` reply: random weights never would), and return the text."""
+    engine.seq_clear(0)
+    engine.decode([BatchItem(0, token, index, index == len(prompt) - 1) for index, token in enumerate(prompt)])
+    output: list[int] = []
+    row = len(prompt) - 1
+    while len(output) < limit:
+        if len(output) == at:
+            engine._rows[row] = engine._rows[row] + (engine._rows[row].max() + 100.0) * (
+                mx_arange(engine._rows[row].shape[-1]) == trigger)
+        token = engine.sample(sampler, row)
+        row = 0
+        if engine.is_end(token):
+            break
+        output.append(token)
+        engine.decode([BatchItem(0, token, len(prompt) + len(output) - 1, True)])
+    return b"".join(engine.token_bytes(token) for token in output).decode(errors="replace")
+
+
+def mx_arange(n: int) -> Any:
+    import mlx.core as mx
+
+    return mx.arange(n)
+
+
+def test_an_auto_call_is_free_text_until_the_model_opens_one_then_constrained(mlx_arch_fixtures: dict[str, Path],
+                                                                            tmp_path: Path) -> None:
+    """``auto`` tool calls on MLX: as on llama.cpp, the text is free until the model writes <tool_call> (a token of
+    its own), and from there the call must be well formed: one or more calls of the given tools, then the end.
+    Without the grammar the same random weights write no call at all after the tag (checked: the control)."""
+    from localai.engines.mlx import MlxEngine
+
+    folder = with_specials(mlx_arch_fixtures["llama"], tmp_path / "hermes", ["<tool_call>", "</tool_call>"])
+    engine = MlxEngine(LoadOptions(model_path=str(folder), num_ctx=2048, n_parallel=1, n_batch=256))
+    trigger = engine._special_ids()["<tool_call>"]
+    constraint: Any = {"type": "tool_call", "format": "hermes", "lazy": True, "tools": TOOLS}
+    prompt = engine.tokenize("What is the weather in Oslo?")
+    functions = {t["name"]: t["parameters"] for t in TOOLS}
+    for seed in range(3):
+        sampler = engine.new_sampler({"temperature": 0.8, "seed": seed}, constraint)
+        assert sampler.matcher is None and sampler.lazy is not None  # free until the trigger
+        text = sample_with_trigger_at(engine, sampler, prompt, trigger, at=4)
+        before, _, after = text.partition("<tool_call>")
+        assert before and after, text  # free text first, then the call
+        parser = parser_for("hermes", tools=True, reasoning=False, functions=functions)
+        calls = [e for e in [*parser.feed(text), *parser.finish()] if isinstance(e, ToolCallEnd)]
+        assert calls and not sampler.matcher.is_error(), (seed, text)  # every token after the tag was the grammar's
+        for call in calls:
+            jsonschema.validate(json.loads(call.arguments), functions[call.name])
+    control = sample_with_trigger_at(engine, engine.new_sampler({"temperature": 0.8, "seed": 0}, None), prompt,
+                                     trigger, at=4, limit=60)
+    parser = parser_for("hermes", tools=True, reasoning=False, functions=functions)
+    assert not [e for e in [*parser.feed(control), *parser.finish()] if isinstance(e, ToolCallEnd)], control
+
+
+def test_an_auto_call_stays_parsed_only_where_the_trigger_is_several_tokens(mlx_arch_fixtures: dict[str, Path]) -> None:
+    """SmolLM2's tokenizer writes <tool_call> in pieces: no lazy grammar (the llama.cpp engine's rule too)."""
+    from localai.engines.mlx import MlxEngine
+
+    engine = MlxEngine(LoadOptions(model_path=str(mlx_arch_fixtures["llama"]), num_ctx=512, n_parallel=1))
+    sampler = engine.new_sampler({"temperature": 0}, {"type": "tool_call", "format": "hermes", "lazy": True,
+                                                      "tools": TOOLS})  # type: ignore[typeddict-item]
+    assert sampler.matcher is None and sampler.lazy is None
