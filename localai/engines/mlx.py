@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 import numpy as np
+from mlx.utils import tree_flatten
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 from mlx_lm.utils import load
@@ -86,8 +86,7 @@ class MlxEngine:
         self.n_seq = options.n_parallel
         self.n_batch = options.n_batch
         self.prefill_chunk = prefill_chunk(options.n_batch, on_gpu=mx.default_device().type == mx.DeviceType.gpu,
-                                           weights_bytes=sum(array.nbytes for _, array in
-                                                             tree_flatten(self.model.parameters())))
+                                           weights_bytes=_weights_bytes(self.model))
         self.hf = self.tokenizer._tokenizer
         self.eos_ids = set(self.tokenizer.eos_token_ids)
         self.eos_token = int(self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None
@@ -469,6 +468,12 @@ class MlxEngine:
             vectors.append([float(v) for v in np.asarray(pooled)])
             counted += len(tokens)
         return vectors, counted
+
+
+def _weights_bytes(model: Any) -> int:
+    """The bytes of a model's parameters (what a forward pass reads)."""
+    flat: list[Any] = list(tree_flatten(model.parameters()))
+    return sum(int(pair[1].nbytes) for pair in flat)
 
 
 def _is_byte_level(hf: Any) -> bool:
