@@ -138,6 +138,7 @@ def test_a_token_and_its_drafts_verify_in_the_batched_pass(engine: Any, monkeypa
     sequence 2's: each step is one forward pass of right-padded rows, the rejected guesses and the padding are
     dropped from the end of their rows without the row leaving the batch, and every sequence's greedy tokens are the
     ones it produces alone."""
+    monkeypatch.setattr(engine, "padding_allowed", 1 << 30)  # as on a GPU: any padding (a CPU's rule: below)
     prompts = [engine.tokenize(text) for text in PROMPTS[:3]]
     expected = [alone(engine, tokens) for tokens in prompts]
     samplers = [engine.new_sampler({"temperature": 0}, None) for _ in prompts]
@@ -179,3 +180,26 @@ def test_a_token_and_its_drafts_verify_in_the_batched_pass(engine: Any, monkeypa
     assert rejected >= 4
     for seq in range(3):
         assert outs[seq][:STEPS] == expected[seq][:STEPS], seq
+
+
+def test_on_a_cpu_drafts_share_the_pass_only_while_their_padding_is_cheap(engine: Any,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU computes every padded position: a token and 2 drafts beside 2 single tokens (4 padded positions) share
+    the pass; a token and 4 drafts (8) run in a pass of their own beside the batched single tokens."""
+    from localai.engines.mlx import CPU_PADDING_ALLOWED
+
+    assert engine.padding_allowed == CPU_PADDING_ALLOWED  # this machine has no GPU
+    prompts = [engine.tokenize(text) for text in PROMPTS[:3]]
+    for seq in range(3):
+        prefill(engine, seq, prompts[seq])
+    passes = Passes(engine, monkeypatch)
+    shapes: list[tuple[int, int]] = []
+    real = passes.model
+    passes.model = lambda tokens, cache=None: (shapes.append(tuple(tokens.shape)), real(tokens, cache=cache))[1]
+    for drafts, expected in ((2, [(3, 3)]), (4, [(2, 1), (1, 5)])):
+        shapes.clear()
+        batch = [BatchItem(seq, 5, engine.lengths[seq], True) for seq in (0, 2)]
+        batch += [BatchItem(1, 5 + offset, engine.lengths[1] + offset, True) for offset in range(1 + drafts)]
+        engine.decode(sorted(batch, key=lambda item: item.seq))
+        assert shapes == expected, (drafts, shapes)
+        assert engine.seq_keep(1, engine.lengths[1] - drafts)  # every guess rejected
