@@ -86,18 +86,31 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
             raise GrammarError(f"no grammar is built for {style!r} tool calls")
         call_open, name_open, name_close, key_open, key_close, value_close, call_close = TAGGED_CALLS[style]
         spaced = _loose if style == "glm-4.5" else marker
-        closing = re.escape(value_close.strip("\n")).replace("/", "\\/")
+        close_tag = value_close.strip("\n")
+        after_tag = value_close[value_close.index(close_tag) + len(close_tag):]
+        closing = re.escape(close_tag).replace("/", "\\/")
         params = []
         for index, parameter in enumerate(tagged_parameters(tool.get("parameters"), prefix, check)):
             value = f"{prefix}_v{index}"
             if parameter.kind == "enum":  # written bare, unquoted
                 rules.append(f"{value}: " + " | ".join(json.dumps(c, ensure_ascii=False)
                                                        for c in parameter.schema["enum"]))
-            elif parameter.kind == "text":  # any text without the value's closing tag, up to its maxLength
+            elif parameter.kind == "text":  # any text up to the value's closing tag, and its maxLength
                 longest = parameter.schema.get("maxLength")
                 length = f"{{0,{int(longest)}}}" if isinstance(longest, int) and longest >= 0 else "*"
-                value = value.upper()
-                rules.append(f"{value}: /(?s:.{length})/ & ~/(?s:.*){closing}(?s:.*)/")
+                if marker(close_tag, specials).startswith("<["):  # a special token: no text can run into it
+                    value = value.upper()
+                    rules.append(f"{value}: /(?s:.{length})/ & ~/(?s:.*){closing}(?s:.*)/")
+                else:
+                    # The value ends where its closing tag is written: a lazy lexeme with the tag as its suffix (a
+                    # greedy text lexeme went on through "\n</parameter" and could then never take the ">", so a
+                    # model could not close a value without a maxLength)
+                    suffix = json.dumps(value_close[:value_close.index(close_tag)] + close_tag, ensure_ascii=False)
+                    rules.append(f"{value}[suffix={suffix}]: /(?s:.{length})/")
+                    rules.append(f"{prefix}_p{index}: {marker(key_open + parameter.key, specials)} "
+                                 f"{spaced(key_close, specials)} {value} {spaced(after_tag, specials)}")
+                    params.append(f"{prefix}_p{index}" + ("" if parameter.required else "?"))
+                    continue
             else:
                 rules.append(f"{value}: {_schema(parameter.schema)}")
             rules.append(f"{prefix}_p{index}: {marker(key_open + parameter.key, specials)} "
