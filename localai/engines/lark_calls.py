@@ -123,9 +123,9 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
     return "\n".join(["start: " + " | ".join(f"({a})" for a in alternatives), *rules])
 
 
-def forced_call_grammar(constraint: Constraint, specials: SpecialIds, validate: Callable[[str], str]) -> str:
-    """The llguidance grammar of a forced call in its family's syntax; ``validate(grammar)`` returns an error or ""
-    (``LLMatcher.validate_grammar`` with the model's tokenizer)."""
+def _schema_check(validate: Callable[[str], str]) -> Callable[[dict[str, Any]], None]:
+    """``check(schema)`` for a tool's parameters: GrammarError where llguidance cannot compile them (that tool then
+    takes any object)."""
     from llguidance import LLMatcher
 
     def check(schema: dict[str, Any]) -> None:
@@ -133,8 +133,16 @@ def forced_call_grammar(constraint: Constraint, specials: SpecialIds, validate: 
         if error:
             raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {error}")
 
+    return check
+
+
+def forced_call_grammar(constraint: Constraint, specials: SpecialIds, validate: Callable[[str], str]) -> str:
+    """The llguidance grammar of a forced call in its family's syntax; ``validate(grammar)`` returns an error or ""
+    (``LLMatcher.validate_grammar`` with the model's tokenizer)."""
+    from llguidance import LLMatcher
+
     grammar = str(LLMatcher.grammar_from_lark(native_call_lark(constraint, str(constraint.get("format")), specials,
-                                                               check)))
+                                                               _schema_check(validate))))
     error = validate(grammar)
     if error:
         raise GrammarError(f"the tools cannot be compiled to a grammar: {error}")
@@ -147,12 +155,7 @@ def lazy_call_grammar(constraint: Constraint, specials: SpecialIds, validate: Ca
     calls, each in its own block, and nothing after them."""
     from llguidance import LLMatcher
 
-    def check(schema: dict[str, Any]) -> None:
-        error = validate(str(LLMatcher.grammar_from_json_schema(json.dumps(llguidance_schema(schema)))))
-        if error:
-            raise GrammarError(f"the JSON schema cannot be compiled to a grammar: {error}")
-
-    schema, _, style = call_schema(constraint, check)
+    schema, _, style = call_schema(constraint, _schema_check(validate))
     if style != "hermes":
         raise GrammarError(f"lazy tool grammars are only built for the hermes format, not {style}")
     block_end = f'"\\n"? call "\\n"? {marker(HERMES_CLOSE, specials)}'

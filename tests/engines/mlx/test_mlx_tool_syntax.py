@@ -78,18 +78,8 @@ def test_a_forced_call_on_mlx_is_written_in_the_family_syntax(style: str, mlx_ar
     for number, tool in enumerate(TOOLS):
         constraint: Any = {"type": "tool_call", "format": style, "tools": [TOOLS[1 - number], tool]}
         prompt = engine.tokenize(f"Call {tool['name']} now, please.")
-        engine.seq_clear(0)
-        engine.decode([BatchItem(0, token, index, index == len(prompt) - 1) for index, token in enumerate(prompt)])
         sampler = engine.new_sampler({"temperature": 0.8, "seed": number}, constraint)
-        output: list[int] = []
-        row = len(prompt) - 1
-        for _ in range(300):
-            token = engine.sample(sampler, row)
-            row = 0
-            if engine.is_end(token):
-                break
-            output.append(token)
-            engine.decode([BatchItem(0, token, len(prompt) + len(output) - 1, True)])
+        output = generate(engine, sampler, prompt, limit=300)
         assert sampler.matcher.is_stopped(), (style, b"".join(engine.token_bytes(t) for t in output).decode()[:400])
         markers = [token for token in output if token in ids.values()]
         assert markers, f"{style}: no special token was written"  # the markers are the family's own tokens
@@ -217,16 +207,17 @@ def test_forced_calls_in_the_family_syntax_in_every_dialect_plain_and_streamed(t
         assert [u.input for u in streamed_uses] == [u.input for u in uses]  # type: ignore[union-attr]
 
 
-def sample_with_trigger_at(engine: Any, sampler: Any, prompt: list[int], trigger: int, at: int,
-                           limit: int = 200) -> str:
-    """Sample ``sampler`` after ``prompt``, its logits pushed towards ``trigger`` at token ``at`` (the model opening
-    a call in an ``auto`` reply: random weights never would), and return the text."""
+def generate(engine: Any, sampler: Any, prompt: list[int], *, limit: int, trigger: int | None = None,
+             at: int = 0) -> list[int]:
+    """Sample ``sampler`` after ``prompt`` (sequence 0, from empty) until the end or ``limit`` tokens; with
+    ``trigger``, its logits pushed towards that token at token ``at`` (the model opening a call in an ``auto``
+    reply: random weights never would)."""
     engine.seq_clear(0)
     engine.decode([BatchItem(0, token, index, index == len(prompt) - 1) for index, token in enumerate(prompt)])
     output: list[int] = []
     row = len(prompt) - 1
     while len(output) < limit:
-        if len(output) == at:
+        if trigger is not None and len(output) == at:
             engine._rows[row] = engine._rows[row] + (engine._rows[row].max() + 100.0) * (
                 mx_arange(engine._rows[row].shape[-1]) == trigger)
         token = engine.sample(sampler, row)
@@ -235,6 +226,13 @@ def sample_with_trigger_at(engine: Any, sampler: Any, prompt: list[int], trigger
             break
         output.append(token)
         engine.decode([BatchItem(0, token, len(prompt) + len(output) - 1, True)])
+    return output
+
+
+def sample_with_trigger_at(engine: Any, sampler: Any, prompt: list[int], trigger: int, at: int,
+                           limit: int = 200) -> str:
+    """The text ``generate`` samples with the trigger pushed at token ``at``."""
+    output = generate(engine, sampler, prompt, limit=limit, trigger=trigger, at=at)
     return b"".join(engine.token_bytes(token) for token in output).decode(errors="replace")
 
 
