@@ -76,7 +76,6 @@ class Checkpoint:
 
     n_tokens: int
     data: bytes
-    persist: bool  # saved with the sequence (else only the live sequence returns to it: a reply's follow-up will)
     saved: bool = False
 
 
@@ -387,11 +386,12 @@ class Serving:
         n_tokens = len(slot.tokens)
         data = self.engine.seq_checkpoint(slot.seq)
         if data:
-            # near the end, a request whose reply is prefilled again keeps it in RAM only: the follow-up returns
-            # there and saves the kept reply's (one recurrent state a turn on disk)
-            persist = n_tokens % CHECKPOINT_EVERY == 0 or not request.follow_up
+            # every checkpoint goes to the store with the sequence (the prompt-end one of a request whose reply is
+            # prefilled again too, saved by that follow-up): a retry of the prompt after a restart, or after the
+            # session went elsewhere, returns there (two recurrent states a turn on disk: the prompt's end and the
+            # kept reply's)
             slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens != n_tokens]
-            slot.checkpoints.append(Checkpoint(n_tokens, data, persist))
+            slot.checkpoints.append(Checkpoint(n_tokens, data))
             del slot.checkpoints[:-LIVE_CHECKPOINTS]
         request.checkpoint_at = self._next_checkpoint(request)
 
@@ -442,7 +442,7 @@ class Serving:
         state = self.engine.seq_state(slot.seq)
         if not state:
             return
-        kept = [c for c in slot.checkpoints if c.persist and not c.saved and c.n_tokens < len(slot.tokens)]
+        kept = [c for c in slot.checkpoints if not c.saved and c.n_tokens < len(slot.tokens)]
         end = max(kept, key=lambda c: c.n_tokens) if request.warm and kept else None
         if end is not None and end.n_tokens == request.stable:
             # a kept reply ends where its checkpoint is: the next turn may tokenize the last few tokens otherwise,
@@ -458,8 +458,6 @@ class Serving:
         generated, with every checkpoint it has."""
         if slot.deferred is None:
             return
-        for checkpoint in slot.checkpoints:
-            checkpoint.persist = True
         self._save(slot.deferred)
         slot.deferred = None
 

@@ -93,6 +93,15 @@ def paths(daemon: Daemon, model: str, *, retry: bool = False) -> dict[str, dict[
     return seen
 
 
+def after_restart(daemon: Daemon, model: str, seen: dict[str, dict[str, Any]]) -> None:
+    """The walk's requests after a restart, where only the disk remembers: the next turn, then turn 4 again (a
+    client retrying after a crash: it returns to the prompt-end checkpoint, on disk with the turn)."""
+    seen["after restart"] = ask(daemon, model, seen["next"]["messages"], "s1")
+    seen["after restart"]["messages"] = seen.pop("next")["messages"]
+    seen["retry after restart"] = ask(daemon, model, seen["t4 before restart"]["messages"], "s1")
+    seen["retry after restart"]["messages"] = seen["t4 before restart"]["messages"]
+
+
 def fitted(daemon: Daemon, model: str) -> dict[str, dict[str, Any]]:
     """A conversation longer than a 512-token window: fitted (old turns dropped), then its next turn."""
     long = Conversation(daemon, model, "long")
@@ -135,8 +144,7 @@ def test_every_reuse_path_answers_as_a_cold_daemon_and_reuses_as_the_dense_contr
             results[which] = paths(daemon, which)
             results[which].update(fitted(daemon, f"{which}-512"))
         with start_daemon(tmp_path / which) as daemon:  # a restart: only the disk remembers
-            results[which]["after restart"] = ask(daemon, which, results[which]["next"]["messages"], "s1")
-            results[which]["after restart"]["messages"] = results[which].pop("next")["messages"]
+            after_restart(daemon, which, results[which])
 
     mine, dense = results[name], results["control"]
     keys = check_answers(tmp_path / "cold", name, model, mine, small)
@@ -163,7 +171,7 @@ def check_reuse(label: str, mine: dict[str, dict[str, Any]], dense: dict[str, di
     print(f"{label}: " + ", ".join(f"{k} {a}/{b} (control {c}/{d})" for k, (a, b, c, d) in table.items()))
     assert {mine[key]["source"] for key in keys} >= {"live", "ram", "disk"}
     for key in ("t2 live", "retry", "t3 ram", "t4 before restart", "sub-agent", "branch", "after restart",
-                "after fitting"):
+                "retry after restart", "after fitting"):
         if key not in mine:
             continue
         share, control_share = mine[key]["cached"] / mine[key]["prompt"], dense[key]["cached"] / dense[key]["prompt"]

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import start_daemon
 from tests.engines.daemon.test_architectures import (
+    after_restart,
     ask,
     check_answers,
     check_reuse,
@@ -44,8 +45,7 @@ def walk(home: Path, name: str, folder: Path) -> dict[str, dict[str, Any]]:
         seen = paths(daemon, name, retry=True)
         seen.update(fitted(daemon, f"{name}-512"))
     with start_daemon(home) as daemon:  # a restart: only the disk remembers
-        seen["after restart"] = ask(daemon, name, seen["next"]["messages"], "s1")
-        seen["after restart"]["messages"] = seen.pop("next")["messages"]
+        after_restart(daemon, name, seen)
     return seen
 
 
