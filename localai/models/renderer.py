@@ -154,9 +154,12 @@ class HelperProcess:
                     remaining = min(remaining, demote_at - now)
                     if not self._selector.select(remaining):
                         continue  # the demotion is due: lower its priority, then wait on
-            if remaining <= 0 or not self._selector.select(remaining):
-                raise Overran()
-            chunk = os.read(self._out.fileno(), min(size - len(data), 1 << 20))
+            try:
+                if remaining <= 0 or not self._selector.select(remaining):
+                    raise Overran()
+                chunk = os.read(self._out.fileno(), min(size - len(data), 1 << 20))
+            except (OSError, ValueError) as exc:  # killed and its pipe closed meanwhile (the pool is closing)
+                raise Died(f"its pipe was closed ({exc})") from exc
             if not chunk:
                 raise Died(f"exit code {self.process.poll()}")
             data.extend(chunk)
@@ -357,9 +360,13 @@ class Renderer:
                 error = RenderFailed(f"the chat template ran past its {self.seconds:g} s deadline and was stopped",
                                      param="messages")
             except Died as exc:
-                overran = broken = True  # a template that kills its process (memory) is one that overran
-                error = RenderFailed(f"the chat template's render process died ({exc}): the template used more "
-                                     f"than {MEMORY_BYTES >> 20} MiB or crashed it", param="messages")
+                broken = True
+                if self._closed:  # killed by close(): the daemon is stopping, the template did nothing wrong
+                    error = ServerBusy("the daemon is shutting down")
+                else:  # a template that kills its process (memory) is one that overran
+                    overran = True
+                    error = RenderFailed(f"the chat template's render process died ({exc}): the template used "
+                                         f"more than {MEMORY_BYTES >> 20} MiB or crashed it", param="messages")
             except (RenderFailed, ServerBusy) as exc:
                 error = exc
             except Exception as exc:  # the future must always be resolved: its request waits on it

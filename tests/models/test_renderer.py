@@ -148,6 +148,18 @@ def test_closing_refuses_what_waits_and_ends_the_processes(pool: Renderer) -> No
         pool.submit([call(None)])
 
 
+def test_a_render_process_killed_while_its_answer_is_read_has_died_not_failed_with_an_os_error(
+        pool: Renderer) -> None:
+    """close() kills the processes while their lanes' threads read their answers: a read from a killed process (its
+    selector and pipe closed under it) is a process that died, which close() answers as the daemon shutting down;
+    it escaped as `OSError: [Errno 9] Bad file descriptor` (a fresh clone's make test, once)."""
+    pool.render([call(None)])
+    process = next(iter(pool._processes))
+    process.kill()  # what close() does to a process a lane is reading from
+    with pytest.raises(renderer.Died):
+        process._read(4, time.monotonic() + 5)
+
+
 def test_render_processes_end_with_the_process_that_started_them() -> None:
     script = ("from localai.models.renderer import Renderer\nimport sys, time\npool = Renderer(main=2)\n"
               "pool.submit([{'source': " + repr(HANGS) + ", 'messages': [], 'bos_token': '', 'eos_token': '', "

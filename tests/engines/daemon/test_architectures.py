@@ -1,10 +1,10 @@
 """The prompt cache through a real daemon on the architectures agents run on (random-weight fixtures of llama.cpp's
 own: tests/archfixtures.py). Every reuse path (a live sequence, the RAM tier, the disk after a restart, a
-sub-agent sharing the system prompt, a branch from a turn of the history, an edited history, a conversation fitted
-past the window) answers exactly as
-a cold daemon does, and reuses at least 95% of what the dense control (llama's fixture with the same chat template,
-so the same tokenizer and prompts) reuses on the same conversation; an edit reuses up to the last checkpoint
-before it. Plus what a file llama.cpp cannot load gets: a clear error."""
+sub-agent sharing the system prompt, a branch from a turn of the history, an edited history, a retry of the same
+prompt live, after an edit and after a restart, a conversation fitted past the window) answers exactly as a cold
+daemon does, and reuses at least 95% of what the dense control (llama's fixture with the same chat template, so the
+same tokenizer and prompts) reuses on the same conversation; an edit reuses up to the last checkpoint before it.
+Plus what a file llama.cpp cannot load gets: a clear error."""
 
 from __future__ import annotations
 
@@ -64,18 +64,18 @@ def create(daemon: Daemon, name: str, path: Path, extra: str = "") -> None:
     assert created.status_code == 200, created.text
 
 
-def paths(daemon: Daemon, model: str, *, retry: bool = False) -> dict[str, dict[str, Any]]:
+def paths(daemon: Daemon, model: str) -> dict[str, dict[str, Any]]:
     """The reuse paths in the order an agent meets them, on ``model`` (two sequences: the third session takes
-    the first one's, which then comes back from the RAM tier); with ``retry``, turn 2 asked twice (a client
-    retrying the same prompt: its reply in the KV is not part of the prompt)."""
+    the first one's, which then comes back from the RAM tier): among them turn 2 asked twice (a client retrying
+    the same prompt: its reply in the KV is not part of the prompt), and turn 3 again after the session sent an
+    edited history."""
     s1 = Conversation(daemon, model, "s1")
     sub = Conversation(daemon, model, "sub", first="Find where the configuration file is read, without editing.")
     other = Conversation(daemon, model, "s3", first="Summarise the README in three lines.")
     seen = {"t1": s1.ask()}
     s1.answer(seen["t1"], FOLLOW_UPS[0])
     seen["t2 live"] = s1.ask()
-    if retry:
-        seen["retry"] = s1.ask()
+    seen["retry"] = s1.ask()
     seen["sub-agent"] = sub.ask()  # the parent's system prompt and tools, a task of its own
     branch = Conversation(daemon, model, "branch")  # the parent's history after its first turn, another request
     branch.messages = [*s1.messages[:-1], {"role": "user", "content": "Instead, list the tests for it."}]
@@ -86,6 +86,8 @@ def paths(daemon: Daemon, model: str, *, retry: bool = False) -> dict[str, dict[
     edited = Conversation(daemon, model, "s1", first=EDITED)
     edited.messages += s1.messages[2:]
     seen["edited"] = edited.ask()
+    seen["retry after edit"] = ask(daemon, model, seen["t3 ram"]["messages"], "s1")
+    seen["retry after edit"]["messages"] = seen["t3 ram"]["messages"]
     s1.answer(seen["t3 ram"], FOLLOW_UPS[2])
     seen["t4 before restart"] = s1.ask()
     s1.answer(seen["t4 before restart"], FOLLOW_UPS[3])
@@ -170,10 +172,8 @@ def check_reuse(label: str, mine: dict[str, dict[str, Any]], dense: dict[str, di
              for key in keys}
     print(f"{label}: " + ", ".join(f"{k} {a}/{b} (control {c}/{d})" for k, (a, b, c, d) in table.items()))
     assert {mine[key]["source"] for key in keys} >= {"live", "ram", "disk"}
-    for key in ("t2 live", "retry", "t3 ram", "t4 before restart", "sub-agent", "branch", "after restart",
-                "retry after restart", "after fitting"):
-        if key not in mine:
-            continue
+    for key in ("t2 live", "retry", "t3 ram", "retry after edit", "t4 before restart", "sub-agent", "branch",
+                "after restart", "retry after restart", "after fitting"):
         share, control_share = mine[key]["cached"] / mine[key]["prompt"], dense[key]["cached"] / dense[key]["prompt"]
         assert share >= 0.95 * control_share, (label, key, table[key])
     assert mine["fitted"]["fitted"] and "dropped_messages=0" not in mine["fitted"]["fitted"]

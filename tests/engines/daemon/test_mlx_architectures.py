@@ -42,7 +42,7 @@ def walk(home: Path, name: str, folder: Path) -> dict[str, dict[str, Any]]:
     with start_daemon(home) as daemon:
         create(daemon, name, folder)
         create(daemon, f"{name}-512", folder, SMALL)
-        seen = paths(daemon, name, retry=True)
+        seen = paths(daemon, name)
         seen.update(fitted(daemon, f"{name}-512"))
     with start_daemon(home) as daemon:  # a restart: only the disk remembers
         after_restart(daemon, name, seen)
