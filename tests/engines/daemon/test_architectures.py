@@ -45,8 +45,12 @@ class Conversation:
         self.messages += [{"role": "assistant", "content": result["text"]}, {"role": "user", "content": follow_up}]
 
 
-def ask(daemon: Daemon, model: str, messages: list[dict[str, str]], session: str) -> dict[str, Any]:
-    body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0, "prompt_cache_key": session}
+def ask(daemon: Daemon, model: str, messages: list[dict[str, str]], session: str,
+        salt: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0,
+                            "prompt_cache_key": session}
+    if salt is not None:
+        body["cache_salt"] = salt  # a partition of its own: no sequence's live state is reused for it
     with daemon.http(timeout=300) as http:
         response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200, response.text
@@ -116,17 +120,23 @@ def fitted(daemon: Daemon, model: str) -> dict[str, dict[str, Any]]:
 
 
 def cold_answers(home: Path, runs: list[tuple[str, Path, str, list[dict[str, str]]]]) -> list[str]:
-    """Each prompt answered by a daemon without a cache, the model unloaded before each (no live state either)."""
+    """Each prompt answered by a daemon without a cache, each in a cache partition of its own (no live state
+    either: a sequence is reused only within its partition, so every prompt is prefilled from nothing). A model
+    with a Modelfile ``extra`` (the small window) keeps one partition, where the daemon remembers how it fitted the
+    conversation's earlier turn, and is unloaded before each prompt instead."""
     with start_daemon(home, cache_max_bytes="0") as daemon:
         created: set[str] = set()
         answers = []
-        for model, path, extra, messages in runs:
+        for number, (model, path, extra, messages) in enumerate(runs):
             if model not in created:
                 create(daemon, model, path, extra)
                 created.add(model)
-            with daemon.http() as http:
-                http.post("/api/generate", json={"model": model, "keep_alive": 0})
-            answers.append(ask(daemon, model, messages, "cold")["text"])
+            if extra:
+                with daemon.http() as http:
+                    http.post("/api/generate", json={"model": model, "keep_alive": 0})
+            cold = ask(daemon, model, messages, "cold", salt="fitted" if extra else f"cold-{number}")
+            assert cold["cached"] == 0, cold
+            answers.append(cold["text"])
         return answers
 
 
