@@ -97,7 +97,7 @@ test-clients: install-test install-clients
 
 ## test: install everything the tests need (agents and clients included), then lint, type-check and run the suite
 test: install-test install-agents install-clients install-tmux fixtures lint typecheck
-	@echo "==> The whole test suite: about 33 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
+	@echo "==> The whole test suite: about 35 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q --durations=25
 
 ## test-fast: lint, type-check and the tests that load no model and run no agent (about a minute and a half)
