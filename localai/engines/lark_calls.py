@@ -92,6 +92,7 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
         params = []
         for index, parameter in enumerate(tagged_parameters(tool.get("parameters"), prefix, check)):
             value = f"{prefix}_v{index}"
+            value_end = value_close  # what follows the value (a lexeme with a suffix has written its tag)
             if parameter.kind == "enum":  # written bare, unquoted
                 rules.append(f"{value}: " + " | ".join(json.dumps(c, ensure_ascii=False)
                                                        for c in parameter.schema["enum"]))
@@ -107,14 +108,11 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
                     # model could not close a value without a maxLength)
                     suffix = json.dumps(value_close[:value_close.index(close_tag)] + close_tag, ensure_ascii=False)
                     rules.append(f"{value}[suffix={suffix}]: /(?s:.{length})/")
-                    rules.append(f"{prefix}_p{index}: {marker(key_open + parameter.key, specials)} "
-                                 f"{spaced(key_close, specials)} {value} {spaced(after_tag, specials)}")
-                    params.append(f"{prefix}_p{index}" + ("" if parameter.required else "?"))
-                    continue
+                    value_end = after_tag
             else:
                 rules.append(f"{value}: {_schema(parameter.schema)}")
             rules.append(f"{prefix}_p{index}: {marker(key_open + parameter.key, specials)} "
-                         f"{spaced(key_close, specials)} {value} {spaced(value_close, specials)}")
+                         f"{spaced(key_close, specials)} {value} {spaced(value_end, specials)}")
             # each optional parameter at most once, in the schema's order: a repeat of one, which a model could
             # write for ever, is not a call the tool takes
             params.append(f"{prefix}_p{index}" + ("" if parameter.required else "?"))

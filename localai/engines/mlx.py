@@ -209,10 +209,8 @@ class MlxEngine:
 
     def new_sampler(self, sampling: Sampling, constraint: Constraint | None) -> MlxSampler:
         options: dict[str, Any] = {**DEFAULT_SAMPLING, **{k: v for k, v in sampling.items() if v is not None}}
-        matcher = self._matcher(constraint)
-        lazy = None
-        if isinstance(matcher, tuple):
-            lazy, matcher = matcher, None
+        lazy = self._lazy(constraint)
+        matcher = None if lazy is not None else self._matcher(constraint)
         last_n = int(options["repeat_last_n"])
         context = self.n_ctx if last_n < 0 else max(1, min(last_n, self.n_ctx))
         processors = make_logits_processors(
@@ -229,10 +227,28 @@ class MlxEngine:
                           key=key, matcher=matcher, lazy=lazy)
 
     def _matcher(self, constraint: Constraint | None) -> Any:
-        """The request's grammar matcher; for a lazy grammar (``auto`` tool calls), the trigger token and the
-        grammar that applies after it, as a pair (``MlxSampler.lazy``)."""
-        if not constraint:
+        """The request's grammar matcher (None for free text, and for a lazy grammar until its trigger)."""
+        if not constraint or (constraint.get("type") == "tool_call" and constraint.get("lazy")):
             return None
+        if constraint.get("type") == "tool_call" and constraint.get("format") in NATIVE_FORCED:
+            grammar: str | None = forced_call_grammar(constraint, self._special_ids(), self._validate)
+        else:
+            grammar = lark_for(constraint, self._validate)
+        return None if grammar is None else self._compiled(grammar)
+
+    def _lazy(self, constraint: Constraint | None) -> tuple[int, str] | None:
+        """For ``auto`` tool calls, the trigger token and the grammar that applies once it is sampled. As on
+        llama.cpp: only where the trigger is one token (a model that writes <tool_call> in pieces gets its calls
+        parsed, unconstrained)."""
+        if not constraint or constraint.get("type") != "tool_call" or not constraint.get("lazy"):
+            return None
+        trigger = self.hf.encode(HERMES_TRIGGER, add_special_tokens=False)
+        if len(trigger) != 1:
+            return None
+        return trigger[0], lazy_call_grammar(constraint, self._special_ids(), self._validate)
+
+    def _validate(self, grammar: str) -> str:
+        """llguidance's verdict on a grammar for this tokenizer ("" when it is fine); builds its tokenizer once."""
         from llguidance import LLMatcher
 
         if self._guidance is None:
@@ -241,21 +257,7 @@ class MlxEngine:
             self._guidance = llguidance.hf.from_tokenizer(self.hf, n_vocab=self.n_vocab,
                                                           eos_token=self.eos_token)
 
-        def validate(text: str) -> str:
-            return str(LLMatcher.validate_grammar(text, self._guidance))
-
-        if constraint.get("type") == "tool_call" and constraint.get("lazy"):
-            # As on llama.cpp: constrained from the trigger on, only where the trigger is one token (a model that
-            # writes <tool_call> in pieces gets its calls parsed, unconstrained)
-            trigger = self.hf.encode(HERMES_TRIGGER, add_special_tokens=False)
-            if len(trigger) != 1:
-                return None
-            return trigger[0], lazy_call_grammar(constraint, self._special_ids(), validate)
-        if constraint.get("type") == "tool_call" and constraint.get("format") in NATIVE_FORCED:
-            grammar: str | None = forced_call_grammar(constraint, self._special_ids(), validate)
-        else:
-            grammar = lark_for(constraint, validate)
-        return None if grammar is None else self._compiled(grammar)
+        return str(LLMatcher.validate_grammar(grammar, self._guidance))
 
     def _compiled(self, grammar: str) -> Any:
         from llguidance import LLMatcher
@@ -329,7 +331,7 @@ class MlxEngine:
         try:
             if together:
                 group = self.group.gather(together, self.caches)
-                width = max(len(groups[seq]) for seq in group.seqs)
+                width = max(len(groups[seq]) for seq in group.seqs)  # the drafting rows may have left (above)
                 tokens = mx.array([[item.token for _, item in groups[seq]]
                                    + [groups[seq][-1][1].token] * (width - len(groups[seq])) for seq in group.seqs])
                 logits = self.model(tokens, cache=group.cache)

@@ -62,16 +62,12 @@ def as_a_model_writes(hf: Any, style: str, name: str, args: dict[str, Any]) -> l
 @pytest.mark.parametrize("style", sorted(NATIVE_FORCED))
 def test_a_thousand_calls_as_the_family_writes_them_are_accepted_by_the_mlx_grammar(
         style: str, mlx_arch_fixtures: dict[str, Path], tmp_path: Path) -> None:
-    from llguidance import LLMatcher
-
     from localai.engines.mlx import MlxEngine
 
     folder = with_specials(mlx_arch_fixtures["llama"], tmp_path / style, SPECIALS[style])
     engine = MlxEngine(LoadOptions(model_path=str(folder), num_ctx=256, n_parallel=1))
-    engine._matcher({"type": "json_object"})  # builds llguidance's tokenizer
     grammar = forced_call_grammar({"type": "tool_call", "format": style, "tools": TOOLS},  # type: ignore[typeddict-item]
-                                  engine._special_ids(),
-                                  lambda text: str(LLMatcher.validate_grammar(text, engine._guidance)))
+                                  engine._special_ids(), engine._validate)
     matcher = engine._compiled(grammar)
     rng = random.Random(f"mlx-{style}")
     checked = skipped = 0
