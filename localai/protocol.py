@@ -89,6 +89,7 @@ class GenerateOp(TypedDict):
     # whose prefix cache it may reuse: a hash of the API key's id and the request's cache_salt ("" or absent: the
     # default partition, shared by every caller when no keys differ); never the key itself
     cache_partition: NotRequired[str]
+    logprobs: NotRequired[int | None]  # report each generated token's logprob and this many alternatives (0-20)
 
 
 class CancelOp(TypedDict):
@@ -193,12 +194,33 @@ class PromptFrame(TypedDict):
     replica: NotRequired[str | None]  # the remote replica serving it (remote models)
 
 
+MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs list (OpenAI's bound)
+
+
+class TopLogprob(TypedDict):
+    """One of the likeliest tokens at a position: its text (UTF-8, a partial character replaced), bytes and
+    log-probability."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's log-probability and the likeliest tokens at its position (``top_logprobs`` of them)."""
+
+    top_logprobs: list[TopLogprob]
+
+
 class TextFrame(TypedDict):
     """Generated text (whole UTF-8 characters, held back while a stop sequence may be starting)."""
 
     ev: Literal["text"]
     id: str
     text: str
+    # the request asked for logprobs: those of the generated tokens this text completes (a token whose text is
+    # cut by a stop sequence, or an end-of-turn token, has none)
+    logprobs: NotRequired[list[TokenLogprob]]
 
 
 class EventFrame(TypedDict):

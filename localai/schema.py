@@ -10,9 +10,12 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
+
+if TYPE_CHECKING:
+    from localai.protocol import TokenLogprob
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
@@ -160,6 +163,7 @@ class GenerationRequest:
     # Images a model with a vision projector sees, by sha256 (the rendered prompt marks where each stands)
     images: dict[str, bytes] = field(default_factory=dict)
     cache_partition: str = ""  # whose cached prefixes it may reuse (api/sessions.cache_partition); "" the default
+    logprobs: int | None = None  # each generated token's logprob and this many alternatives (0-20); None: none
 
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice.mode != "none"
@@ -247,7 +251,16 @@ class Finished:
     type: Literal["finished"] = "finished"
 
 
-Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | Finished
+@dataclass
+class LogprobsDelta:
+    """The logprobs of the generated tokens whose text the events that follow carry (the request asked for them):
+    every generated token's, whether its text went to the answer, the reasoning or a tool call."""
+
+    entries: list[TokenLogprob]
+    type: Literal["logprobs"] = "logprobs"
+
+
+Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | LogprobsDelta | Finished
 
 
 @dataclass
@@ -264,9 +277,12 @@ class ReplyParts:
     texts: list[str] = field(default_factory=list)
     reasonings: list[str] = field(default_factory=list)
     calls: list[ToolCallEnd] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def add(self, event: Event) -> Event:
-        if isinstance(event, TextDelta):
+        if isinstance(event, LogprobsDelta):
+            self.logprobs.extend(event.entries)
+        elif isinstance(event, TextDelta):
             self.texts.append(event.text)
         elif isinstance(event, ReasoningDelta):
             self.reasonings.append(event.text)

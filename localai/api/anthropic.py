@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localai.api.common import (
     SSE_HEADERS,
@@ -165,6 +165,16 @@ class MessagesRequest(BaseModel):
     thinking: ThinkingConfig | None = None
     output_config: dict[str, Any] | None = None  # format (structured outputs) and effort
     output_format: dict[str, Any] | None = None  # the structured-outputs beta's spelling of output_config.format
+    logprobs: Any = Field(default=None, description="Anthropic's Messages API has no logprobs: asking is a 400.")
+    top_logprobs: Any = Field(default=None, description="Anthropic's Messages API has no logprobs: asking is a 400.")
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: Any) -> Any:
+        if value not in (None, False, 0):
+            raise ValueError("Anthropic's Messages API has no logprobs; ask for them through /v1/chat/completions, "
+                             "/v1/responses or /api/chat")
+        return value
 
     def response_format(self) -> ResponseFormat | None:
         """Structured output: ``output_config.format`` (or the beta's ``output_format``) ``{"type": "json_schema",

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -18,11 +18,13 @@ from starlette.requests import HTTPConnection
 from localai.api.limits import PARSED
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.models.registry import ModelRecord
+from localai.protocol import MAX_TOP_LOGPROBS, TokenLogprob
 from localai.runtime import media
 from localai.runtime.generation import Generation
 from localai.runtime.runtime import Runtime
 from localai.schema import (
     Finished,
+    LogprobsDelta,
     Message,
     ReplyParts,
     Tool,
@@ -65,6 +67,7 @@ class Collected:
     reasoning: str
     calls: list[ToolCallEnd]
     finished: Finished
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the request asked for them
 
 
 async def until_disconnected(request: Request) -> None:
@@ -105,7 +108,7 @@ async def collect(generation: Generation, request: Request | None = None) -> Col
             finished = event
     if finished is None:
         raise LocalAIError("the generation ended without finishing")
-    return Collected(reply.text, reply.reasoning, reply.calls, finished)
+    return Collected(reply.text, reply.reasoning, reply.calls, finished, reply.logprobs)
 
 
 async def remote_descriptions(request: Request, records: list[ModelRecord]) -> dict[str, dict[str, Any]]:
@@ -242,12 +245,24 @@ EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's own limit per request
 
 
-def no_logprobs(value: Any) -> Any:
-    """A validator for a dialect's logprobs fields: asking for them (true, or a count over 0) is a 400 naming the
-    field, not a request served without them as if they had been returned."""
-    if value is not None and not isinstance(value, str) and isinstance(value, int | float) and value > 0:
-        raise ValueError("logprobs are not supported yet")
-    return value
+def top_logprobs_field(description: str) -> Any:
+    """A dialect's count of alternatives per token (``top_logprobs``): 0 to 20, as OpenAI's."""
+    return Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description=description)
+
+
+class PendingLogprobs:
+    """A stream's logprobs waiting for the next chunk that carries text: each chunk gives the entries of the tokens
+    received since the last one (``take``), the rest go in a chunk of their own before the stream ends."""
+
+    def __init__(self) -> None:
+        self.entries: list[TokenLogprob] = []
+
+    def add(self, event: LogprobsDelta) -> None:
+        self.entries.extend(event.entries)
+
+    def take(self) -> list[TokenLogprob]:
+        entries, self.entries = self.entries, []
+        return entries
 
 
 def check_embedding_inputs(value: EmbeddingInput) -> EmbeddingInput:

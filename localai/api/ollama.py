@@ -18,16 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from localai import __version__
 from localai.api.common import (
     ParsedBodyRoute,
+    PendingLogprobs,
     ToolDef,
     check_embedding_inputs,
     collect,
     generation_headers,
-    no_logprobs,
     parse_arguments,
     remote_descriptions,
     runtime_of,
     stream_response,
     tools_of,
+    top_logprobs_field,
     truncated_vector,
 )
 from localai.api.media import from_base64
@@ -45,6 +46,7 @@ from localai.schema import (
     Finished,
     GenerationRequest,
     KeepAlive,
+    LogprobsDelta,
     MediaBlock,
     Message,
     OllamaThink,
@@ -112,10 +114,11 @@ class GenerateBody(BaseModel):
     think: OllamaThink | None = None
     images: list[str] | None = None
     cache_salt: str | None = cache_salt_field()
-    logprobs: bool | None = Field(default=None, description="Not supported yet: true is a 400.")
-    top_logprobs: int | None = Field(default=None, ge=0, description="Not supported yet: over 0 is a 400.")
+    logprobs: bool | None = Field(default=None, description="Each generated token's logprob.")
+    top_logprobs: int | None = top_logprobs_field("Alternatives per token (0-20); over 0 implies logprobs.")
 
-    _logprobs = field_validator("logprobs", "top_logprobs")(no_logprobs)
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs or self.top_logprobs else None
 
 
 class ChatBody(BaseModel):
@@ -129,10 +132,11 @@ class ChatBody(BaseModel):
     format: Any = None
     think: OllamaThink | None = None
     cache_salt: str | None = cache_salt_field()
-    logprobs: bool | None = Field(default=None, description="Not supported yet: true is a 400.")
-    top_logprobs: int | None = Field(default=None, ge=0, description="Not supported yet: over 0 is a 400.")
+    logprobs: bool | None = Field(default=None, description="Each generated token's logprob.")
+    top_logprobs: int | None = top_logprobs_field("Alternatives per token (0-20); over 0 implies logprobs.")
 
-    _logprobs = field_validator("logprobs", "top_logprobs")(no_logprobs)
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs or self.top_logprobs else None
 
 
 class EmbedBody(BaseModel):
@@ -261,15 +265,21 @@ async def _respond(request: Request, generation: Generation, body_stream: bool, 
             extra["thinking"] = result.reasoning
         if result.calls:
             extra["tool_calls"] = _tool_calls_json(result.calls)
-        return JSONResponse({**piece(result.text, **extra), **_final(model, result.finished, started)},
+        logprobs = {"logprobs": result.logprobs} if result.logprobs else {}
+        return JSONResponse({**piece(result.text, **extra), **logprobs, **_final(model, result.finished, started)},
                             headers=generation_headers(generation))
+    pending = PendingLogprobs()
 
     def line(payload: dict[str, Any]) -> bytes:
+        if pending.entries and "error" not in payload:  # each line: the logprobs of the tokens since the last
+            payload = {**payload, "logprobs": pending.take()}
         return (json.dumps(payload, ensure_ascii=False) + "\n").encode()
 
     async def stream() -> AsyncGenerator[bytes, None]:
         async for event in generation.stream_events():
-            if isinstance(event, TextDelta | KeepAlive):  # a keep-alive is an empty chunk: NDJSON has no comments
+            if isinstance(event, LogprobsDelta):
+                pending.add(event)
+            elif isinstance(event, TextDelta | KeepAlive):  # a keep-alive is an empty chunk: NDJSON has no comments
                 text = event.text if isinstance(event, TextDelta) else ""
                 yield line({"model": model, "created_at": now_iso(), **piece(text), "done": False})
             elif isinstance(event, ReasoningDelta):
@@ -325,6 +335,7 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
     generation_request.response_format = format_
     generation_request.reasoning = thinking(body.think)
     generation_request.reasoning_effort = effort_of(body.think) if isinstance(body.think, str) else None
+    generation_request.logprobs = body.logprobs_count()
     generation = await runtime_of(request).start(generation_request)
 
     def piece(text: str, thinking: str | None = None, **_: Any) -> dict[str, Any]:
@@ -392,6 +403,7 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
         tools=tools_of(body.tools), cache_partition=cache_partition(request, body.cache_salt),
         response_format=format_, reasoning=thinking(body.think),
         reasoning_effort=effort_of(body.think) if isinstance(body.think, str) else None,
+        logprobs=body.logprobs_count(),
     ))
 
     def piece(text: str, thinking: str | None = None, tool_calls: list[Any] | None = None) -> dict[str, Any]:

@@ -20,18 +20,19 @@ from localai.api.common import (
     SSE_HEADERS,
     EmbeddingInput,
     ParsedBodyRoute,
+    PendingLogprobs,
     ToolDef,
     check_embedding_inputs,
     check_tool_results,
     collect,
     generation_headers,
-    no_logprobs,
     parse_arguments,
     remote_descriptions,
     runtime_of,
     sse,
     stream_response,
     tools_of,
+    top_logprobs_field,
     truncated_vector,
 )
 from localai.api.media import openai_part, tool_result
@@ -39,11 +40,13 @@ from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import chosen_engine, context_size
 from localai.models.registry import ModelRecord
+from localai.protocol import MAX_TOP_LOGPROBS, TokenLogprob
 from localai.schema import (
     Block,
     Finished,
     GenerationRequest,
     KeepAlive,
+    LogprobsDelta,
     MediaBlock,
     Message,
     OpenAIEffort,
@@ -200,11 +203,13 @@ class SamplingFields(BaseModel):
     speculative: Literal["auto", "on", "off"] | None = Field(
         default=None, description="Draft tokens from the context and verify them in one batch (default: the "
         "model's PARAMETER speculative, else auto: where that leaves the output bit-identical).")
-    logprobs: bool | int | None = Field(default=None, description="Not supported yet: true (chat) or a count over 0 "
-                                        "(completions) is a 400.")
-    top_logprobs: int | None = Field(default=None, ge=0, description="Not supported yet: over 0 is a 400.")
+    logprobs: bool | int | None = Field(default=None, description="Each generated token's logprob: true (chat), or "
+                                        "how many alternatives per token, 0-20 (completions).")
+    top_logprobs: int | None = top_logprobs_field("Chat: alternatives per token (0-20), with logprobs: true.")
 
-    _logprobs = field_validator("logprobs", "top_logprobs")(no_logprobs)
+    def logprobs_count(self) -> int | None:
+        """How many alternatives per token the request wants (None: no logprobs)."""
+        raise NotImplementedError
 
     @field_validator("stop")
     @classmethod
@@ -226,7 +231,7 @@ class SamplingFields(BaseModel):
             max_tokens=max_tokens, stop=stop, ignore_eos=self.ignore_eos, fit_context=self.fit_context,
             speculative={"on": True, "off": False}.get(self.speculative or "auto"),
             session_id=session_id(request.headers, self.prompt_cache_key),
-            cache_partition=cache_partition(request, self.cache_salt), **kwargs,
+            cache_partition=cache_partition(request, self.cache_salt), logprobs=self.logprobs_count(), **kwargs,
         )
 
 
@@ -236,6 +241,14 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormatSpec | None = None
     reasoning_effort: OpenAIEffort | None = None
+
+    def logprobs_count(self) -> int | None:
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            raise InvalidRequest("logprobs is true or false in chat completions (top_logprobs says how many "
+                                 "alternatives)", param="logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(SamplingFields):
@@ -248,6 +261,17 @@ class CompletionRequest(SamplingFields):
         if isinstance(value, list) and len(value) != 1:
             raise ValueError(f"exactly one prompt is taken per request (got {len(value)}); send each on its own")
         return value
+
+    def logprobs_count(self) -> int | None:
+        if self.top_logprobs is not None:
+            raise InvalidRequest("completions take logprobs: N (alternatives per token), not top_logprobs",
+                                 param="top_logprobs")
+        if self.logprobs is None:
+            return None
+        if isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(f"logprobs is how many alternatives per token, 0-{MAX_TOP_LOGPROBS}, in completions "
+                                 f"(got {self.logprobs!r})", param="logprobs")
+        return self.logprobs
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
@@ -286,6 +310,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
     if body.reasoning_effort in ("none", "minimal"):
         generation_request.reasoning = False
     generation_request.reasoning_effort = effort_of(body.reasoning_effort)
+    wants_logprobs = generation_request.logprobs
     generation = await runtime_of(request).start(generation_request)
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
@@ -301,22 +326,29 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
             message["tool_calls"] = tool_calls_json(result.calls)
         return JSONResponse(headers=headers, content={
             "id": completion_id, "object": "chat.completion", "created": created, "model": body.model,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
+            "choices": [{"index": 0, "message": message,
+                         "logprobs": None if wants_logprobs is None else {"content": result.logprobs, "refusal": None},
                          "finish_reason": finish_reason(result.finished.reason)}],
             "usage": usage_json(result.finished.usage), "system_fingerprint": fingerprint,
         })
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
+    pending = PendingLogprobs()
+
     def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
+        # with logprobs asked for: each chunk carries those of the tokens received since the last
+        logprobs = None if wants_logprobs is None else {"content": pending.take(), "refusal": None}
         return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": body.model,
                 "system_fingerprint": fingerprint,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
 
     async def stream() -> AsyncGenerator[bytes, None]:
         yield sse(chunk({"role": "assistant", "content": ""}))
         async for event in generation.stream_events():
             if isinstance(event, KeepAlive):
                 yield KEEPALIVE_COMMENT
+            elif isinstance(event, LogprobsDelta):
+                pending.add(event)
             elif isinstance(event, TextDelta):
                 yield sse(chunk({"content": event.text}))
             elif isinstance(event, ReasoningDelta):
@@ -328,12 +360,28 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
                 yield sse(chunk({"tool_calls": [{"index": event.index,
                                                  "function": {"arguments": event.arguments}}]}))
             elif isinstance(event, Finished):
+                if pending.entries:  # tokens whose text no chunk carried (held back, then parsed away)
+                    yield sse(chunk({}))
                 yield sse(chunk({}, finish_reason(event.reason)))
                 if include_usage:
                     yield sse({**chunk({}), "choices": [], "usage": usage_json(event.usage)})
         yield sse("[DONE]")
 
     return stream_response(generation, stream(), sse_error, headers={**SSE_HEADERS, **headers})
+
+
+def completion_logprobs(entries: list[TokenLogprob], offset: int) -> tuple[dict[str, Any], int]:
+    """Legacy completions' logprobs object for ``entries`` (tokens, their logprobs, each position's alternatives
+    as token -> logprob, and where each token's text begins, from ``offset``: in the prompt and the reply together,
+    as OpenAI counts); and the offset after them."""
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry["token"])
+    return {"tokens": [entry["token"] for entry in entries],
+            "token_logprobs": [entry["logprob"] for entry in entries],
+            "top_logprobs": [{top["token"]: top["logprob"] for top in entry["top_logprobs"]} for entry in entries],
+            "text_offset": offsets}, offset
 
 
 def system_fingerprint(model: str) -> str:
@@ -345,7 +393,9 @@ def system_fingerprint(model: str) -> str:
 @router.post("/v1/completions", response_model=None)
 async def completions(body: CompletionRequest, request: Request) -> JSONResponse | StreamingResponse:
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-    generation = await runtime_of(request).start(body.generation(request, prompt=prompt))
+    generation_request = body.generation(request, prompt=prompt)
+    wants_logprobs = generation_request.logprobs
+    generation = await runtime_of(request).start(generation_request)
     completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     prefix = prompt if body.echo else ""
@@ -353,15 +403,24 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         result = await collect(generation, request)
         return JSONResponse({
             "id": completion_id, "object": "text_completion", "created": created, "model": body.model,
-            "choices": [{"index": 0, "text": prefix + result.text, "logprobs": None,
+            "choices": [{"index": 0, "text": prefix + result.text,
+                         "logprobs": None if wants_logprobs is None
+                         else completion_logprobs(result.logprobs, len(prompt))[0],
                          "finish_reason": finish_reason(result.finished.reason)}],
             "usage": usage_json(result.finished.usage),
         })
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
+    pending = PendingLogprobs()
+    offset = len(prompt)  # text_offset counts the prompt's characters, echoed or not (as OpenAI's)
+
     def chunk(text: str, reason: str | None = None) -> dict[str, Any]:
+        nonlocal offset
+        logprobs = None
+        if wants_logprobs is not None:
+            logprobs, offset = completion_logprobs(pending.take(), offset)
         return {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}]}
 
     async def stream() -> AsyncGenerator[bytes, None]:
         if prefix:
@@ -369,9 +428,13 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
         async for event in generation.stream_events():
             if isinstance(event, KeepAlive):
                 yield KEEPALIVE_COMMENT
+            elif isinstance(event, LogprobsDelta):
+                pending.add(event)
             elif isinstance(event, TextDelta):
                 yield sse(chunk(event.text))
             elif isinstance(event, Finished):
+                if pending.entries:
+                    yield sse(chunk(""))
                 yield sse(chunk("", finish_reason(event.reason)))
                 if include_usage:
                     yield sse({"id": completion_id, "object": "text_completion", "created": created,

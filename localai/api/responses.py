@@ -4,9 +4,10 @@ WebSocket mode is ``responses_socket.py``, storage ``response_store.py``.
 With ``store`` (the default, as at OpenAI) each response is kept in SQLite, so a later request can
 continue it with ``previous_response_id`` instead of resending the conversation.
 
-Accepted and ignored: ``include``, ``parallel_tool_calls``, ``truncation``, ``metadata``, ``user``,
-``safety_identifier``, ``client_metadata``, ``service_tier``, ``text.verbosity``, ``reasoning.summary``,
-``top_logprobs``, and tool types other than ``function`` and ``namespace`` (``web_search``,
+``include: ["message.output_text.logprobs"]`` (or ``top_logprobs`` over 0) gives the output text each generated
+token's logprob. Accepted and ignored: ``include``'s other values, ``parallel_tool_calls``, ``truncation``,
+``metadata``, ``user``, ``safety_identifier``, ``client_metadata``, ``service_tier``, ``text.verbosity``,
+``reasoning.summary``, and tool types other than ``function`` and ``namespace`` (``web_search``,
 ``image_generation``, ``file_search``, ``custom``...), which have nothing local to run them.
 """
 
@@ -29,15 +30,16 @@ from localai.api.common import (
     KEEPALIVE_COMMENT,
     SSE_HEADERS,
     ParsedBodyRoute,
+    PendingLogprobs,
     check_tool_results,
     check_tool_schema,
     collect,
     generation_headers,
-    no_logprobs,
     parse_arguments,
     runtime_of,
     sse,
     stream_response,
+    top_logprobs_field,
     unless_disconnected,
 )
 from localai.api.media import file_data, from_url, openai_part, reference, tool_result
@@ -51,6 +53,7 @@ from localai.schema import (
     Finished,
     GenerationRequest,
     KeepAlive,
+    LogprobsDelta,
     MediaBlock,
     Message,
     ReasoningBlock,
@@ -103,9 +106,10 @@ class ResponsesRequest(BaseModel):
     background: bool = False
     parallel_tool_calls: bool = True
     max_tool_calls: int | None = Field(default=None, ge=1)
-    top_logprobs: int | None = Field(default=None, ge=0, le=20, description="Not supported yet: over 0 is a 400.")
-    include: list[Any] | None = Field(default=None, description="Accepted and ignored, but for "
-                                      "message.output_text.logprobs (not supported yet: a 400).")
+    top_logprobs: int | None = top_logprobs_field("Alternatives per token (0-20) in the output text's logprobs.")
+    include: list[Any] | None = Field(default=None, description="message.output_text.logprobs: each generated "
+                                      "token's logprob in the output text; the other values are accepted and "
+                                      "ignored.")
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     truncation: str | None = None
@@ -115,14 +119,12 @@ class ResponsesRequest(BaseModel):
     service_tier: str | None = None
     generate: bool = True  # False: only evaluate and cache the prompt (Codex's WebSocket prewarm), no output
 
-    _logprobs = field_validator("top_logprobs")(no_logprobs)
-
-    @field_validator("include")
-    @classmethod
-    def _no_logprobs_included(cls, value: list[Any] | None) -> list[Any] | None:
-        if value and "message.output_text.logprobs" in value:
-            raise ValueError("logprobs are not supported yet")
-        return value
+    def logprobs_count(self) -> int | None:
+        """Alternatives per token when the output text's logprobs are asked for (the include value, or a
+        top_logprobs over 0); None: no logprobs."""
+        if "message.output_text.logprobs" in (self.include or []) or self.top_logprobs:
+            return self.top_logprobs or 0
+        return None
 
     @field_validator("reasoning")
     @classmethod
@@ -315,6 +317,7 @@ class OutputBuilder:
         self._open: dict[str, Any] | None = None
         self.sequence = 0
         self.out: list[tuple[str, dict[str, Any]]] = []
+        self.logprobs = PendingLogprobs()  # the output text's next delta carries them
 
     def event(self, kind: str, **data: Any) -> None:
         self.out.append((kind, {"type": kind, "sequence_number": self.sequence, **data}))
@@ -338,7 +341,7 @@ class OutputBuilder:
         if item["type"] == "message":
             part = item["content"][0]
             self.event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                       text=part["text"], logprobs=[])
+                       text=part["text"], logprobs=part["logprobs"])
             self.event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                        part=dict(part))
         elif item["type"] == "reasoning":
@@ -351,10 +354,13 @@ class OutputBuilder:
         item["status"] = "completed"
         self.event("response.output_item.done", output_index=index, item=dict(item))
 
-    def feed(self, event: TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd) -> None:
+    def feed(self, event: TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | LogprobsDelta,
+             ) -> None:
         current = self._open
         index = len(self.items) - 1
-        if isinstance(event, TextDelta):
+        if isinstance(event, LogprobsDelta):
+            self.logprobs.add(event)
+        elif isinstance(event, TextDelta):
             if current is None or current["type"] != "message":
                 self._start({"type": "message", "id": _id("msg"), "status": "in_progress", "role": "assistant",
                              "content": []})
@@ -365,8 +371,10 @@ class OutputBuilder:
                 self.event("response.content_part.added", item_id=current["id"], output_index=index,
                            content_index=0, part=dict(part))
             current["content"][0]["text"] += event.text
+            logprobs = self.logprobs.take()
+            current["content"][0]["logprobs"].extend(logprobs)
             self.event("response.output_text.delta", item_id=current["id"], output_index=index, content_index=0,
-                       delta=event.text, logprobs=[])
+                       delta=event.text, logprobs=logprobs)
         elif isinstance(event, ReasoningDelta):
             if current is None or current["type"] != "reasoning":
                 self._start({"type": "reasoning", "id": _id("rs"), "summary": [],
@@ -516,7 +524,7 @@ async def start_response(body: ResponsesRequest, request: HTTPConnection,
         cache_partition=cache_partition(request, body.cache_salt),
         tool_choice=tool_choice_of(body.tool_choice), response_format=text_format(body.text),
         reasoning=False if effort in ("none", "minimal") else None, reasoning_effort=effort_of(effort),
-        prefill_only=not body.generate,
+        prefill_only=not body.generate, logprobs=body.logprobs_count(),
     )
     try:
         generation = await runtime_of(request).start(generation_request)

@@ -7,9 +7,12 @@ and how text, stops and usage are reported; the engine only evaluates tokens, sa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple, Protocol
+
+import numpy as np
 
 from localai.promptcache.store import StateBytes
 from localai.protocol import Constraint, ModelInfo, Sampling
@@ -116,6 +119,20 @@ def prefill_chunk(n_batch: int, on_gpu: bool, weights_bytes: int = 0) -> int:
     return max(1, min(n_batch, max(MIN_CPU_CHUNK, tokens)))
 
 
+def top_logprobs(logits: Any, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """``Engine.logprobs`` from one row of logits (any float array): log-softmax over the whole vocabulary, the
+    ``top`` highest best first (equal values by token id)."""
+    values = np.asarray(logits, dtype=np.float64).reshape(-1)
+    highest = float(values.max())
+    total = highest + math.log(float(np.exp(values - highest).sum()))
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        count = min(top, values.size)
+        picked = np.argpartition(-values, count - 1)[:count]
+        best = sorted(((int(i), float(values[i]) - total) for i in picked), key=lambda pair: (-pair[1], pair[0]))
+    return float(values[token]) - total, best
+
+
 class Engine(Protocol):
     """A loaded model behind the serving loop."""
 
@@ -172,6 +189,12 @@ class Engine(Protocol):
 
     def sample(self, sampler: Any, row: int) -> int:
         """The next token from the logits of batch position ``row`` of the last decode (it is then accepted)."""
+        ...
+
+    def logprobs(self, row: int, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+        """``token``'s log-probability at batch position ``row`` of the last decode and the ``top`` likeliest tokens
+        there, best first: from the model's logits before any sampling step (penalties, grammar, temperature), as
+        llama.cpp's server reports them (``top_logprobs``)."""
         ...
 
     def seq_keep(self, seq: int, n_tokens: int) -> bool:

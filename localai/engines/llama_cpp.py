@@ -20,7 +20,14 @@ import numpy as np
 
 from localai.engines import llama_devices, llama_state
 from localai.engines.descriptions import speculative_support, state_kind
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, prefill_chunk, stable_by_probes
+from localai.engines.engine import (
+    BatchItem,
+    DecodeFailed,
+    LoadOptions,
+    prefill_chunk,
+    stable_by_probes,
+    top_logprobs,
+)
 from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.engines.llama_devices import LoadReport
 from localai.engines.llama_embed import EmbeddingContext
@@ -430,6 +437,11 @@ class LlamaCppEngine:
             logits = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
             return int(logits.argmax())
         return int(L.llama_sampler_sample(sampler, self.ctx, row))
+
+    def logprobs(self, row: int, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+        row = self._rows.get(row, row)
+        return top_logprobs(np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,)),
+                            token, top)
 
     # -- evaluation ------------------------------------------------------------------------------
 

@@ -30,7 +30,14 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logi
 from mlx_lm.utils import load
 
 from localai.engines import mlx_state
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, prefill_chunk, stable_by_probes
+from localai.engines.engine import (
+    BatchItem,
+    DecodeFailed,
+    LoadOptions,
+    prefill_chunk,
+    stable_by_probes,
+    top_logprobs,
+)
 from localai.engines.grammars import HERMES_TRIGGER, NATIVE_FORCED, GrammarError, lark_for
 from localai.engines.lark_calls import forced_call_grammar, lazy_call_grammar
 from localai.engines.mlx_batch import DecodeGroup, batchable, ragged
@@ -308,6 +315,9 @@ class MlxEngine:
             sampler.lazy = None
         sampler.history.append(token)
         return token
+
+    def logprobs(self, row: int, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+        return top_logprobs(np.asarray(self._rows[row].astype(mx.float32)), token, top)
 
     # -- evaluation ------------------------------------------------------------------------------
 

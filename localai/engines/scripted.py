@@ -163,6 +163,10 @@ class ScriptedEngine(NoCheckpoints):
         sampler.position += 1
         return sampler.reply[sampler.position - 1]
 
+    def logprobs(self, row: int, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+        """The script is certain: its token at probability 1 (log 0), nothing else possible."""
+        return 0.0, [(token, 0.0)][:top]
+
     def _reply(self, prompt: str, sampler: ScriptedSampler) -> str:
         constraint = sampler.constraint or {}
         if constraint.get("type") == "tool_call" and not constraint.get("lazy") and constraint.get("tools"):

@@ -22,9 +22,11 @@ from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions
 from localai.engines.grammars import GrammarError
 from localai.engines.speculative import Drafter
 from localai.engines.token_ids import ForeignTokens, check_own
+from localai.engines.token_logprobs import TokenLogprobs
 from localai.promptcache.blocks import fingerprint
 from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, StateBytes
 from localai.protocol import (
+    MAX_TOP_LOGPROBS,
     CacheSource,
     DoneFrame,
     EmbeddingsFrame,
@@ -126,6 +128,7 @@ class Request:
     drafter: Drafter | None = None  # speculative decoding from the context (engines/speculative.py)
     draft: list[int] = field(default_factory=list)  # the tokens guessed in this step, after the pending one
     chunk_step: int = 0  # the step that last evaluated a chunk of its prompt
+    logprobs: TokenLogprobs | None = None  # the request asked for its tokens' logprobs
 
 
 class Serving:
@@ -290,6 +293,8 @@ class Serving:
             follow_up=bool(op.get("follow_up")) and self.cache is not None, source=source if common else "miss",
             restored=restored.n_tokens if restored else 0, restore_ms=restored.seconds * 1000 if restored else 0.0,
             pin_ttl=float(op.get("pin_ttl") or 0.0), text=op["prompt"] if warm else "",
+            logprobs=None if op.get("logprobs") is None or warm
+            else TokenLogprobs(max(0, min(int(op.get("logprobs") or 0), MAX_TOP_LOGPROBS))),
         )
         prefix_text = op.get("system_prefix")
         system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []
@@ -579,7 +584,7 @@ class Serving:
                 request.prompt_done = now
             else:
                 continue
-            self._accept(request, self.engine.sample(request.sampler, row), emit)
+            self._accept(request, self.engine.sample(request.sampler, row), row, emit)
 
     def _draft(self, request: Request, room: int) -> list[int]:
         """Tokens guessed from the request's context to verify with its pending token, within the batch, the
@@ -608,22 +613,25 @@ class Serving:
             self._fail_batch([request], "the engine could not drop a rejected draft from its KV cache", emit)
             return
         for index, token in enumerate(outputs):
-            self._accept(request, token, emit)
+            self._accept(request, token, row + index, emit)
             if request.id not in self.requests:
                 return  # finished: its KV was cut back to what it keeps
             if index < kept:  # evaluated already, as a draft
                 slot.tokens.append(token)
                 request.pending_token = None
 
-    def _accept(self, request: Request, token: int, emit: Emit) -> None:
+    def _accept(self, request: Request, token: int, row: int, emit: Emit) -> None:
+        """Take ``token``, sampled from batch position ``row``, as the request's next."""
         if not request.ignore_eos and self.engine.is_end(token):
             self._finish(request, "stop", emit)
             return
         request.generated += 1
+        if request.logprobs is not None:
+            request.logprobs.add(self.engine, row, token)
         request.unsent += request.matcher.feed(self.engine.token_bytes(token))
         now = time.perf_counter()
         if request.unsent and (not request.sent_at or now - request.sent_at + self.step_seconds >= FLUSH_INTERVAL):
-            emit(TextFrame(ev="text", id=request.id, text=request.unsent))
+            emit(text_frame(request, request.unsent))
             request.unsent, request.sent_at = "", now
         if request.matcher.stopped:
             self._finish(request, "stop", emit)
@@ -636,8 +644,10 @@ class Serving:
 
     def _finish(self, request: Request, reason: FinishReason, emit: Emit) -> None:
         tail = request.unsent + request.matcher.flush()
-        if tail and reason != "cancelled":
-            emit(TextFrame(ev="text", id=request.id, text=tail))
+        if reason != "cancelled":
+            frame = text_frame(request, tail, final=True)
+            if tail or frame.get("logprobs"):
+                emit(frame)
         now = time.perf_counter()
         prompt_done = request.prompt_done or now
         drafter = request.drafter
@@ -683,6 +693,14 @@ class Serving:
                 request.slot.tokens, request.slot.checkpoints = [], []
                 emit(ErrorFrame(ev="error", id=request.id, kind="engine", message=message))
                 self._release(request)
+
+
+def text_frame(request: Request, text: str, *, final: bool = False) -> TextFrame:
+    """The frame sending ``text``, the next part of the request's reply, with the logprobs it completes."""
+    frame = TextFrame(ev="text", id=request.id, text=text)
+    if request.logprobs is not None:
+        frame["logprobs"] = request.logprobs.sent(text, final=final)
+    return frame
 
 
 def _checkpoint_before(slot: Slot, n_tokens: int) -> Checkpoint | None:

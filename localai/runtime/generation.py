@@ -19,6 +19,7 @@ from localai.schema import (
     Finished,
     GenerationRequest,
     KeepAlive,
+    LogprobsDelta,
     Message,
     ReplyParts,
     TextDelta,
@@ -95,6 +96,8 @@ class Generation:
                 elif frame["ev"] == "event":  # already an event: a remote model's upstream parsed its own output
                     yield frame["event"]
                 elif frame["ev"] == "text":
+                    if frame.get("logprobs"):
+                        yield seen(LogprobsDelta(frame["logprobs"]))
                     if parser is None:
                         yield seen(TextDelta(frame["text"]))
                     else:

@@ -79,7 +79,7 @@ class LocalTarget:
             system_prefix=system_prefix,
             max_tokens=max_tokens, stop=stop, sampling=requested_sampling(self.record, request),  # type: ignore[typeddict-item]
             session=request.session_id, ignore_eos=request.ignore_eos, pin_ttl=request.cache_ttl,
-            cache_partition=request.cache_partition,
+            cache_partition=request.cache_partition, logprobs=request.logprobs,
             constraint=self.constraint(request),
             follow_up=messages is not None and self.settings.cache_max_bytes > 0 and not request.prefill_only,
             warm=request.prefill_only,

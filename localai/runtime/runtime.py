@@ -47,6 +47,9 @@ class Runtime:
         before any response bytes are sent, so they get a proper HTTP status.
         """
         record = self.registry.get(request.model)
+        if record.remote and request.logprobs is not None:
+            raise InvalidRequest(f"{record.name} is a remote model: logprobs are not passed on to remote models yet",
+                                 param="logprobs")
         prepared = await media.prepare(request.messages, self.documents, model=record.name,
                                        sees_images=self.sees_images(record))
         request = replace(request, messages=prepared.messages, images=prepared.images)

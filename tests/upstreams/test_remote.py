@@ -54,6 +54,13 @@ def replica_of(response: httpx.Response) -> str:
     return response.headers["x-localai-replica"]
 
 
+def test_logprobs_asked_of_a_remote_model_are_a_400_not_silently_missing(remote_daemon: Daemon) -> None:
+    response = post(remote_daemon, "/v1/chat/completions", {"model": "big", "messages": HI, "max_tokens": 2,
+                                                            "logprobs": True})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs", response.text
+    assert "remote model" in response.json()["error"]["message"]
+
+
 def test_every_dialect_through_a_remote_model(remote_daemon: Daemon) -> None:
     chat = post(remote_daemon, "/v1/chat/completions", {"model": "big", "messages": HI, "max_tokens": 8})
     assert chat.status_code == 200, chat.text

@@ -51,16 +51,28 @@ def test_the_converted_model_answers_like_the_gguf_it_came_from(daemon: Daemon, 
     assert first_words >= 6, f"only {first_words} of {len(PROMPTS)} prompts start alike: the conversion is off"
 
 
-def test_openai_chat_plain_and_streamed_give_the_same_greedy_text(mlx_daemon: Daemon) -> None:
+def test_openai_chat_plain_and_streamed_give_the_same_greedy_text_and_logprobs(mlx_daemon: Daemon) -> None:
     with openai.OpenAI(base_url=f"{mlx_daemon.base_url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
         messages: Any = [{"role": "user", "content": "What is the capital of France?"}]
-        plain = client.chat.completions.create(model=MLX_MODEL, messages=messages, max_tokens=8, temperature=0)
+        plain = client.chat.completions.create(model=MLX_MODEL, messages=messages, max_tokens=8, temperature=0,
+                                               logprobs=True, top_logprobs=3)
         assert plain.choices[0].message.content and "Paris" in plain.choices[0].message.content
         chunks = list(client.chat.completions.create(model=MLX_MODEL, messages=messages, max_tokens=8, temperature=0,
-                                                     stream=True, stream_options={"include_usage": True}))
+                                                     stream=True, stream_options={"include_usage": True},
+                                                     logprobs=True, top_logprobs=3))
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == plain.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens  # type: ignore[union-attr]
+    # logprobs from the MLX model's logits: the greedy token the likeliest, streamed as plain
+    entries = plain.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert entries and "".join(e.token for e in entries) == plain.choices[0].message.content
+    for entry in entries:
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == entry.logprob < 0.01
+    streamed_entries = [e for c in chunks if c.choices and c.choices[0].logprobs
+                        for e in c.choices[0].logprobs.content or []]
+    assert [e.token for e in streamed_entries] == [e.token for e in entries]
+    assert [e.logprob for e in streamed_entries] == pytest.approx([e.logprob for e in entries], abs=1e-4)
 
 
 def test_sampling_fields_and_seed_are_honoured(mlx_daemon: Daemon) -> None:
