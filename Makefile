@@ -96,7 +96,11 @@ test-clients: install-test install-clients
 	$(BIN)/python -m pytest -q -s tests/api/daemon/clients
 
 ## test: install everything the tests need (agents and clients included), then lint, type-check and run the suite
-test: install-test install-agents install-clients install-tmux fixtures lint typecheck
+## (after the virtualenv, the rest of the preparation runs side by side: the agents' and clients' installs and the
+## type check are mostly single-threaded or waiting on downloads, beside the fixtures' compile)
+test: install-test
+	@$(MAKE) --no-print-directory -j4 --output-sync=line install-agents install-clients install-tmux fixtures lint \
+	  typecheck
 	@echo "==> The whole test suite: about 35 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q --durations=25
 

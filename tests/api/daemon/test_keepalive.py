@@ -1,5 +1,6 @@
 """Streams send keep-alives while a long prompt is evaluated, in each dialect's own form, and the dialects' own
-clients read through them (LOCALAI_STREAM_KEEPALIVE set low so a CPU prefill of ~1,000 tokens spans several)."""
+clients read through them (LOCALAI_STREAM_KEEPALIVE set low so a CPU prefill of ~420 tokens, seven chunks, spans
+several)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import openai
 from tests.api.daemon.streams import check_anthropic_stream, check_chat_stream, check_responses_stream, named_events
 from tests.conftest import start_daemon
 
-LONG = "The build failed again, so read the log, find the first error and explain it. " * 60  # ~1,000 tokens
+LONG = "The build failed again, so read the log, find the first error and explain it. " * 25  # ~420 tokens
 
 
 def raw_lines(http: httpx.Client, path: str, body: dict[str, Any]) -> list[str]:

@@ -1,5 +1,6 @@
-"""The MLX engine's batched decode on the real SmolLM2 weights: sequences that decode together run in one forward
-pass a step, and give the same greedy tokens as each sequence alone, whoever joins or leaves the batch."""
+"""The MLX engine's batched decode (on a tiny random-weight llama folder): sequences that decode together run in
+one forward pass a step, and give the same greedy tokens as each sequence alone, whoever joins or leaves the
+batch."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ STEPS = 12
 
 
 @pytest.fixture(scope="module")
-def engine(mlx_model_path: Path) -> Any:
+def engine(mlx_arch_fixtures: dict[str, Path]) -> Any:
+    """The tiny random-weight llama folder (tests/mlxarch.py): the batch's arithmetic, not the answers, is tested
+    here, and it runs in a fraction of SmolLM2's time."""
     from localai.engines.mlx import MlxEngine
 
-    return MlxEngine(LoadOptions(model_path=str(mlx_model_path), num_ctx=1024, n_parallel=4, n_batch=32))
+    return MlxEngine(LoadOptions(model_path=str(mlx_arch_fixtures["llama"]), num_ctx=1024, n_parallel=4,
+                                 n_batch=32))
 
 
 class Passes:

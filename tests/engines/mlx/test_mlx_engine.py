@@ -156,20 +156,25 @@ def test_ps_show_and_tags_name_the_mlx_engine_and_embeddings_work(mlx_daemon: Da
     assert "engine" in mlx_daemon.cli("show", MLX_MODEL).stdout
 
 
-def test_interleaved_sessions_each_keep_their_kv(mlx_daemon: Daemon) -> None:
+def test_interleaved_sessions_each_keep_their_kv(mlx_daemon: Daemon, mlx_arch_fixtures: dict[str, Path]) -> None:
+    """Cache mechanics, not answers: on the tiny random-weight llama folder (tests/mlxarch.py)."""
+    tiny = create_mlx_model(mlx_daemon, mlx_arch_fixtures["llama"], name="tiny-mlx-llama")
     sessions = {name: [{"role": "system", "content": f"Session {name}. {SYSTEM}"},
                        {"role": "user", "content": f"Hello from {name}"}] for name in ("red", "blue", "green")}
     previous: dict[str, int] = {}
     for turn in range(2):
         for name, messages in sessions.items():
-            result = chat(mlx_daemon, messages, max_tokens=3, prompt_cache_key=f"mlx-{name}")
+            result = chat(mlx_daemon, messages, model=tiny, max_tokens=3, prompt_cache_key=f"mlx-{name}")
             if turn:  # more sessions than sequences (2): each resumes from its own cached prefix
                 assert cached(result) >= previous[name], (name, result["usage"])
             previous[name] = result["usage"]["total_tokens"] - 1
             messages += [{"role": "assistant", "content": text(result)}, {"role": "user", "content": "Go on."}]
 
 
-def test_restart_resumes_from_disk_and_a_corrupt_file_is_never_served(tmp_path: Path, mlx_model_path: Path) -> None:
+def test_restart_resumes_from_disk_and_a_corrupt_file_is_never_served(tmp_path: Path,
+                                                                     mlx_arch_fixtures: dict[str, Path]) -> None:
+    """Cache mechanics, not answers: on the tiny random-weight llama folder (tests/mlxarch.py)."""
+    mlx_model_path = mlx_arch_fixtures["llama"]
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is a linked list?"}]
     with start_daemon(tmp_path / "home") as daemon:
         create_mlx_model(daemon, mlx_model_path)
