@@ -79,9 +79,13 @@ class ChatMessage:
     stats: ChatStats | None = None
     stopped: bool = False
     """The user stopped this reply before the model finished it."""
+    thinking: str = ""
+    """A thinking model's reasoning before its answer (Ollama's ``message.thinking``)."""
 
     def to_json(self) -> dict[str, Any]:
         item: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.thinking:
+            item["thinking"] = self.thinking
         if self.stats is not None:
             item["stats"] = self.stats.to_json()
         if self.stopped:
@@ -93,7 +97,8 @@ class ChatMessage:
         if not isinstance(value, dict) or not isinstance(value.get("role"), str):
             raise ValueError(f"not a message: {value!r:.60}")
         return cls(role=value["role"], content=str(value.get("content") or ""),
-                   stats=ChatStats.from_json(value.get("stats")), stopped=bool(value.get("stopped")))
+                   stats=ChatStats.from_json(value.get("stats")), stopped=bool(value.get("stopped")),
+                   thinking=str(value.get("thinking") or ""))
 
 
 @dataclass
@@ -118,9 +123,11 @@ class Conversation:
         return self.title or "New conversation"
 
     def api_messages(self) -> list[dict[str, str]]:
-        """The messages as ``/api/chat`` wants them: the system prompt first, no localai bookkeeping."""
+        """The messages as ``/api/chat`` wants them: the system prompt first, a reply's thinking beside its content
+        (the model's template decides whether earlier turns' reasoning is shown to it), no localai bookkeeping."""
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return system + [{"role": m.role, "content": m.content} for m in self.messages]
+        return system + [{"role": m.role, "content": m.content, **({"thinking": m.thinking} if m.thinking else {})}
+                         for m in self.messages]
 
     def to_markdown(self) -> str:
         """The conversation as a Markdown document (what ``export`` writes)."""
@@ -130,7 +137,10 @@ class Conversation:
         if self.system:
             lines += ["", "## System", "", self.system]
         for message in self.messages:
-            lines += ["", f"## {message.role.capitalize()}", "", message.content.rstrip()]
+            lines += ["", f"## {message.role.capitalize()}", ""]
+            if message.thinking:  # a collapsed block, as the terminal UI shows it
+                lines += ["<details><summary>Thinking</summary>", "", message.thinking.rstrip(), "", "</details>", ""]
+            lines.append(message.content.rstrip())
             if message.stopped:
                 lines += ["", "*(stopped)*"]
         return "\n".join(lines) + "\n"

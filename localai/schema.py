@@ -164,6 +164,7 @@ class GenerationRequest:
     images: dict[str, bytes] = field(default_factory=dict)
     cache_partition: str = ""  # whose cached prefixes it may reuse (api/sessions.cache_partition); "" the default
     logprobs: int | None = None  # each generated token's logprob and this many alternatives (0-20); None: none
+    follow_up: bool = True  # the reply is the session's turn: prefilled as the next turn renders it (not: n's others)
 
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice.mode != "none"

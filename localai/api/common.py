@@ -7,7 +7,7 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -78,7 +78,13 @@ async def until_disconnected(request: Request) -> None:
             return
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T], generation: Generation) -> T:
+class Closable(Protocol):
+    """What a response stops when its client goes: a generation, or a request's choices (``api/choices.py``)."""
+
+    async def aclose(self) -> None: ...
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T], generation: Closable) -> T:
     """Await ``work`` (a whole, non-streamed generation), stopping the generation if the client disconnects
     first: a streamed reply stops at its next write, a collected one would otherwise run to its end."""
     task = asyncio.ensure_future(work)
@@ -131,7 +137,7 @@ KEEPALIVE_COMMENT = b": keep-alive\n\n"  # an SSE comment: clients skip it, idle
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def stream_response(generation: Generation, frames: AsyncGenerator[bytes, None],
+def stream_response(generation: Closable, frames: AsyncGenerator[bytes, None],
                     error: Callable[[LocalAIError], bytes], *, headers: Mapping[str, str],
                     media_type: str = "text/event-stream") -> StreamingResponse:
     """The tail every dialect's stream shares: send the dialect's frames; an error once the stream has begun (the

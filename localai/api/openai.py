@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from localai import __version__
+from localai.api.choices import MAX_CHOICES, Choices, merged_usage
 from localai.api.common import (
     KEEPALIVE_COMMENT,
     SSE_HEADERS,
@@ -24,7 +25,6 @@ from localai.api.common import (
     ToolDef,
     check_embedding_inputs,
     check_tool_results,
-    collect,
     generation_headers,
     parse_arguments,
     remote_descriptions,
@@ -34,6 +34,7 @@ from localai.api.common import (
     tools_of,
     top_logprobs_field,
     truncated_vector,
+    unless_disconnected,
 )
 from localai.api.media import openai_part, tool_result
 from localai.api.sessions import cache_partition, cache_salt_field, session_id
@@ -43,6 +44,7 @@ from localai.models.registry import ModelRecord
 from localai.protocol import MAX_TOP_LOGPROBS, TokenLogprob
 from localai.schema import (
     Block,
+    Event,
     Finished,
     GenerationRequest,
     KeepAlive,
@@ -52,6 +54,7 @@ from localai.schema import (
     OpenAIEffort,
     ReasoningBlock,
     ReasoningDelta,
+    ReplyParts,
     ResponseFormat,
     SamplingOptions,
     TextBlock,
@@ -193,7 +196,8 @@ class SamplingFields(BaseModel):
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repeat_penalty: float | None = Field(default=None, ge=0)
-    n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported.")
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES, description=f"Choices to generate (1-{MAX_CHOICES}): parallel "
+                   "sequences that start from the first's evaluated prompt; the others sample with seed + index.")
     prompt_cache_key: str | None = None
     cache_salt: str | None = cache_salt_field()
     ignore_eos: bool = False
@@ -311,63 +315,97 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
         generation_request.reasoning = False
     generation_request.reasoning_effort = effort_of(body.reasoning_effort)
     wants_logprobs = generation_request.logprobs
-    generation = await runtime_of(request).start(generation_request)
+    choices = await Choices.start(runtime_of(request), generation_request, body.n)
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
-    headers = generation_headers(generation)
+    headers = generation_headers(choices.first)
     fingerprint = system_fingerprint(body.model)
     if not body.stream:
-        result = await collect(generation, request)
-        message: dict[str, Any] = {"role": "assistant", "content": result.text if result.text or not result.calls
-                                   else None, "refusal": None}
-        if result.reasoning:
-            message["reasoning_content"] = result.reasoning
-        if result.calls:
-            message["tool_calls"] = tool_calls_json(result.calls)
+        replies, finished = await unless_disconnected(request, collect_choices(choices), choices)
         return JSONResponse(headers=headers, content={
             "id": completion_id, "object": "chat.completion", "created": created, "model": body.model,
-            "choices": [{"index": 0, "message": message,
-                         "logprobs": None if wants_logprobs is None else {"content": result.logprobs, "refusal": None},
-                         "finish_reason": finish_reason(result.finished.reason)}],
-            "usage": usage_json(result.finished.usage), "system_fingerprint": fingerprint,
+            "choices": [{"index": index, "message": chat_message(replies[index]),
+                         "logprobs": None if wants_logprobs is None
+                         else {"content": replies[index].logprobs, "refusal": None},
+                         "finish_reason": finish_reason(finished[index].reason)} for index in range(body.n)],
+            "usage": usage_json(merged_usage({i: f.usage for i, f in finished.items()})),
+            "system_fingerprint": fingerprint,
         })
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    pending = {index: PendingLogprobs() for index in range(body.n)}
 
-    pending = PendingLogprobs()
-
-    def chunk(delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
-        # with logprobs asked for: each chunk carries those of the tokens received since the last
-        logprobs = None if wants_logprobs is None else {"content": pending.take(), "refusal": None}
+    def chunk(index: int, delta: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
+        # with logprobs asked for: each chunk carries those of its choice's tokens received since the last
+        logprobs = None if wants_logprobs is None else {"content": pending[index].take(), "refusal": None}
         return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": body.model,
                 "system_fingerprint": fingerprint,
-                "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
+                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
 
     async def stream() -> AsyncGenerator[bytes, None]:
-        yield sse(chunk({"role": "assistant", "content": ""}))
-        async for event in generation.stream_events():
+        usages: dict[int, Usage] = {}
+        yield sse(chunk(0, {"role": "assistant", "content": ""}))
+        async for index, event in choices.events(keepalive=True):
+            if index and index not in pending_roles:
+                pending_roles.add(index)
+                yield sse(chunk(index, {"role": "assistant", "content": ""}))
+            delta = chat_delta(event)
             if isinstance(event, KeepAlive):
                 yield KEEPALIVE_COMMENT
             elif isinstance(event, LogprobsDelta):
-                pending.add(event)
-            elif isinstance(event, TextDelta):
-                yield sse(chunk({"content": event.text}))
-            elif isinstance(event, ReasoningDelta):
-                yield sse(chunk({"reasoning_content": event.text}))
-            elif isinstance(event, ToolCallStart):
-                yield sse(chunk({"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
-                                                 "function": {"name": event.name, "arguments": ""}}]}))
-            elif isinstance(event, ToolCallDelta):
-                yield sse(chunk({"tool_calls": [{"index": event.index,
-                                                 "function": {"arguments": event.arguments}}]}))
+                pending[index].add(event)
+            elif delta is not None:
+                yield sse(chunk(index, delta))
             elif isinstance(event, Finished):
-                if pending.entries:  # tokens whose text no chunk carried (held back, then parsed away)
-                    yield sse(chunk({}))
-                yield sse(chunk({}, finish_reason(event.reason)))
-                if include_usage:
-                    yield sse({**chunk({}), "choices": [], "usage": usage_json(event.usage)})
+                usages[index] = event.usage
+                if pending[index].entries:  # tokens whose text no chunk carried (held back, then parsed away)
+                    yield sse(chunk(index, {}))
+                yield sse(chunk(index, {}, finish_reason(event.reason)))
+        if include_usage and len(usages) == body.n:
+            yield sse({**chunk(0, {}), "choices": [], "usage": usage_json(merged_usage(usages))})
         yield sse("[DONE]")
 
-    return stream_response(generation, stream(), sse_error, headers={**SSE_HEADERS, **headers})
+    pending_roles: set[int] = set()
+    return stream_response(choices, stream(), sse_error, headers={**SSE_HEADERS, **headers})
+
+
+async def collect_choices(choices: Choices) -> tuple[dict[int, ReplyParts], dict[int, Finished]]:
+    """Every choice whole: its text, reasoning, tool calls and logprobs, and how it ended."""
+    replies = {index: ReplyParts() for index in range(choices.n)}
+    finished: dict[int, Finished] = {}
+    async for index, event in choices.events():
+        if isinstance(event, KeepAlive):
+            continue
+        replies[index].add(event)
+        if isinstance(event, Finished):
+            finished[index] = event
+    if len(finished) != choices.n:
+        raise LocalAIError("the generation ended without finishing")
+    return replies, finished
+
+
+def chat_message(reply: ReplyParts) -> dict[str, Any]:
+    """A whole chat completion's message: its text (null when it only calls tools), reasoning and tool calls."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text if reply.text or not reply.calls
+                               else None, "refusal": None}
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    if reply.calls:
+        message["tool_calls"] = tool_calls_json(reply.calls)
+    return message
+
+
+def chat_delta(event: Event | KeepAlive) -> dict[str, Any] | None:
+    """A streamed chat chunk's delta for a text, reasoning or tool-call event (None for the others)."""
+    if isinstance(event, TextDelta):
+        return {"content": event.text}
+    if isinstance(event, ReasoningDelta):
+        return {"reasoning_content": event.text}
+    if isinstance(event, ToolCallStart):
+        return {"tool_calls": [{"index": event.index, "id": event.id, "type": "function",
+                                "function": {"name": event.name, "arguments": ""}}]}
+    if isinstance(event, ToolCallDelta):
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.arguments}}]}
+    return None
 
 
 def completion_logprobs(entries: list[TokenLogprob], offset: int) -> tuple[dict[str, Any], int]:
@@ -395,53 +433,57 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     generation_request = body.generation(request, prompt=prompt)
     wants_logprobs = generation_request.logprobs
-    generation = await runtime_of(request).start(generation_request)
+    choices = await Choices.start(runtime_of(request), generation_request, body.n)
     completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
     created = int(time.time())
     prefix = prompt if body.echo else ""
     if not body.stream:
-        result = await collect(generation, request)
+        replies, finished = await unless_disconnected(request, collect_choices(choices), choices)
         return JSONResponse({
             "id": completion_id, "object": "text_completion", "created": created, "model": body.model,
-            "choices": [{"index": 0, "text": prefix + result.text,
+            "choices": [{"index": index, "text": prefix + replies[index].text,
                          "logprobs": None if wants_logprobs is None
-                         else completion_logprobs(result.logprobs, len(prompt))[0],
-                         "finish_reason": finish_reason(result.finished.reason)}],
-            "usage": usage_json(result.finished.usage),
+                         else completion_logprobs(replies[index].logprobs, len(prompt))[0],
+                         "finish_reason": finish_reason(finished[index].reason)} for index in range(body.n)],
+            "usage": usage_json(merged_usage({i: f.usage for i, f in finished.items()})),
         })
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    pending = {index: PendingLogprobs() for index in range(body.n)}
+    offsets = dict.fromkeys(range(body.n), len(prompt))  # text_offset counts the prompt, echoed or not (OpenAI's)
 
-    pending = PendingLogprobs()
-    offset = len(prompt)  # text_offset counts the prompt's characters, echoed or not (as OpenAI's)
-
-    def chunk(text: str, reason: str | None = None) -> dict[str, Any]:
-        nonlocal offset
+    def chunk(index: int, text: str, reason: str | None = None) -> dict[str, Any]:
         logprobs = None
         if wants_logprobs is not None:
-            logprobs, offset = completion_logprobs(pending.take(), offset)
+            logprobs, offsets[index] = completion_logprobs(pending[index].take(), offsets[index])
         return {"id": completion_id, "object": "text_completion", "created": created, "model": body.model,
-                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}]}
+                "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}]}
 
     async def stream() -> AsyncGenerator[bytes, None]:
+        usages: dict[int, Usage] = {}
         if prefix:
-            yield sse(chunk(prefix))
-        async for event in generation.stream_events():
+            yield sse(chunk(0, prefix))
+        async for index, event in choices.events(keepalive=True):
+            if prefix and index and index not in echoed:
+                echoed.add(index)
+                yield sse(chunk(index, prefix))
             if isinstance(event, KeepAlive):
                 yield KEEPALIVE_COMMENT
             elif isinstance(event, LogprobsDelta):
-                pending.add(event)
+                pending[index].add(event)
             elif isinstance(event, TextDelta):
-                yield sse(chunk(event.text))
+                yield sse(chunk(index, event.text))
             elif isinstance(event, Finished):
-                if pending.entries:
-                    yield sse(chunk(""))
-                yield sse(chunk("", finish_reason(event.reason)))
-                if include_usage:
-                    yield sse({"id": completion_id, "object": "text_completion", "created": created,
-                               "model": body.model, "choices": [], "usage": usage_json(event.usage)})
+                usages[index] = event.usage
+                if pending[index].entries:
+                    yield sse(chunk(index, ""))
+                yield sse(chunk(index, "", finish_reason(event.reason)))
+        if include_usage and len(usages) == body.n:
+            yield sse({"id": completion_id, "object": "text_completion", "created": created,
+                       "model": body.model, "choices": [], "usage": usage_json(merged_usage(usages))})
         yield sse("[DONE]")
 
-    return stream_response(generation, stream(), sse_error, headers=SSE_HEADERS)
+    echoed: set[int] = set()
+    return stream_response(choices, stream(), sse_error, headers=SSE_HEADERS)
 
 
 def model_json(name: str, record: ModelRecord, settings: Settings, remote: dict[str, Any] | None) -> dict[str, Any]:

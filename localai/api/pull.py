@@ -1,4 +1,5 @@
-"""``POST /api/pull`` (Ollama's shape: NDJSON progress, or one object with ``stream: false``) and
+"""``POST /api/pull`` (Ollama's shape: NDJSON progress, or one object with ``stream: false``; with localai's
+``dry_run``, the plan alone: what the pull would fetch and the free disk) and
 ``GET /api/modelfiles`` (the user Modelfiles the daemon watches, with the error of each broken one)."""
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class PullBody(BaseModel):
     name: str | None = None
     stream: bool = True
     insecure: bool = False  # Ollama's field; the hub is always HTTPS (or HF_ENDPOINT)
+    # localai's: only plan the pull (what it fetches, how many bytes, the free disk), fetch nothing
+    dry_run: bool = False
 
 
 @router.post("/api/pull", response_model=None)
@@ -42,6 +45,8 @@ async def pull(body: PullBody, request: Request) -> JSONResponse | StreamingResp
     token = request.headers.get(TOKEN_HEADER) or None
     # Planning raises every fixable error (bad name, missing repo or quant, disk) before streaming starts.
     plan = await asyncio.to_thread(pulling.plan, name, settings, token)
+    if body.dry_run:
+        return JSONResponse(await asyncio.to_thread(pulling.describe, plan))
     job = pulling.PullJob(plan, runtime.registry, token).start()
     watcher = getattr(request.app.state, "watcher", None)
     if not body.stream:

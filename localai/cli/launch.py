@@ -32,7 +32,8 @@ EPILOG = """Examples:
 @click.option("-m", "--model", help="The model the agent uses (an installed model or alias).")
 @click.option("--config", "config_only", is_flag=True, help="Only write the agent's configuration; do not run it.")
 @click.option("--restore", is_flag=True, help="Undo everything localai wrote for the agent.")
-@click.option("-y", "--yes", is_flag=True, help="Install the agent if it is missing, without asking.")
+@click.option("-y", "--yes", is_flag=True, help="Install the agent and pull the model if they are missing, without "
+              "asking.")
 @click.option("--list", "list_agents", is_flag=True, help="List the supported agents and how each is wired.")
 @fail_cleanly
 def launch(agent: str | None, extra: tuple[str, ...], model: str | None, config_only: bool, restore: bool,
@@ -105,7 +106,7 @@ def _target(model: str | None, yes: bool) -> Target:
     client = _client()  # starts the daemon unless one answers
     if not model:
         model = _choose_model(client, yes)
-    info = client.request("POST", "/api/show", {"model": model})
+    info = _show_or_pull(client, model, yes)
     advice = (info.get("memory") or {}).get("advice")
     if advice:
         click.echo(f"localai: {advice}", err=True)
@@ -115,6 +116,45 @@ def _target(model: str | None, yes: bool) -> Target:
     context_length, max_output = model_limits(info, settings.context_length)
     return Target(base_url=daemon_url(settings), model=model, context_length=context_length,
                   max_output_tokens=max_output, api_key=settings.api_key)
+
+
+def _show_or_pull(client: Any, model: str, yes: bool) -> dict[str, Any]:
+    """The model's ``/api/show``; a model that is not installed but can be pulled is offered (its download size and
+    the free disk said first), pulled with ``--yes``, and refused with the commands that get it elsewhere."""
+    from localai.cli.pull import show_pull
+    from localai.client import APIError
+    from localai.errors import HubUnreachable, ModelNotFound
+
+    try:
+        return dict(client.request("POST", "/api/show", {"model": model}))
+    except ModelNotFound as exc:
+        missing = exc
+    try:
+        plan = client.request("POST", "/api/pull", {"model": model, "dry_run": True})
+    except ModelNotFound:
+        raise missing from None  # nothing localai can pull by that name: the message says where to look
+    except APIError as exc:
+        if exc.status_code == 503:  # the hub cannot be reached: offline, or no network
+            raise HubUnreachable(f"model '{model}' is not installed and cannot be pulled now: {exc.message}; "
+                                 f"connect to the network (or unset HF_HUB_OFFLINE) and run this again, or pull it "
+                                 f"where you are online (`localai pull {model}`)") from None
+        raise
+    what = (f"model '{model}' is not installed; pulling it downloads {_size(int(plan['download']))} from "
+            f"{plan['source']} ({_size(int(plan['free']))} free in {plan['cache']})")
+    if not yes:
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise ModelNotFound(f"{what}: run `localai pull {model}`, or launch with --yes to pull it")
+        click.echo(f"localai: {what}", err=True)
+        if not click.confirm(f"Pull {model} now?", default=True, err=True):
+            raise ModelNotFound(f"model '{model}' is not installed")
+    else:
+        click.echo(f"localai: {what}; pulling it (--yes)", err=True)
+    show_pull(client, model)
+    return dict(client.request("POST", "/api/show", {"model": model}))
+
+
+def _size(count: int) -> str:
+    return f"{count / 1e9:.2f} GB" if count >= 10**8 else f"{count / 1e6:.1f} MB"
 
 
 def _loaded_context(client: Any, model: str) -> int:

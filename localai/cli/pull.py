@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -18,14 +19,21 @@ def pull(model: str) -> None:
 
     Interrupted pulls resume where they stopped. HF_TOKEN is passed on for gated repositories.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
-
     from localai.client import Client
-    from localai.models.hub import TOKEN_HEADER
 
     client = Client()
     client.ensure_running()
+    show_pull(client, model)
+
+
+def show_pull(client: Any, model: str) -> None:
+    """Pull ``model`` through the daemon with a progress bar per file on stderr (``localai pull``, and ``localai
+    launch`` when its model is missing); Ctrl-C stops the download and keeps what it fetched."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
+
+    from localai.models.hub import TOKEN_HEADER
+
     token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
     stream = client.stream("/api/pull", {"model": model, "stream": True}, {TOKEN_HEADER: token} if token else None)
     console = Console(stderr=True)  # like ollama: progress on stderr, stdout stays clean

@@ -280,6 +280,9 @@ class Serving:
         slot, common, restored = self._restore_if_better(prompt, slot, common, limit, partition)
         if restored is not None:
             source = restored.tier
+        forked = self._fork_if_better(prompt, slot, common, limit, partition)
+        if forked > common:
+            common, source, restored = forked, "live", None
         common = self._cut(slot, min(common, limit))
         slot.last_used, slot.partition = time.monotonic(), partition
         slot.session = session
@@ -426,6 +429,29 @@ class Serving:
         self.cache.count("hits")
         self.cache.count("tokens_restored", restored.common)
         return slot, restored.common, restored
+
+    def _fork_if_better(self, prompt: list[int], slot: Slot, common: int, limit: int, partition: str = "") -> int:
+        """Copy the prefix a busy slot of the same partition shares with the prompt into the chosen slot, when it
+        beats what that slot holds: requests that run at once with the same start (a request's ``n`` choices,
+        sub-agents sent together) compute it once. Only where a state can be cut anywhere (the busy slot has gone
+        on past the shared part). Returns the tokens the slot now holds."""
+        if not self.engine.can_trim:
+            return common
+        shared, source = max(((min(common_prefix_length(other.tokens, prompt), limit), other) for other in self.slots
+                              if other.busy and other is not slot and other.partition == partition),
+                             key=lambda pair: pair[0], default=(0, None))
+        if source is None or shared < MIN_TOKENS or shared <= common + 16:
+            return common
+        state = self.engine.seq_state(source.seq)
+        self.engine.seq_clear(slot.seq)
+        slot.checkpoints = []
+        if not state or not self.engine.seq_restore(slot.seq, state) or not self.engine.seq_keep(slot.seq, shared):
+            self.engine.seq_clear(slot.seq)
+            slot.tokens = []
+            return 0
+        slot.tokens = list(source.tokens[:shared])
+        log.info("sequence %d starts from %d tokens of sequence %d's live state", slot.seq, shared, source.seq)
+        return shared
 
     def _system_boundary(self, prefix: list[int], prompt: list[int], common: int, partition: str = "") -> int | None:
         """Where the system-and-tools segment (``prefix``: the tokens the prompt shares with it tokenized alone) ends,

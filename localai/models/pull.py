@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -99,6 +100,23 @@ def plan(name: str, settings: Settings, token: str | None = None) -> PullPlan:
         hub.check_disk_space(pending, settings.min_free_space, registered)
     modelfile.from_ = str(resolved)
     return PullPlan(registered, modelfile, str(resolved), listing, files, alias, projector)
+
+
+def describe(pull: PullPlan) -> dict[str, Any]:
+    """A plan as ``POST /api/pull`` with ``dry_run`` answers it: the name it registers, where it comes from, the
+    files with their sizes, the bytes still to download (a cached or partly downloaded file counts what is left),
+    and the free space where they go."""
+    target = paths.hf_hub_cache()
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    listing = pull.listing
+    return {
+        "status": "plan", "model": pull.name, "source": pull.source,
+        "files": [{"name": file.name, "size": file.size} for file in pull.files],
+        "total": sum(file.size for file in pull.files),
+        "download": sum(hub.pending_bytes(listing, file) for file in pull.files) if listing is not None else 0,
+        "free": shutil.disk_usage(target).free, "cache": str(paths.hf_hub_cache()),
+    }
 
 
 def _shipped(name: str, modelfile: Modelfile, alias: str | None) -> PullPlan:

@@ -81,7 +81,8 @@ class LocalTarget:
             session=request.session_id, ignore_eos=request.ignore_eos, pin_ttl=request.cache_ttl,
             cache_partition=request.cache_partition, logprobs=request.logprobs,
             constraint=self.constraint(request),
-            follow_up=messages is not None and self.settings.cache_max_bytes > 0 and not request.prefill_only,
+            follow_up=messages is not None and self.settings.cache_max_bytes > 0 and not request.prefill_only
+            and request.follow_up,
             warm=request.prefill_only,
             speculative=request.speculative if request.speculative is not None
             else {"on": True, "off": False}.get(str(params.get("speculative", "auto"))),

@@ -15,6 +15,10 @@ import pytest
 from localai.agents import names
 from localai.cli.launch import model_limits
 from tests.conftest import Daemon
+from tests.models import test_pull as pulls
+from tests.models.test_pull import SMOL_NAME, SMOL_REGISTERED, SMOL_REPO, installed
+
+hub_server, puller = pulls.hub_server, pulls.puller  # a hub-compatible server, and a daemon that pulls from it
 
 FAKE_AGENT = """#!{python}
 import json, os, sys
@@ -123,6 +127,37 @@ def test_unknown_model(daemon: Daemon, tmp_path: Path, agents_dir: Path) -> None
     result = launch(launcher_env(tmp_path, daemon.home, agents_dir), "claude", "--model", "nothing-here")
     assert result.returncode == 1
     assert "model 'nothing-here' is not installed" in result.stderr
+    assert not (tmp_path / "record.json").exists()
+
+
+def test_a_missing_model_is_offered_with_its_size_and_pulled_with_yes(puller: Daemon, tmp_path: Path,
+                                                                     agents_dir: Path, smollm2_path: Path) -> None:
+    install_fake(agents_dir, "claude")
+    env = launcher_env(tmp_path, puller.home, agents_dir)
+    asked = launch(env, "claude", "--model", SMOL_NAME)  # no terminal to ask on, no --yes: the commands instead
+    assert asked.returncode == 1, asked.stderr
+    size = smollm2_path.stat().st_size / 1e6
+    assert f"model '{SMOL_NAME}' is not installed; pulling it downloads {size:.1f} MB from hf.co/{SMOL_REPO}:Q4_1 (" \
+        in asked.stderr and " free in " in asked.stderr  # the file's size, and the room where it goes
+    assert f"run `localai pull {SMOL_NAME}`, or launch with --yes" in asked.stderr
+    assert not (tmp_path / "record.json").exists() and SMOL_REGISTERED not in installed(puller)
+    pulled = launch(env, "claude", "--yes", "--model", SMOL_NAME, timeout=300)
+    assert pulled.returncode == 7, pulled.stderr  # pulled, then the agent ran
+    assert "pulling it (--yes)" in pulled.stderr and "success" in pulled.stderr  # the pull's own progress lines
+    assert SMOL_REGISTERED in installed(puller)
+    assert record(tmp_path)["argv"] == ["--model", SMOL_NAME]
+
+
+def test_a_model_that_cannot_be_pulled_offline_names_the_model_and_the_fix(daemon: Daemon, tmp_path: Path,
+                                                                           agents_dir: Path) -> None:
+    install_fake(agents_dir, "claude")
+    result = launch(launcher_env(tmp_path, daemon.home, agents_dir), "claude", "--yes", "--model",
+                    "hf.co/test-org/nowhere-GGUF:Q4_K_M")  # the suite's daemon has no hub (HF_ENDPOINT: port 9)
+    assert result.returncode == 1
+    assert "model 'hf.co/test-org/nowhere-GGUF:Q4_K_M' is not installed and cannot be pulled now" in result.stderr
+    assert "connect to the network" in result.stderr and not (tmp_path / "record.json").exists()
+    malformed = launch(launcher_env(tmp_path, daemon.home, agents_dir), "claude", "--yes", "--model", "hf.co/:Q4")
+    assert malformed.returncode == 1 and malformed.stderr.startswith("Error: ") and "hf.co/:Q4" in malformed.stderr
     assert not (tmp_path / "record.json").exists()
 
 

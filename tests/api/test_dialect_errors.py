@@ -24,7 +24,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
     ({"max_tokens": "many"}, "max_tokens"),
-    ({"n": 2}, "n"),
+    ({"n": 9}, "n"),
     ({"messages": [{"role": "user", "content": [{"type": "hologram"}]}]}, "messages.0.content.0.type"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,"
                                                                                     "@@@"}}]}]},

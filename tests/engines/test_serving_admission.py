@@ -235,3 +235,27 @@ def test_a_cpu_prefill_chunk_follows_the_weights_size_and_a_gpu_takes_num_batch(
     assert prefill_chunk(512, on_gpu=False) == 64  # the size not known
     assert prefill_chunk(16, on_gpu=False, weights_bytes=4 << 30) == 16  # never over num_batch
     assert prefill_chunk(512, on_gpu=True, weights_bytes=4 << 30) == 512
+
+
+@pytest.mark.parametrize("forks", [True, False])
+def test_a_request_starts_from_the_prefix_a_busy_sequence_shares_with_it(tmp_path: Path, forks: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request's n choices, or sub-agents sent together: the second starts from the first's live state instead
+    of computing the shared start again (without the fork, the control: nothing reused)."""
+    loop = serving(tmp_path)
+    monkeypatch.setattr(loop.engine, "can_trim", forks)
+    events: list[dict[str, Any]] = []
+    shared = "You are a careful assistant. " * 8  # 232 bytes: the scripted engine's tokens are bytes
+    loop._handle(generate("first", shared + "[[say:one two three four five six]]", max_tokens=8), events.append)
+    loop._admit(events.append)
+    while loop.requests["first"].next_prompt < len(loop.requests["first"].prompt):
+        loop._step(events.append)
+    loop._step(events.append)  # the first has gone on past its prompt: its state is cut back for the copy
+    loop._handle(generate("second", shared + "[[say:two]]", max_tokens=8), events.append)
+    loop._admit(events.append)
+    while loop.requests:
+        loop._step(events.append)
+    cached = next(e["cached_tokens"] for e in events if e["ev"] == "prompt" and e["id"] == "second")
+    assert cached == (len(shared + "[[say:") if forks else 0)
+    assert "".join(e["text"] for e in events if e["ev"] == "text" and e["id"] == "second") == "two"
+    assert "".join(e["text"] for e in events if e["ev"] == "text" and e["id"] == "first") == "one two "

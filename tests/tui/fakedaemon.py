@@ -75,6 +75,7 @@ class FakeDaemon:
         "localai_queue_waiting 0.0\nlocalai_loaded_models 1.0\n"
     )
     reply: str = REPLY
+    thinking: str = ""  # streamed first, as Ollama's message.thinking (a thinking model's reasoning)
     reply_delay: float = 0.0
     """Seconds between streamed pieces; with ``hold`` the stream stops after the first piece until released."""
     hold: asyncio.Event | None = None
@@ -148,6 +149,8 @@ class ChatStream(httpx.AsyncByteStream):
         self.closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        for word in self.daemon.thinking.split(" ") if self.daemon.thinking else []:
+            yield _line({"message": {"role": "assistant", "content": "", "thinking": word + " "}, "done": False})
         words = self.daemon.reply.split(" ")
         for index, word in enumerate(words):
             piece = word if index == len(words) - 1 else word + " "

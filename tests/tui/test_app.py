@@ -64,6 +64,48 @@ async def test_prompt_typed_streams_a_rendered_reply_with_cache_stats(
     assert stored.title == "Reverse a list"
 
 
+THINKING = "The user wants the list reversed. Slicing with [::-1] makes a copy; reverse() works in place."
+
+
+async def test_a_thinking_models_reasoning_streams_into_a_collapsed_block_above_the_answer(
+        build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
+    fake.thinking = THINKING
+    fake.hold = asyncio.Event()  # one piece of reasoning, then the stream waits
+    app = build(fake.client())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f2")
+        screen = await send(pilot, "Reverse a list")
+        reply = screen.query(Reply).last()
+        for _ in range(100):
+            if reply.message.content:  # the reasoning has streamed; the answer's first piece holds the stream
+                break
+            await pilot.pause(0.02)
+        await pilot.pause()
+        block = reply.thinking
+        assert block.display and block.collapsed and block.title == "Thinking…"  # still streaming, shut
+        assert reply.body.source == "Here "  # the answer's first piece below it
+        fake.hold.set()
+        await settle(pilot)
+        assert reply.message.thinking.strip() == THINKING and reply.message.content == REPLY
+        assert block.collapsed and block.title == "Thinking (16 words)"
+        assert not block.query_one(".thinking-body").region.height  # shut: the answer is all that shows
+        block.query_one("CollapsibleTitle").focus()
+        await pilot.press("enter")  # open it from the keyboard
+        await settle(pilot)
+        assert not block.collapsed and block.query_one(".thinking-body").region.height
+        assert THINKING.split()[0] in reply.query_one(".thinking-body").source
+        fake.thinking = ""
+        screen.query_one(PromptInput).focus()
+        await send(pilot, "In place?")
+        await settle(pilot)
+        assert not screen.query(Reply).last().thinking.display  # a reply without reasoning shows no block
+    stored = ConversationStore.open().load(screen.conversation.id)
+    assert stored.messages[1].thinking.strip() == THINKING and not stored.messages[3].thinking
+    second = [r[2] for r in fake.requests if r[1] == "/api/chat"][-1]
+    assert second["messages"][1] == {"role": "assistant", "content": REPLY, "thinking": reply.message.thinking}
+    assert "<details><summary>Thinking</summary>" in stored.to_markdown()
+
+
 async def test_escape_stops_the_reply_and_closes_the_stream(build: Callable[..., LocalAIApp],
                                                              fake: FakeDaemon) -> None:
     fake.hold = asyncio.Event()  # the fake sends one piece, then waits: a reply that never ends by itself

@@ -138,3 +138,29 @@ def test_cache_named_by_the_daemon(snap_compare: Any, build: Callable[..., Local
         entry.update(session=entry["session"] and "agent-session-1", model=models[0] if len(models) == 1 else None,
                      models=models)
     assert snap_compare(build(fake.client()), terminal_size=SIZE, press=["f5"], run_before=settle)
+
+
+@pytest.mark.parametrize("opened", [False, True])
+def test_a_thinking_reply(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon,
+                          opened: bool) -> None:
+    """A thinking model's reply: its reasoning collapsed above the answer, then opened."""
+    store_row("0000000000000000000000000000f00d", "Reverse in place", "qwen3", [
+        {"role": "user", "content": "How do I reverse a list in place?"},
+        {"role": "assistant", "content": "Use `items.reverse()`: it reverses the list in place and returns None.",
+         "thinking": "The user wants it in place, so slicing is out: it makes a copy. list.reverse() mutates the "
+                     "list and returns None, which is worth saying.",
+         "stats": {"prompt_tokens": 40, "cached_tokens": 0, "completion_tokens": 58, "eval_seconds": 0.5}},
+    ])
+
+    async def resume(pilot: Pilot[Any]) -> None:
+        await pilot.press("f2")
+        screen = pilot.app.screen
+        assert isinstance(screen, ChatScreen)
+        screen.resume("0000000000000000000000000000f00d")
+        await settle(pilot)
+        if opened:
+            screen.query_one("CollapsibleTitle").focus()
+            await pilot.press("enter")
+            await settle(pilot)
+
+    assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=resume)

@@ -105,7 +105,7 @@ class ChatScreen(LocalAIScreen):
 
     # -- sending and streaming --------------------------------------------------------------------
 
-    def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+    async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text.strip()
         if not text:
             return
@@ -120,7 +120,7 @@ class ChatScreen(LocalAIScreen):
             self._show_info()
         reply = Reply(ChatMessage("assistant", ""))
         messages = self.query_one("#messages", VerticalScroll)
-        messages.mount(UserMessage(prompt), reply)
+        await messages.mount(UserMessage(prompt), reply)  # composed before the reply's first piece arrives
         messages.anchor()
         self.generating = True
         self.generate(prompt, reply)
@@ -131,10 +131,16 @@ class ChatScreen(LocalAIScreen):
         message = reply.message
         conversation = self.conversation
         stream: MarkdownStream | None = None  # started with the first text, so an early failure has none to stop
+        thinking: MarkdownStream | None = None  # the reasoning's, likewise
         failed: BaseException | None = None
         try:
             await self.api.client.ensure_running()  # starts the daemon again if it went away
             async for item in self.api.chat(conversation):
+                thought = item.get("message", {}).get("thinking", "")
+                if thought:
+                    message.thinking += thought
+                    thinking = thinking or reply.stream_thinking()
+                    await thinking.write(thought)
                 text = item.get("message", {}).get("content", "")
                 if text:
                     message.content += text
@@ -148,10 +154,11 @@ class ChatScreen(LocalAIScreen):
         except Exception as exc:
             failed = exc
         finally:
-            if stream is not None:
-                # A stream stopped before its task first ran re-raises that task's cancellation: not ours.
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stream.stop()
+            for started in (thinking, stream):
+                if started is not None:
+                    # A stream stopped before its task first ran re-raises that task's cancellation: not ours.
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await started.stop()
             self._finish(conversation, prompt, reply, failed)
 
     def _finish(self, conversation: Conversation, prompt: ChatMessage, reply: Reply,
@@ -160,7 +167,7 @@ class ChatScreen(LocalAIScreen):
         message = reply.message
         if failed is not None:
             self.tui.report(failed)
-        if message.content or message.stats is not None:
+        if message.content or message.thinking or message.stats is not None:
             if failed is not None:
                 message.stopped = True
             conversation.messages.append(message)
