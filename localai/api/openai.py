@@ -343,10 +343,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
 
     async def stream() -> AsyncGenerator[bytes, None]:
         usages: dict[int, Usage] = {}
+        announced = {0}  # the choices whose first chunk (the role) is out
         yield sse(chunk(0, {"role": "assistant", "content": ""}))
         async for index, event in choices.events(keepalive=True):
-            if index and index not in pending_roles:
-                pending_roles.add(index)
+            if index not in announced:
+                announced.add(index)
                 yield sse(chunk(index, {"role": "assistant", "content": ""}))
             delta = chat_delta(event)
             if isinstance(event, KeepAlive):
@@ -364,7 +365,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> JSO
             yield sse({**chunk(0, {}), "choices": [], "usage": usage_json(merged_usage(usages))})
         yield sse("[DONE]")
 
-    pending_roles: set[int] = set()
     return stream_response(choices, stream(), sse_error, headers={**SSE_HEADERS, **headers})
 
 
@@ -460,12 +460,14 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
 
     async def stream() -> AsyncGenerator[bytes, None]:
         usages: dict[int, Usage] = {}
+        echoed = {0}  # the choices whose echoed prompt is out
         if prefix:
             yield sse(chunk(0, prefix))
         async for index, event in choices.events(keepalive=True):
-            if prefix and index and index not in echoed:
+            if index not in echoed:
                 echoed.add(index)
-                yield sse(chunk(index, prefix))
+                if prefix:
+                    yield sse(chunk(index, prefix))
             if isinstance(event, KeepAlive):
                 yield KEEPALIVE_COMMENT
             elif isinstance(event, LogprobsDelta):
@@ -482,7 +484,6 @@ async def completions(body: CompletionRequest, request: Request) -> JSONResponse
                        "model": body.model, "choices": [], "usage": usage_json(merged_usage(usages))})
         yield sse("[DONE]")
 
-    echoed: set[int] = set()
     return stream_response(choices, stream(), sse_error, headers=SSE_HEADERS)
 
 
