@@ -150,6 +150,29 @@ def test_a_damaged_checkpoint_is_recomputed_never_served(arch_fixtures: Path, na
     store.close()
 
 
+def test_a_checkpoint_is_found_by_any_session_of_its_partition_and_by_no_other_partition(arch_fixtures: Path,
+                                                                                         tmp_path: Path) -> None:
+    """A fork from an earlier turn (another session, its prompt leaving the saved one after 200 tokens) returns to
+    the checkpoint at 150 in the partition that saved it; another API key's or cache_salt's partition, and the
+    default one, see nothing."""
+    engine = load(arch_fixtures, "qwen35")
+    tokens = engine.tokenize(TEXT)[:300]
+    prefill(engine, 0, tokens[:150])
+    checkpoint = engine.seq_checkpoint(0)
+    prefill(engine, 0, tokens, start=150)
+    store = PromptStore(tmp_path, fingerprint(engine.fingerprint_parts()), engine, max_bytes=1 << 30, trims=True)
+    store.save(tokens, engine.seq_state(0), "first-session", checkpoints=[(150, checkpoint)], partition="team-a")
+    store.flush()
+    fork = [*tokens[:200], 7, 8, 9]
+    match = store.lookup(fork, len(fork) - 1, "team-a")
+    assert match is not None and match.common == 150
+    restored = store.restore(match)
+    assert restored is not None and restored.n_tokens == 150 and engine.seq_restore(1, restored.state)
+    assert store.lookup(fork, len(fork) - 1, "team-b") is None
+    assert store.lookup(fork, len(fork) - 1) is None  # the default partition
+    store.close()
+
+
 def test_quota_eviction_takes_a_checkpoint_with_its_blocks(arch_fixtures: Path, tmp_path: Path) -> None:
     """A checkpoint is an entry: its tail block and snapshot count in the quota and go together, never leaving a
     snapshot without its blocks or an entry without its snapshot."""
