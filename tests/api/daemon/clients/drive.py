@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-CHECKS = ("models", "plain", "stream", "tools", "structured", "embed", "image")
+CHECKS = ("models", "plain", "stream", "tools", "structured", "embed", "image", "logprobs")
 MODEL = "smollm2"
 AGENT = "agent"  # the scripted model
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -90,6 +90,13 @@ def listed(names: list[str]) -> bool:
     return any(name.split(":")[0] == MODEL for name in names) and any(name.split(":")[0] == AGENT for name in names)
 
 
+def logprob_entries(entries: list[Any], text: str) -> object:
+    """Each generated token's logprob as the client hands it over: tokens that spell the text, logprobs <= 0."""
+    tokens = [e["token"] if isinstance(e, dict) else e.token for e in entries]
+    values = [e["logprob"] if isinstance(e, dict) else e.logprob for e in entries]
+    return expect(bool(tokens) and "".join(tokens) == text and all(v <= 0 for v in values), tokens[:4])
+
+
 def expect(condition: bool, detail: object) -> object:
     if not condition:
         raise AssertionError(f"unexpected: {detail!r}"[:500])
@@ -139,6 +146,9 @@ def langchain_openai(base: str) -> Results:
         "image": lambda: chat.invoke([HumanMessage(content=[
             {"type": "text", "text": "What is in this picture?"}, {"type": "image_url", "image_url": {"url": PNG_URL}}
         ])]).content,
+        "logprobs": lambda: (lambda reply: logprob_entries(reply.response_metadata["logprobs"]["content"],
+                                                           str(reply.content)))(
+            chat.bind(logprobs=True, top_logprobs=2).invoke("Say hello.")),
     })
 
 
@@ -328,6 +338,12 @@ def litellm_client(base: str) -> Results:
         "image": lambda: litellm.completion(model=model, max_tokens=16, messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is in this picture?"}, {"type": "image_url", "image_url": {"url": PNG_URL}}
         ]}], **common).choices[0].message.content,
+        "logprobs": lambda: (lambda reply: logprob_entries(reply.choices[0].logprobs["content"]
+                                                           if isinstance(reply.choices[0].logprobs, dict)
+                                                           else reply.choices[0].logprobs.content,
+                                                           reply.choices[0].message.content))(
+            litellm.completion(model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8,
+                               logprobs=True, top_logprobs=2, **common)),
     })
 
 

@@ -23,7 +23,7 @@ from tests.conftest import SMOLLM2, Daemon, start_daemon
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[3]
-CHECKS = ("models", "plain", "stream", "tools", "structured", "embed", "image")
+CHECKS = ("models", "plain", "stream", "tools", "structured", "embed", "image", "logprobs")
 PYTHON = ROOT / ".clients" / "python" / "bin" / "python"
 LLAMA_INDEX = ROOT / ".clients" / "llama-index" / "bin" / "python"
 CLIENTS: dict[str, list[str]] = {
@@ -43,6 +43,11 @@ CLIENTS: dict[str, list[str]] = {
 NOT_OFFERED = {("openai-agents-http", "models"), ("openai-agents-websocket", "models"), ("pydantic-ai", "models"),
                ("litellm", "models"), ("llama-index", "models"), ("langchain-anthropic", "embed"),
                ("openai-agents-http", "embed"), ("openai-agents-websocket", "embed")}
+
+# Driven by no check yet: each may have a way (pydantic-ai's and llama-index's OpenAI settings, the openai-agents
+# ModelSettings' top_logprobs), not tried; LangChain's Anthropic, Ollama (its Python client), and the llm CLI show none
+NOT_DRIVEN = {(client, "logprobs") for client in ("langchain-ollama", "langchain-anthropic", "openai-agents-http",
+                                                   "openai-agents-websocket", "pydantic-ai", "llama-index", "llm-cli")}
 
 pytestmark = pytest.mark.skipif(os.environ.get("LOCALAI_SKIP_CLIENTS") == "1", reason="LOCALAI_SKIP_CLIENTS=1")
 
@@ -112,6 +117,9 @@ def test_client(client: str, check: str, client_daemon: Daemon, matrix: dict[str
     found = outcomes(client, matrix, client_daemon)
     assert "error" not in found, found.get("error")
     cell = found[check]
+    if (client, check) in NOT_DRIVEN:
+        assert cell is None, f"{client} now drives {check}: take it out of NOT_DRIVEN"
+        pytest.skip(f"{client} {check}: not driven yet")
     if (client, check) in NOT_OFFERED:
         assert cell is None, f"{client} now offers {check}: drive it"
         return

@@ -9,7 +9,10 @@ const AGENT = "agent"; // the scripted model: a tool call, then an answer once t
 const CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
 const ANSWER = "It is sunny in Paris.";
 const TOOL_PROMPT = `What is the weather in Paris? [[turns:${CALL}|||${ANSWER}]]`;
-const CHECKS = ["models", "plain", "stream", "tools", "structured", "embed", "image"];
+const CHECKS = ["models", "plain", "stream", "tools", "structured", "embed", "image", "logprobs"];
+// each generated token's logprob as the client hands it over: tokens that spell the text, logprobs <= 0
+const logprobEntries = (entries, text) => expect(entries.length > 0 && entries.map((e) => e.token).join("") === text
+  && entries.every((e) => e.logprob <= 0), entries.slice(0, 4).map((e) => e.token));
 const CAPITAL = {
   type: "object", additionalProperties: false, required: ["capital", "in_europe"],
   properties: { capital: { type: "string", enum: ["Paris", "Lyon", "Nice"] }, in_europe: { type: "boolean" } },
@@ -86,6 +89,10 @@ function openaiChecks(base) {
     embed: async () => (await client.embeddings.create({ model: MODEL, input: "hello world" })).data[0].embedding.length,
     image: async () => (await ask([{ type: "text", text: "What is in this picture?" },
       { type: "image_url", image_url: { url: `data:image/png;base64,${PNG_B64}` } }])).choices[0].message.content,
+    logprobs: async () => {
+      const reply = await ask("Say hello.", { logprobs: true, top_logprobs: 2 });
+      return logprobEntries(reply.choices[0].logprobs.content, reply.choices[0].message.content);
+    },
   });
 }
 
@@ -118,6 +125,11 @@ function ollamaChecks(base) {
     embed: async () => (await client.embed({ model: MODEL, input: "hello world" })).embeddings[0].length,
     image: async () => (await client.chat({ model: MODEL, options, messages: [
       { role: "user", content: "What is in this picture?", images: [PNG_B64] }] })).message.content,
+    logprobs: async () => {
+      const reply = await client.chat({ model: MODEL, options, logprobs: true, top_logprobs: 2,
+        messages: [{ role: "user", content: "Say hello." }] });
+      return logprobEntries(reply.logprobs, reply.message.content);
+    },
   });
 }
 
