@@ -10,12 +10,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 from dataclasses import replace
-from typing import Any
 
 from localai.errors import LocalAIError
 from localai.runtime.generation import Generation
 from localai.runtime.runtime import Runtime
-from localai.schema import Event, GenerationRequest, KeepAlive
+from localai.schema import Event, GenerationRequest, KeepAlive, Usage
 
 MAX_CHOICES = 8  # a request's n: at most this many (twice the default parallel sequences; more queue for a slot)
 
@@ -106,7 +105,7 @@ class Choices:
         return self.generations[0]
 
 
-def merged_usage(usages: dict[int, Any]) -> Any:
+def merged_usage(usages: dict[int, Usage]) -> Usage:
     """The choices' usage as OpenAI counts it: the prompt once (the first choice's, with its cached tokens), the
     completion tokens of every choice."""
     first = usages[0]

@@ -101,7 +101,17 @@ class OllamaMessage(BaseModel):
     tool_name: str | None = None
 
 
-class GenerateBody(BaseModel):
+class LogprobsFields(BaseModel):
+    """Ollama's logprobs fields, on /api/generate and /api/chat."""
+
+    logprobs: bool | None = Field(default=None, description="Each generated token's logprob.")
+    top_logprobs: int | None = top_logprobs_field("Alternatives per token (0-20); over 0 implies logprobs.")
+
+    def logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs or self.top_logprobs else None
+
+
+class GenerateBody(LogprobsFields):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
     prompt: str = ""
@@ -114,14 +124,9 @@ class GenerateBody(BaseModel):
     think: OllamaThink | None = None
     images: list[str] | None = None
     cache_salt: str | None = cache_salt_field()
-    logprobs: bool | None = Field(default=None, description="Each generated token's logprob.")
-    top_logprobs: int | None = top_logprobs_field("Alternatives per token (0-20); over 0 implies logprobs.")
-
-    def logprobs_count(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs or self.top_logprobs else None
 
 
-class ChatBody(BaseModel):
+class ChatBody(LogprobsFields):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
     messages: list[OllamaMessage] = Field(default_factory=list)
@@ -132,11 +137,6 @@ class ChatBody(BaseModel):
     format: Any = None
     think: OllamaThink | None = None
     cache_salt: str | None = cache_salt_field()
-    logprobs: bool | None = Field(default=None, description="Each generated token's logprob.")
-    top_logprobs: int | None = top_logprobs_field("Alternatives per token (0-20); over 0 implies logprobs.")
-
-    def logprobs_count(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs or self.top_logprobs else None
 
 
 class EmbedBody(BaseModel):

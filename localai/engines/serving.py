@@ -26,7 +26,6 @@ from localai.engines.token_logprobs import TokenLogprobs
 from localai.promptcache.blocks import fingerprint
 from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, StateBytes
 from localai.protocol import (
-    MAX_TOP_LOGPROBS,
     CacheSource,
     DoneFrame,
     EmbeddingsFrame,
@@ -280,7 +279,7 @@ class Serving:
         slot, common, restored = self._restore_if_better(prompt, slot, common, limit, partition)
         if restored is not None:
             source = restored.tier
-        forked = self._fork_if_better(prompt, slot, common, limit, partition)
+        forked = self._fork_if_better(prompt, slot, common, limit, partition)  # a busy sequence's, when longer
         if forked > common:
             common, source, restored = forked, "live", None
         common = self._cut(slot, min(common, limit))
@@ -296,8 +295,7 @@ class Serving:
             follow_up=bool(op.get("follow_up")) and self.cache is not None, source=source if common else "miss",
             restored=restored.n_tokens if restored else 0, restore_ms=restored.seconds * 1000 if restored else 0.0,
             pin_ttl=float(op.get("pin_ttl") or 0.0), text=op["prompt"] if warm else "",
-            logprobs=None if op.get("logprobs") is None or warm
-            else TokenLogprobs(max(0, min(int(op.get("logprobs") or 0), MAX_TOP_LOGPROBS))),
+            logprobs=None if warm else TokenLogprobs.asked(op.get("logprobs")),
         )
         prefix_text = op.get("system_prefix")
         system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []

@@ -7,7 +7,7 @@ import codecs
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from localai.protocol import TokenLogprob, TopLogprob
+from localai.protocol import MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob
 
 if TYPE_CHECKING:
     from localai.engines.engine import Engine
@@ -29,6 +29,12 @@ class TokenLogprobs:
     _chars: int = 0  # characters the generated tokens decode to so far
     _sent: int = 0  # characters of the reply sent
     _waiting: list[tuple[int, int, TokenLogprob]] = field(default_factory=list)  # (first char, end char, entry)
+
+    @classmethod
+    def asked(cls, top: int | None) -> TokenLogprobs | None:
+        """For a request's ``logprobs`` field: None when it asked for none, else with its count of alternatives
+        (0 to ``MAX_TOP_LOGPROBS``)."""
+        return None if top is None else cls(max(0, min(int(top), MAX_TOP_LOGPROBS)))
 
     def add(self, engine: Engine, row: int, token: int) -> None:
         """Record ``token``, sampled from batch position ``row`` of the engine's last decode."""

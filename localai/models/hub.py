@@ -410,12 +410,17 @@ def pending_bytes(listing: RepoListing, file: RemoteFile) -> int:
     return max(0, file.size - (partial.stat().st_size if partial.is_file() else 0))
 
 
-def check_disk_space(needed: int, keep_free: int, what: str) -> None:
-    """Refuse, before any byte is fetched, a pull that would leave less than ``keep_free`` bytes free."""
+def free_space() -> int:
+    """Free bytes on the disk the Hugging Face cache is (or will be) on."""
     target = paths.hf_hub_cache()
     while not target.exists() and target != target.parent:
         target = target.parent
-    free = shutil.disk_usage(target).free
+    return shutil.disk_usage(target).free
+
+
+def check_disk_space(needed: int, keep_free: int, what: str) -> None:
+    """Refuse, before any byte is fetched, a pull that would leave less than ``keep_free`` bytes free."""
+    free = free_space()
     if free - needed < keep_free:
         raise NotEnoughDiskSpace(
             f"not enough disk space for {what}: it needs {_gb(needed)} in {paths.hf_hub_cache()}, which has "

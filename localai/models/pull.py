@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ class PullPlan:
     files: list[hub.RemoteFile] = field(default_factory=list)
     alias: str | None = None  # ``family:latest`` when a library family was pulled without a tag
     projector: str | None = None  # the repository's vision projector (mmproj GGUF), fetched beside the model
+    pending: int = 0  # bytes still to download (a cached file counts none, a partial one what is left)
 
 
 def plan(name: str, settings: Settings, token: str | None = None) -> PullPlan:
@@ -99,23 +99,18 @@ def plan(name: str, settings: Settings, token: str | None = None) -> PullPlan:
     if pending:
         hub.check_disk_space(pending, settings.min_free_space, registered)
     modelfile.from_ = str(resolved)
-    return PullPlan(registered, modelfile, str(resolved), listing, files, alias, projector)
+    return PullPlan(registered, modelfile, str(resolved), listing, files, alias, projector, pending)
 
 
 def describe(pull: PullPlan) -> dict[str, Any]:
     """A plan as ``POST /api/pull`` with ``dry_run`` answers it: the name it registers, where it comes from, the
     files with their sizes, the bytes still to download (a cached or partly downloaded file counts what is left),
     and the free space where they go."""
-    target = paths.hf_hub_cache()
-    while not target.exists() and target != target.parent:
-        target = target.parent
-    listing = pull.listing
     return {
         "status": "plan", "model": pull.name, "source": pull.source,
         "files": [{"name": file.name, "size": file.size} for file in pull.files],
-        "total": sum(file.size for file in pull.files),
-        "download": sum(hub.pending_bytes(listing, file) for file in pull.files) if listing is not None else 0,
-        "free": shutil.disk_usage(target).free, "cache": str(paths.hf_hub_cache()),
+        "total": sum(file.size for file in pull.files), "download": pull.pending,
+        "free": hub.free_space(), "cache": str(paths.hf_hub_cache()),
     }
 
 
