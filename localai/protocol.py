@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast
 
 if TYPE_CHECKING:
-    from localai.schema import Event, FinishReason
+    from localai.schema import Event, FinishReason, TokenLogprob
 
 log = logging.getLogger("localai.protocol")
 HEADER = struct.Struct(">I")
@@ -192,24 +192,6 @@ class PromptFrame(TypedDict):
     cached_tokens: int
     cache: NotRequired[CacheSource | None]
     replica: NotRequired[str | None]  # the remote replica serving it (remote models)
-
-
-MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs list (OpenAI's bound)
-
-
-class TopLogprob(TypedDict):
-    """One of the likeliest tokens at a position: its text (UTF-8, a partial character replaced), bytes and
-    log-probability."""
-
-    token: str
-    bytes: list[int]
-    logprob: float
-
-
-class TokenLogprob(TopLogprob):
-    """A generated token's log-probability and the likeliest tokens at its position (``top_logprobs`` of them)."""
-
-    top_logprobs: list[TopLogprob]
 
 
 class TextFrame(TypedDict):

@@ -10,15 +10,29 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, TypedDict
 
 import pydantic_core
 
-if TYPE_CHECKING:
-    from localai.protocol import TokenLogprob
-
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
+
+MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs list (OpenAI's bound)
+
+
+class TopLogprob(TypedDict):
+    """One of the likeliest tokens at a position: its text (UTF-8, a partial character replaced), bytes and
+    log-probability."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's log-probability and the likeliest tokens at its position (``top_logprobs`` of them)."""
+
+    top_logprobs: list[TopLogprob]
 
 
 @dataclass

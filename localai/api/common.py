@@ -18,15 +18,16 @@ from starlette.requests import HTTPConnection
 from localai.api.limits import PARSED
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.models.registry import ModelRecord
-from localai.protocol import MAX_TOP_LOGPROBS, TokenLogprob
 from localai.runtime import media
 from localai.runtime.generation import Generation
 from localai.runtime.runtime import Runtime
 from localai.schema import (
+    MAX_TOP_LOGPROBS,
     Finished,
     LogprobsDelta,
     Message,
     ReplyParts,
+    TokenLogprob,
     Tool,
     ToolCallBlock,
     ToolCallEnd,

@@ -41,8 +41,8 @@ from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import chosen_engine, context_size
 from localai.models.registry import ModelRecord
-from localai.protocol import MAX_TOP_LOGPROBS, TokenLogprob
 from localai.schema import (
+    MAX_TOP_LOGPROBS,
     Block,
     Event,
     Finished,
@@ -59,6 +59,7 @@ from localai.schema import (
     SamplingOptions,
     TextBlock,
     TextDelta,
+    TokenLogprob,
     ToolCallBlock,
     ToolCallDelta,
     ToolCallEnd,

@@ -7,7 +7,7 @@ import codecs
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from localai.protocol import MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob
+from localai.schema import MAX_TOP_LOGPROBS, TokenLogprob, TopLogprob
 
 if TYPE_CHECKING:
     from localai.engines.engine import Engine

@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from localai.tui.app import LocalAIApp
 from localai.tui.screens.chat import ChatScreen
+from localai.tui.screens.dialogs import AskScreen
 from tests.tui.conftest import settle, store_row
 from tests.tui.fakedaemon import REPLY, FakeDaemon
 
@@ -106,7 +108,15 @@ def test_pull_dialog(snap_compare: Any, build: Callable[..., LocalAIApp], fake: 
     async def ask(pilot: Pilot[Any]) -> None:
         await pilot.press("f3")
         await settle(pilot)
-        await pilot.press("p", "enter")
+        await pilot.press("p")
+        # Enter goes to the dialog's line only once the dialog has focus (under load the push may take a while)
+        await pilot.wait_for_scheduled_animations()
+        for _ in range(200):
+            if isinstance(pilot.app.screen, AskScreen) and isinstance(pilot.app.focused, Input):
+                break
+            await pilot.pause(0.01)
+        assert isinstance(pilot.app.screen, AskScreen), "the pull dialog never opened"
+        await pilot.press("enter")
         await settle(pilot)
 
     assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=ask)
