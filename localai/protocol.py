@@ -119,6 +119,16 @@ class EmbedOp(TypedDict):
     tokens: NotRequired[list[list[int]]]  # token ids a client sent in place of texts (checked to be the model's own)
 
 
+class RerankOp(TypedDict):
+    """Daemon → worker: score documents against a query with a reranker (a context of its own, like embed)."""
+
+    op: Literal["rerank"]
+    id: str
+    query: str
+    documents: list[str]
+    truncate: bool
+
+
 class ShutdownOp(TypedDict):
     """Daemon → worker: finish what is being prefilled, write the queued cache entries, exit."""
 
@@ -126,9 +136,9 @@ class ShutdownOp(TypedDict):
 
 
 # What the serving loop takes; what crosses to a worker (the worker's main loop handles shutdown itself)
-WorkOp = GenerateOp | CancelOp | TokenizeOp | EmbedOp
+WorkOp = GenerateOp | CancelOp | TokenizeOp | EmbedOp | RerankOp
 Op = WorkOp | ShutdownOp
-OP_KINDS = frozenset({"generate", "cancel", "tokenize", "embed", "shutdown"})
+OP_KINDS = frozenset({"generate", "cancel", "tokenize", "embed", "rerank", "shutdown"})
 
 
 def decode_op(body: bytes) -> Op:
@@ -224,7 +234,8 @@ class DoneFrame(TypedDict):
     usage: Usage
 
 
-ErrorKind = Literal["invalid", "constraint", "context_length", "engine", "too_large", "foreign_token_ids"]
+ErrorKind = Literal["invalid", "constraint", "context_length", "engine", "too_large", "foreign_token_ids",
+                    "not_reranker"]
 
 
 class ErrorFrame(TypedDict):
@@ -253,6 +264,15 @@ class EmbeddingsFrame(TypedDict):
     ev: Literal["embeddings"]
     id: str
     vectors: list[list[float]]
+    prompt_tokens: int
+
+
+class RanksFrame(TypedDict):
+    """A rerank op's answer: each document's score, in the order sent."""
+
+    ev: Literal["ranks"]
+    id: str
+    scores: list[float]
     prompt_tokens: int
 
 
@@ -292,10 +312,10 @@ class IdleFrame(TypedDict):
 
 # What a worker sends; what a request's stream carries (``Target.generate``: a worker's or an upstream's frames)
 WorkerFrame = (ReadyFrame | LoadErrorFrame | FatalFrame | PromptFrame | TextFrame | DoneFrame | ErrorFrame
-               | TokensFrame | EmbeddingsFrame | StatsFrame)
+               | TokensFrame | EmbeddingsFrame | RanksFrame | StatsFrame)
 RequestFrame = PromptFrame | TextFrame | EventFrame | DoneFrame | ErrorFrame | IdleFrame
 FRAME_KINDS = frozenset({"ready", "load_error", "fatal", "prompt", "text", "done", "error", "tokens", "embeddings",
-                         "stats"})
+                         "ranks", "stats"})
 
 
 def decode_frame(body: bytes) -> WorkerFrame:

@@ -5,6 +5,11 @@ state layouts; random weights and a dummy tokenizer of 5-byte chunks). Its files
 and no chat template: this rewrites each header with the ``gguf`` package so agent-sized sessions fit, and gives
 each the family's real chat template from llama.cpp's ``models/templates``.
 
+Beside them, two files made from those with the ``gguf`` package: a reranker (``reranker.gguf``: llama.cpp's qwen3
+model made a Qwen3-Reranker: rank pooling, a two-label "yes"/"no" classifier head, the rerank prompt) and two LoRA
+adapters for the llama fixture (``llama-lora-a.gguf``, ``llama-lora-b.gguf``: general.type "adapter", random
+low-rank deltas on the attention projections, as llama.cpp's convert_lora_to_gguf.py writes them).
+
 ``python -m tests.archfixtures --tool BIN --templates DIR --out DIR`` writes them (``make fixtures`` does);
 the tests find them in ``fixtures_dir()``.
 """
@@ -18,6 +23,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CONTEXT = 32768  # agent-sized: a 20-30k-token coding session fits
 SEED = 42  # the weights are the same on every machine and every run
@@ -51,6 +57,7 @@ FIXTURES = [
     Fixture("lfm2", "lfm2", "dense", "LFM2.5-Instruct.jinja", "recurrent", "LFM2 (short-conv hybrid)"),
 ]
 BY_NAME = {fixture.name: fixture for fixture in FIXTURES}
+EXTRAS = ("reranker", "llama-lora-a", "llama-lora-b")  # written from those with the gguf package (below)
 
 
 def fixtures_dir() -> Path:
@@ -89,6 +96,111 @@ def rewrite(source: Path, target: Path, template: str, context: int = CONTEXT) -
     os.replace(temp, target)
 
 
+# Qwen3-Reranker's prompt, as llama.cpp's converter stores it (``tokenizer.chat_template.rerank``)
+RERANK_PROMPT = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+                 "Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n"
+                 "<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n"
+                 "<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
+LORA_RANK = 8
+LORA_TARGETS = ("attn_q", "attn_v")  # the projections the adapters change (as most LoRA fine-tunes do)
+
+
+def _copy(reader: Any, target: Path, *, metadata: dict[str, Any], tensors: dict[str, Any] | None = None,
+          arch: str | None = None) -> None:
+    """Write ``reader``'s file again to ``target`` with ``metadata`` changed or added (name: MetadataDetails) and
+    ``tensors`` replaced (name: a float32 array; the others copied as they are)."""
+    import gguf
+
+    arch = arch or str(reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    temp = target.with_name(f".{target.name}.tmp")
+    writer = gguf.GGUFWriter(temp, arch=arch, endianess=reader.endianess)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF.") or field.name in metadata:
+            continue
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY and not field.data:
+            continue  # llama.cpp's saver writes empty arrays; the gguf package refuses them
+        writer.add_key_value(field.name, field.contents(), kind,
+                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    for key, details in metadata.items():
+        writer.add_key_value(key, details.value, details.type, sub_type=details.sub_type)
+    for tensor in reader.tensors:
+        data = (tensors or {}).get(tensor.name, tensor.data)
+        writer.add_tensor(tensor.name, data, raw_dtype=None if tensor.name in (tensors or {}) else tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(temp, target)
+
+
+def write_reranker(tool: Path, out: Path) -> Path:
+    """``reranker.gguf``: test-llama-archs' qwen3 model with Qwen3-Reranker's head (rank pooling reads the last
+    token through a [n_embd, 2] classifier, softmax over "yes"/"no": the score is P(yes)) and its rerank prompt."""
+    import gguf
+    import numpy as np
+    from gguf.scripts.gguf_new_metadata import MetadataDetails
+
+    with tempfile.TemporaryDirectory() as scratch:
+        result = subprocess.run([str(tool), "-a", "qwen3", "-s", str(SEED), "-o", scratch],
+                                capture_output=True, text=True)
+        produced = Path(scratch) / "qwen3-dense.gguf"
+        if result.returncode != 0 or not produced.exists():
+            raise SystemExit(f"test-llama-archs wrote no qwen3 model (exit {result.returncode}): "
+                             f"{result.stderr[-2000:]}")
+        reader = gguf.GGUFReader(produced, "r")
+        n_embd = int(reader.get_field("qwen3.embedding_length").contents())
+        head = np.random.default_rng(SEED).normal(0, 4.0, size=(2, n_embd)).astype(np.float32)
+        strings = gguf.GGUFValueType.STRING
+        metadata = {
+            "qwen3.pooling_type": MetadataDetails(gguf.GGUFValueType.UINT32, RANK_POOLING),
+            "qwen3.classifier.output_labels": MetadataDetails(gguf.GGUFValueType.ARRAY, ["yes", "no"],
+                                                              sub_type=strings),
+            "qwen3.context_length": MetadataDetails(gguf.GGUFValueType.UINT32, 8192),
+            "tokenizer.chat_template.rerank": MetadataDetails(strings, RERANK_PROMPT),
+            "general.name": MetadataDetails(strings, "localai test reranker (random weights)"),
+        }
+        target = out / "reranker.gguf"
+        _copy(reader, target, metadata=metadata, tensors={"cls.output.weight": head})
+    return target
+
+
+def write_loras(model: Path, out: Path) -> list[Path]:
+    """Two LoRA adapters for ``model`` (the llama fixture), different seeds: A [rank, in] and B [out, rank] for each
+    attention q and v projection, alpha 16 (a scale of alpha/rank = 2 at adapter scale 1)."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(model, "r")
+    arch = str(reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    written = []
+    for suffix, seed in (("a", SEED + 1), ("b", SEED + 2)):
+        rng = np.random.default_rng(seed)
+        target = out / f"{model.stem}-lora-{suffix}.gguf"
+        temp = target.with_name(f".{target.name}.tmp")
+        writer = gguf.GGUFWriter(temp, arch=arch)
+        writer.add_string(gguf.Keys.General.TYPE, gguf.GGUFType.ADAPTER)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 16.0)
+        writer.add_name(f"localai test LoRA {suffix} (random weights)")
+        for tensor in reader.tensors:
+            if not tensor.name.endswith(tuple(f".{name}.weight" for name in LORA_TARGETS)):
+                continue
+            rows, cols = tensor.data.shape  # numpy order: [out, in]
+            writer.add_tensor(f"{tensor.name}.lora_a",
+                              rng.normal(0, 0.3, size=(LORA_RANK, cols)).astype(np.float32))
+            writer.add_tensor(f"{tensor.name}.lora_b",
+                              rng.normal(0, 0.3, size=(rows, LORA_RANK)).astype(np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(temp, target)
+        written.append(target)
+    return written
+
+
 def write(tool: Path, templates: Path, out: Path, names: list[str] | None = None) -> list[Path]:
     """Run ``test-llama-archs -a ARCH -o DIR`` for each fixture and rewrite its header into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -116,7 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=fixtures_dir())
     parser.add_argument("names", nargs="*", help="fixtures to write (default: all)")
     args = parser.parse_args(argv)
-    write(args.tool, args.templates, args.out, args.names or None)
+    written = write(args.tool, args.templates, args.out, args.names or None)
+    if not args.names:
+        extra = [write_reranker(args.tool, args.out), *write_loras(next(p for p in written if p.stem == "llama"),
+                                                                    args.out)]
+        for path in extra:
+            print(f"  {path.name:22} {path.stat().st_size / 1e6:5.1f} MB  "
+                  f"{'a reranker (Qwen3-Reranker head)' if path.stem == 'reranker' else 'a LoRA for llama'}",
+                  flush=True)
     return 0
 
 

@@ -58,10 +58,10 @@ def gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def arch_fixtures() -> Path:
     """The random-weight models of the architectures agents run on (``make fixtures``; tests/archfixtures.py)."""
-    from tests.archfixtures import FIXTURES, fixtures_dir
+    from tests.archfixtures import EXTRAS, FIXTURES, fixtures_dir
 
     folder = fixtures_dir()
-    missing = [f.name for f in FIXTURES if not (folder / f"{f.name}.gguf").exists()]
+    missing = [name for name in [f.name for f in FIXTURES] + list(EXTRAS) if not (folder / f"{name}.gguf").exists()]
     if missing:  # a failure, not a skip: `make test` writes them, so CI always runs these
         pytest.fail(f"the architecture fixtures {missing} are not in {folder}: run `make fixtures`")
     return folder

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import localai.api.pull as pull_api
 from localai import __version__, paths
-from localai.api import anthropic, cache, info, ollama, openai, responses, responses_socket
+from localai.api import anthropic, cache, info, ollama, openai, rerank, responses, responses_socket
 from localai.api.body_check import BodyChecker
 from localai.api.errors import install_error_handlers
 from localai.api.security import (
@@ -98,6 +98,7 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
     app.include_router(cache.router)
     app.include_router(info.router)
     app.include_router(pull_api.router)
+    app.include_router(rerank.router)
     if settings.origins:
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.origins, allow_methods=["*"], allow_headers=["*"],

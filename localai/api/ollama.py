@@ -35,7 +35,7 @@ from localai.api.media import from_base64
 from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.engines.descriptions import speculative_support, state_kind
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
-from localai.models.loading import attention_of, chosen_engine, gguf_metadata, kv_bytes, window
+from localai.models.loading import attention_of, chosen_engine, gguf_metadata, is_reranker, kv_bytes, window
 from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
 from localai.models.registry import ModelRecord
 from localai.runtime.generation import Generation
@@ -515,7 +515,10 @@ async def _template_of(record: ModelRecord) -> Template:
 
 
 async def capabilities(record: ModelRecord) -> list[str]:
-    """What the model can do, as Ollama clients read it: completion, tools, thinking, vision (a projector)."""
+    """What the model can do, as Ollama clients read it: completion, tools, thinking, vision (a projector); a
+    reranker only ``rerank``."""
+    if await asyncio.to_thread(is_reranker, record):
+        return ["rerank"]  # scores documents (POST /v1/rerank); it does not complete
     template = await _template_of(record)
     found = ["completion", "tools"]  # tools work with every template (described in the prompt when not native)
     if template.thinks or template.tool_format == "harmony":

@@ -241,8 +241,10 @@ def show(model: str, part: str | None) -> None:
                          ("context length", info["model_info"].get(f"{details['family']}.context_length")),
                          ("quantization", details["quantization_level"]), ("engine", info.get("engine", ""))):
         click.echo(f"    {label:<16}{value}")
+    if info.get("capabilities"):
+        click.echo(f"    {'capabilities':<16}{', '.join(info['capabilities'])}")
     parser = info.get("parser")
-    if parser:
+    if parser and "rerank" not in info.get("capabilities", []):
         click.echo(f"    {'tool calls':<16}{parser['name']} ({parser['from']})")
     memory = info.get("memory")
     if memory:

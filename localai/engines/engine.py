@@ -72,6 +72,10 @@ class EmbeddingsUnsupported(ValueError):
     """This engine has no embeddings; the request gets a 400 saying so."""
 
 
+class RerankUnsupported(ValueError):
+    """This model (or engine) is not a reranker; the request gets a 400 saying so."""
+
+
 # What may follow a kept reply (a message's content) in the next turn: a letter, a space, a newline, a digit
 STABLE_PROBES = ("x", " x", "\n", "1")
 
@@ -234,4 +238,10 @@ class Engine(Protocol):
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
         """One L2-normalised vector per input and the tokens evaluated; raises ``EmbeddingsUnsupported`` or
         ``ValueError`` for bad input. Must not touch the chat sequences."""
+        ...
+
+    def rerank(self, query: str, documents: list[str], *, truncate: bool) -> tuple[list[float], int]:
+        """Each document's relevance to ``query`` (a reranker's classifier head) and the tokens evaluated; raises
+        ``RerankUnsupported`` for a model that is not a reranker, ``ValueError`` for bad input. Must not touch the
+        chat sequences."""
         ...

@@ -24,13 +24,14 @@ from localai.engines.engine import (
     BatchItem,
     DecodeFailed,
     LoadOptions,
+    RerankUnsupported,
     prefill_chunk,
     stable_by_probes,
     top_logprobs,
 )
 from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.engines.llama_devices import LoadReport
-from localai.engines.llama_embed import EmbeddingContext
+from localai.engines.llama_embed import EmbeddingContext, RankContext
 from localai.engines.llama_tokens import PrefixTokenizer, Vocabulary
 from localai.engines.llama_vision import Vision
 from localai.engines.placement import ModelSizes, Placement, cpu_only, place
@@ -137,6 +138,7 @@ class LlamaCppEngine:
         self.bos_id = int(L.llama_vocab_bos(self.vocab))
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         self.embedder: EmbeddingContext | None = None  # created on the first embedding request
+        self.ranker: RankContext | None = None  # a reranker's, created on the first rerank request
         self.n_swa = int(L.llama_model_n_swa(self.model))  # sliding window (Gemma 3): its KV holds only the window
         self.recurrent = bool(L.llama_model_is_recurrent(self.model) or L.llama_model_is_hybrid(self.model))
         # A sliding window or recurrent layers (Qwen3.5, Nemotron-H, Mamba) cannot be cut back to any earlier
@@ -337,15 +339,15 @@ class LlamaCppEngine:
         """Tokens of ``text`` alone (special tokens parsed, no BOS)."""
         return self._tokens(text, False)
 
-    def _tokens(self, text: str, add_bos: bool) -> list[int]:
+    def _tokens(self, text: str, add_bos: bool, special: bool = True) -> list[int]:
         data = text.encode()
         capacity = len(data) + 16
         buffer = (L.llama_token * capacity)()
-        count = L.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_bos, True)
+        count = L.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_bos, special)
         if count < 0:
             capacity = -count
             buffer = (L.llama_token * capacity)()
-            count = L.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_bos, True)
+            count = L.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_bos, special)
         return list(buffer[:max(count, 0)])
 
     def _vocabulary(self) -> Vocabulary:
@@ -559,6 +561,21 @@ class LlamaCppEngine:
                                              n_threads=self.options.n_threads)
         return self.embedder.embed(inputs, truncate=truncate)
 
+    @property
+    def reranker(self) -> bool:
+        """A reranker's weights: rank pooling through a classifier head (bge-reranker, Qwen3-Reranker, jina)."""
+        return self._meta(f"{self.architecture}.pooling_type") == str(int(L.LLAMA_POOLING_TYPE_RANK))
+
+    def rerank(self, query: str, documents: list[str], *, truncate: bool) -> tuple[list[float], int]:
+        if not self.reranker:
+            raise RerankUnsupported("this model is not a reranker (its GGUF has no rank pooling)")
+        if self.ranker is None:
+            self.ranker = RankContext(self.model, self.vocab, self._tokens, n_ctx=self.n_ctx,
+                                      n_threads=self.options.n_threads)
+        pairs = [self.ranker.pair(query, document, truncate=truncate, index=index)
+                 for index, document in enumerate(documents)]
+        return self.ranker.score(pairs), sum(len(pair) for pair in pairs)
+
     def close(self) -> None:
         """Free the context, batch and weights (and the embedding and vision contexts). A worker's process frees
         them as it exits; benches and tests that build many engines in one process call this. Idempotent."""
@@ -568,6 +585,9 @@ class LlamaCppEngine:
         if self.embedder is not None:
             self.embedder.close()
             self.embedder = None
+        if self.ranker is not None:
+            self.ranker.close()
+            self.ranker = None
         if self.batch is not None:
             L.llama_batch_free(self.batch)
             self.batch = None

@@ -80,3 +80,114 @@ class EmbeddingContext:
         if self.ctx:
             L.llama_free(self.ctx)
             self.ctx = None
+
+
+MAX_RANK_CTX = 4096  # a query-document pair's tokens at most (the document is cut to fit, or refused)
+RANK_SEQUENCES = 8  # pairs evaluated in one batch
+
+
+class RankContext:
+    """Scores query-document pairs with a reranker's classifier head (rank pooling), in a context of its own like
+    embeddings. A pair is the model's ``rerank`` prompt with the query and document put in (Qwen3-Reranker), else
+    ``[BOS] query [EOS] [SEP] document [EOS]`` as the vocabulary asks (bge-reranker, jina): llama-server's forms.
+    The score is the head's first output as llama-server reports it (a logit for bge, P(yes) for Qwen3)."""
+
+    def __init__(self, model: Any, vocab: Any, tokenize: Any, *, n_ctx: int, n_threads: int) -> None:
+        self.n_ctx = min(n_ctx, MAX_RANK_CTX)
+        self.tokenize = tokenize  # (text, add_special, parse_special) -> token ids
+        params = L.llama_context_default_params()
+        params.n_ctx = self.n_ctx
+        params.n_batch = self.n_ctx
+        params.n_ubatch = self.n_ctx  # a non-causal reranker (BERT) reads a pair whole in one ubatch
+        params.n_seq_max = RANK_SEQUENCES
+        params.kv_unified = True  # any pair may use the whole context
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.embeddings = True
+        params.pooling_type = L.LLAMA_POOLING_TYPE_RANK
+        params.no_perf = True
+        self.ctx = L.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise ValueError("llama.cpp could not create a rerank context (out of memory?)")
+        self.memory = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(self.n_ctx, 0, 1)
+        self.vocab = vocab
+        prompt = L.llama_model_chat_template(model, b"rerank")
+        self.prompt = prompt.decode() if prompt else None
+
+    def pair(self, query: str, document: str, *, truncate: bool, index: int) -> list[int]:
+        """A pair's tokens; over the context, the document is cut to fit (``truncate``) or refused."""
+        vocab = self.vocab
+        if self.prompt is not None:
+            tokens = self.tokenize(self.prompt.replace("{query}", query).replace("{document}", document), False, True)
+            if len(tokens) <= self.n_ctx:
+                return list(tokens)
+            head, _, tail = self.prompt.partition("{document}")
+            before = list(self.tokenize(head.replace("{query}", query), False, True))
+            after = list(self.tokenize(tail.replace("{query}", query), False, True))
+            body = list(self.tokenize(document, False, False))
+        else:
+            end = int(L.llama_vocab_eos(vocab))
+            if end < 0:
+                end = int(L.llama_vocab_sep(vocab))
+            before = [int(L.llama_vocab_bos(vocab))] if L.llama_vocab_get_add_bos(vocab) else []
+            before += self.tokenize(query, False, False)
+            if L.llama_vocab_get_add_eos(vocab):
+                before.append(end)
+            if L.llama_vocab_get_add_sep(vocab):
+                before.append(int(L.llama_vocab_sep(vocab)))
+            body = list(self.tokenize(document, False, False))
+            after = [end] if L.llama_vocab_get_add_eos(vocab) else []
+        room = self.n_ctx - len(before) - len(after)
+        if len(body) > room:
+            if not truncate or room < 1:
+                raise ValueError(f"document {index} with the query is {len(before) + len(body) + len(after)} "
+                                 f"tokens, over the rerank context of {self.n_ctx}; shorten it or allow truncation")
+            body = body[:room]
+        return before + body + after
+
+    def score(self, pairs: list[list[int]]) -> list[float]:
+        """Each pair's score, up to ``RANK_SEQUENCES`` pairs a batch."""
+        scores: list[float] = []
+        start = 0
+        while start < len(pairs):
+            group: list[list[int]] = []
+            used = 0
+            while start + len(group) < len(pairs) and len(group) < RANK_SEQUENCES \
+                    and used + len(pairs[start + len(group)]) <= self.n_ctx:
+                used += len(pairs[start + len(group)])
+                group.append(pairs[start + len(group)])
+            scores.extend(self._batch(group))
+            start += len(group)
+        return scores
+
+    def _batch(self, group: list[list[int]]) -> list[float]:
+        L.llama_memory_clear(self.memory, True)
+        batch = self.batch
+        at = 0
+        for seq, tokens in enumerate(group):
+            for position, token in enumerate(tokens):
+                batch.token[at] = token
+                batch.pos[at] = position
+                batch.n_seq_id[at] = 1
+                batch.seq_id[at][0] = seq
+                batch.logits[at] = True
+                at += 1
+        batch.n_tokens = at
+        if L.llama_decode(self.ctx, batch) != 0:
+            raise ValueError("llama.cpp failed to evaluate the documents for reranking")
+        scores = []
+        for seq in range(len(group)):
+            pointer = L.llama_get_embeddings_seq(self.ctx, seq)
+            if not pointer:
+                raise ValueError("this model produced no rerank score (not a reranker?)")
+            scores.append(float(pointer[0]))
+        return scores
+
+    def close(self) -> None:
+        if self.batch is not None:
+            L.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None

@@ -468,6 +468,11 @@ class MlxEngine:
 
     # -- embeddings ------------------------------------------------------------------------------
 
+    def rerank(self, query: str, documents: list[str], *, truncate: bool) -> tuple[list[float], int]:
+        from localai.engines.engine import RerankUnsupported
+
+        raise RerankUnsupported("rerankers run on the llama.cpp engine (a reranker GGUF), not on MLX")
+
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
         """Mean-pooled final hidden states, L2-normalised (a chat model's, like the llama.cpp engine's)."""
         inner = getattr(self.model, "model", None)

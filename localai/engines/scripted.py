@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, NoCheckpoints
+from localai.engines.engine import BatchItem, DecodeFailed, LoadOptions, NoCheckpoints, RerankUnsupported
 from localai.engines.grammars import JSON_ARGUMENT_CALLS, NATIVE_FORCED, TAGGED_CALLS
 from localai.engines.placement import cpu_only
 from localai.promptcache.store import StateBytes
@@ -220,6 +220,9 @@ class ScriptedEngine(NoCheckpoints):
 
     def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> StateBytes:
         return rest
+
+    def rerank(self, query: str, documents: list[str], *, truncate: bool) -> tuple[list[float], int]:
+        raise RerankUnsupported("the scripted engine is not a reranker")
 
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
         vectors = []

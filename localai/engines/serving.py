@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions
+from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions, RerankUnsupported
 from localai.engines.grammars import GrammarError
 from localai.engines.speculative import Drafter
 from localai.engines.token_ids import ForeignTokens, check_own
@@ -35,6 +35,8 @@ from localai.protocol import (
     GenerateOp,
     ModelInfo,
     PromptFrame,
+    RanksFrame,
+    RerankOp,
     StatsFrame,
     TextFrame,
     TokensFrame,
@@ -208,6 +210,17 @@ class Serving:
             emit(answer)
         elif op["op"] == "embed":
             self._embed(op, emit)
+        elif op["op"] == "rerank":
+            self._rerank(op, emit)
+
+    def _rerank(self, op: RerankOp, emit: Emit) -> None:
+        try:
+            scores, counted = self.engine.rerank(op["query"], op["documents"], truncate=op["truncate"])
+        except ValueError as exc:
+            kind: ErrorKind = "not_reranker" if isinstance(exc, RerankUnsupported) else "invalid"
+            emit(ErrorFrame(ev="error", id=op["id"], kind=kind, message=str(exc)))
+            return
+        emit(RanksFrame(ev="ranks", id=op["id"], scores=scores, prompt_tokens=counted))
 
     def _embed(self, op: EmbedOp, emit: Emit) -> None:
         engine = self.engine

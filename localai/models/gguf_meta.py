@@ -53,8 +53,10 @@ _SCALARS: dict[int, struct.Struct] = {kind: struct.Struct(fmt) for kind, fmt in 
     (GGUFValueType.INT64, "<q"), (GGUFValueType.FLOAT64, "<d"),
 )}
 _U32, _U64 = _SCALARS[GGUFValueType.UINT32], _SCALARS[GGUFValueType.UINT64]
+RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
+UNSPECIFIED_POOLING = 0xFFFFFFFF  # LLAMA_POOLING_TYPE_UNSPECIFIED (-1) as a GGUF uint32
 _WANTED = ("general.alignment", "split.count", "general.architecture", "general.file_type", "general.size_label",
-           "general.name", "tokenizer.chat_template")
+           "general.name", "general.type", "adapter.type", "tokenizer.chat_template")
 # The attention shape, read per architecture (``{arch}.<key>``): what the KV cache holds per token.
 _SHAPE_KEYS = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
                "attention.key_length", "attention.value_length", "attention.sliding_window",
@@ -142,6 +144,15 @@ class GGUFMetadata:
     layer_bytes: list[int] | None = None  # each repeating layer's tensors (None: a split GGUF, read in part)
     output_bytes: int = 0  # the output layer's (the token embeddings' when the output is tied to them)
     expert_bytes: list[int] | None = None  # each layer's expert tensors, part of layer_bytes (a mixture of experts)
+    pooling: int | None = None  # ``{arch}.pooling_type``: llama.cpp's enum (RANK_POOLING: a reranker)
+    file_type: str = "model"  # ``general.type``: "model", or "adapter" for a LoRA GGUF
+    adapter_type: str | None = None  # ``adapter.type`` of an adapter ("lora")
+
+    @property
+    def reranker(self) -> bool:
+        """A reranker (bge-reranker, Qwen3-Reranker, jina): a classifier head read with rank pooling; it scores
+        a query against documents and does not chat."""
+        return self.pooling == RANK_POOLING
 
 
 class _Header:
@@ -265,7 +276,8 @@ def _parse(header: _Header) -> GGUFMetadata:
     fields: dict[str, Any] = {}
     for _ in range(n_fields):
         key = header.string()
-        wanted = key in _WANTED or key.endswith(".context_length") or key.endswith(_SHAPE_KEYS)
+        wanted = (key in _WANTED or key.endswith(".context_length") or key.endswith(_SHAPE_KEYS)
+                  or key.endswith(".pooling_type"))
         value = header.value(header.take(_U32), keep=wanted)
         if wanted:
             fields[key] = value
@@ -305,6 +317,7 @@ def _parse(header: _Header) -> GGUFMetadata:
     context = fields.get(f"{arch}.context_length")
     name = fields.get("general.name")
     attention = _attention(fields, arch)
+    pooling = fields.get(f"{arch}.pooling_type")
     return GGUFMetadata(
         architecture=arch,
         context_length=int(context) if isinstance(context, int) else 0,
@@ -316,6 +329,9 @@ def _parse(header: _Header) -> GGUFMetadata:
         layer_bytes=layer_bytes,
         output_bytes=output_bytes,
         expert_bytes=expert_bytes if expert_bytes and any(expert_bytes) else None,
+        pooling=pooling if isinstance(pooling, int) and pooling != UNSPECIFIED_POOLING else None,
+        file_type=str(fields.get("general.type") or "model"),
+        adapter_type=str(fields["adapter.type"]) if fields.get("adapter.type") else None,
     )
 
 

@@ -24,6 +24,9 @@ MLX_TAG_SUFFIX = "-mlx"
 _WORD = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
+RERANK_MARK = "reranker"  # a library family with this in its name scores documents (POST /v1/rerank)
+
+
 @dataclass(frozen=True)
 class LibraryEntry:
     name: str  # name:tag
@@ -37,6 +40,10 @@ class LibraryEntry:
     @property
     def tag(self) -> str:
         return self.name.split(":", 1)[1]
+
+    @property
+    def reranker(self) -> bool:
+        return RERANK_MARK in self.family
 
 
 def modelfile_name(root: Path, path: Path) -> str | None:
@@ -73,6 +80,11 @@ def entries(root: Path | None = None) -> list[LibraryEntry]:
     """The library's models, sorted by name."""
     return [LibraryEntry(name, path, _description(path))
             for name, path in sorted(modelfiles(root or paths.library_modelfiles_dir()).items())]
+
+
+def rerankers(root: Path | None = None) -> list[str]:
+    """The library's rerankers (what a chat model asked to rerank is pointed to)."""
+    return [entry.name for entry in entries(root) if entry.reranker]
 
 
 def _description(path: Path) -> str:

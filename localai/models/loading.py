@@ -74,6 +74,14 @@ def gguf_metadata(path: str) -> GGUFMetadata | None:
         return None
 
 
+def is_reranker(record: ModelRecord) -> bool:
+    """A reranker's weights (rank pooling through a classifier head): it scores documents, it does not chat."""
+    if record.format != "gguf" or not record.path:
+        return False
+    meta = gguf_metadata(record.path)
+    return meta is not None and meta.reranker
+
+
 def attention_of(record: ModelRecord) -> AttentionShape | None:
     """The model's attention shape from its GGUF header (None for MLX folders, remote models, unreadable files)."""
     if record.format != "gguf" or not record.path:

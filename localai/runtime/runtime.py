@@ -9,8 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 from localai.errors import InvalidRequest
-from localai.models import renderer
-from localai.models.loading import chosen_engine
+from localai.models import library, renderer
+from localai.models.loading import chosen_engine, is_reranker
 from localai.models.modelfile import LOAD_PARAMETERS
 from localai.models.registry import ModelRecord, Registry
 from localai.protocol import DEFAULT_SAMPLING
@@ -47,6 +47,9 @@ class Runtime:
         before any response bytes are sent, so they get a proper HTTP status.
         """
         record = self.registry.get(request.model)
+        if is_reranker(record):
+            raise InvalidRequest(f"'{record.name}' is a reranker: it scores documents against a query (POST "
+                                 "/v1/rerank) and does not generate text; chat with a chat model", param="model")
         if record.remote and request.logprobs is not None:
             raise InvalidRequest(f"{record.name} is a remote model: logprobs are not passed on to remote models yet",
                                  param="logprobs")
@@ -150,6 +153,22 @@ class Runtime:
             return await self.remotes.pool(record).embed(texts)
         async with self.scheduler.lease(record, keep_alive=keep_alive) as loaded:
             return await loaded.worker.embed(texts, truncate=truncate, tokens=tokens)
+
+    async def rerank(self, model: str, query: str, documents: list[str], *, truncate: bool = True,
+                     keep_alive: float | None = None) -> tuple[list[float], int]:
+        """Each document's relevance to ``query`` from a reranker model (its classifier head, in a context of its own
+        in the worker), in the order sent, and the tokens evaluated."""
+        record = self.registry.get(model)
+        if record.remote:
+            raise InvalidRequest(f"'{model}' is a remote model: reranking is not passed on to remote models yet; "
+                                 "rerank with a local reranker GGUF", param="model")
+        if not is_reranker(record):
+            found = library.rerankers()
+            suggestion = f"`localai pull {found[0]}`" if found else "a reranker GGUF"
+            raise InvalidRequest(f"'{model}' is not a reranker (its weights have no rank pooling head); rerank with "
+                                 f"a reranker model, such as the library's {suggestion}", param="model")
+        async with self.scheduler.lease(record, keep_alive=keep_alive) as loaded:
+            return await loaded.worker.rerank(query, documents, truncate=truncate)
 
     async def unload(self, name: str) -> bool:
         """Unload a model now (``localai stop``, a deleted or edited model): its worker, or a remote model's pool

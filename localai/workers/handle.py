@@ -25,7 +25,9 @@ from localai.protocol import (
     GenerateOp,
     IdleFrame,
     ModelInfo,
+    RanksFrame,
     RequestFrame,
+    RerankOp,
     ShutdownOp,
     TokenizeOp,
     TokensFrame,
@@ -222,7 +224,11 @@ class Worker:
     @overload
     async def _call(self, op: EmbedOp, param: str) -> EmbeddingsFrame: ...
 
-    async def _call(self, op: TokenizeOp | EmbedOp, param: str) -> TokensFrame | EmbeddingsFrame:
+    @overload
+    async def _call(self, op: RerankOp, param: str) -> RanksFrame: ...
+
+    async def _call(self, op: TokenizeOp | EmbedOp | RerankOp,
+                    param: str) -> TokensFrame | EmbeddingsFrame | RanksFrame:
         """Send a one-answer op and wait for its answer; an engine error is a 400 naming ``param``."""
         queue: asyncio.Queue[WorkerFrame | None] = asyncio.Queue()
         self._queues[op["id"]] = queue
@@ -234,12 +240,12 @@ class Worker:
             if message["ev"] == "error":
                 error = RequestTooLarge if message["kind"] == "too_large" else InvalidRequest
                 failure = error(message["message"] or f"{op['op']} failed", param=param)
-                if message["kind"] == "foreign_token_ids":  # the dialect adds what a client should send
-                    failure.code = "foreign_token_ids"
+                if message["kind"] in ("foreign_token_ids", "not_reranker"):  # the caller adds what to do
+                    failure.code = message["kind"]
                 raise failure
-            if (message["ev"] == "tokens" and op["op"] == "tokenize") or (message["ev"] == "embeddings" \
-                    and op["op"] == "embed"):
-                return message
+            answers = {"tokenize": "tokens", "embed": "embeddings", "rerank": "ranks"}
+            if message["ev"] == answers[op["op"]]:
+                return message  # type: ignore[return-value]
             raise self.crashed(f"(it answered a {op['op']} op with a {message['ev']} frame)")
         finally:
             self._queues.pop(op["id"], None)
@@ -264,6 +270,13 @@ class Worker:
             op["tokens"] = tokens
         message = await self._call(op, "input")
         return [list(v) for v in message["vectors"]], message["prompt_tokens"]
+
+    async def rerank(self, query: str, documents: list[str], *, truncate: bool) -> tuple[list[float], int]:
+        """Each document's relevance score from the worker's rerank context, and the tokens evaluated."""
+        op: RerankOp = {"op": "rerank", "id": f"rank-{next(_ids)}", "query": query, "documents": documents,
+                        "truncate": truncate}
+        message = await self._call(op, "documents")
+        return list(message["scores"]), message["prompt_tokens"]
 
     async def stop(self, timeout: float = 60.0) -> None:
         """Ask the worker to exit (it first writes its queued cache entries); kill it if it does not."""

@@ -58,11 +58,14 @@ def reference(path: Path) -> GGUFMetadata:
     output_bytes = sum(size for name, size in sizes.items() if name.startswith("output"))
     if "output.weight" not in sizes:
         output_bytes += sizes.get("token_embd.weight", 0)
+    pooling = field(f"{arch}.pooling_type")
     return GGUFMetadata(
         architecture=arch, context_length=int(field(f"{arch}.context_length") or 0),
         quantization=FILE_TYPES.get(file_type, str(file_type)) if file_type is not None else "unknown",
         parameter_size=str(label), chat_template=field("tokenizer.chat_template") or None,
         name=field("general.name"), attention=attention, layer_bytes=layer_bytes, output_bytes=output_bytes,
+        pooling=pooling if pooling is not None and pooling != 0xFFFFFFFF else None,
+        file_type=field("general.type") or "model", adapter_type=field("adapter.type"),
     )
 
 
@@ -111,7 +114,7 @@ def test_real_models_read_as_the_full_reader_reads_them(smollm2_path: Path, gemm
     sizes = ("attention", "layer_bytes", "output_bytes", "expert_bytes")
     assert {k: v for k, v in asdict(gemma).items() if k not in sizes} == {
         "architecture": "gemma3", "context_length": 32768, "quantization": "Q4_K_M", "parameter_size": "270M",
-        "chat_template": None, "name": "Gemma 3 270m"}
+        "chat_template": None, "name": "Gemma 3 270m", "pooling": None, "file_type": "model", "adapter_type": None}
     assert (shape["layers"], shape["kv_heads"][0], shape["key_length"], shape["sliding_window"]) == (18, 1, 256, 512)
     assert shape["sliding_share"] == 5 / 6  # llama.cpp's Gemma 3 pattern: every sixth layer attends to everything
     assert gemma.attention is not None
@@ -121,6 +124,18 @@ def test_real_models_read_as_the_full_reader_reads_them(smollm2_path: Path, gemm
     assert gemma.attention.kv_bytes(32768) == pytest.approx(111 * 2**20)
     assert gemma.attention.tokens_within(gemma.attention.kv_bytes(20000)) in (19999, 20000)
     assert smol.attention is not None and smol.attention.bytes_per_token() == 30 * 3 * 128 * 2  # 23,040 B a token
+
+
+def test_a_reranker_and_a_lora_read_as_the_full_reader_reads_them(arch_fixtures: Path) -> None:
+    """The reranker fixture says rank pooling (a reranker); a LoRA says it is an adapter; a chat model neither."""
+    for name in ("reranker", "llama-lora-a", "llama"):
+        path = arch_fixtures / f"{name}.gguf"
+        assert asdict(read_metadata(path)) == asdict(reference(path))
+    reranker, lora, llama = (read_metadata(arch_fixtures / f"{name}.gguf") for name in ("reranker", "llama-lora-a",
+                                                                                         "llama"))
+    assert (reranker.pooling, reranker.reranker, reranker.file_type) == (4, True, "model")
+    assert (lora.file_type, lora.adapter_type, lora.reranker) == ("adapter", "lora", False)
+    assert (llama.pooling, llama.reranker, llama.file_type, llama.adapter_type) == (None, False, "model", None)
 
 
 @pytest.mark.parametrize("size_label", [None, "7B"])

@@ -23,11 +23,13 @@ def test_the_library_has_a_dozen_laptop_models_each_complete() -> None:
     assert len(entries) >= 12
     assert {"qwen2.5-coder:1.5b", "qwen2.5-coder:7b", "qwen3:4b", "llama3.2:1b", "llama3.2:3b", "gemma3:4b",
             "phi4-mini:3.8b", "mistral:7b", "deepseek-coder:6.7b", "smollm2:135m", "qwen3-coder:30b", "gpt-oss:20b",
-            "glm-4.7-flash:30b", "devstral-small-2:24b", "qwen3:4b-instruct-2507"} <= {e.name for e in entries}
+            "glm-4.7-flash:30b", "devstral-small-2:24b", "qwen3:4b-instruct-2507",
+            "bge-reranker-v2-m3:568m"} <= {e.name for e in entries}
+    assert library.rerankers() == ["bge-reranker-v2-m3:568m"]  # what a chat model asked to rerank points to
     for entry in entries:
         modelfile = parse_file(entry.path)
         assert entry.description, entry.name
-        assert modelfile.parameters.get("stop"), entry.name
+        assert modelfile.parameters.get("stop") or entry.reranker, entry.name  # a reranker does not generate
         if modelfile.from_.startswith(PACKAGE_SOURCE):
             continue  # the embedded model: its trained context (8192) is its context
         # no window in the library: the memory rule gives each machine the largest it holds (an agent needs 64k)
