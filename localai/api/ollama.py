@@ -36,7 +36,15 @@ from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.engines.descriptions import speculative_support, state_kind
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
 from localai.models.loading import attention_of, chosen_engine, gguf_metadata, is_reranker, kv_bytes, window
-from localai.models.modelfile import LOAD_PARAMETERS, PARAMETERS, Modelfile, check_template, coerce_parameter, parse
+from localai.models.modelfile import (
+    LOAD_PARAMETERS,
+    PARAMETERS,
+    Modelfile,
+    anchored_adapters,
+    check_template,
+    coerce_parameter,
+    parse,
+)
 from localai.models.registry import ModelRecord
 from localai.runtime.generation import Generation
 from localai.runtime.local import SAMPLING_KEYS
@@ -617,6 +625,8 @@ def _modelfile_of(body: CreateBody) -> Modelfile:
         modelfile = parse(body.modelfile, source="Modelfile")
         if body.path and not Path(modelfile.from_).is_absolute() and modelfile.from_.startswith("."):
             modelfile.from_ = str((Path(body.path) / modelfile.from_).resolve())
+        if body.path:
+            modelfile.adapters = anchored_adapters(modelfile.adapters, Path(body.path))
     elif body.from_:
         modelfile = Modelfile(from_=body.from_, template=body.template, system=body.system)
         for key, value in (body.parameters or {}).items():

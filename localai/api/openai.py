@@ -211,6 +211,18 @@ class SamplingFields(BaseModel):
     logprobs: bool | int | None = Field(default=None, description="Each generated token's logprob: true (chat), or "
                                         "how many alternatives per token, 0-20 (completions).")
     top_logprobs: int | None = top_logprobs_field("Chat: alternatives per token (0-20), with logprobs: true.")
+    lora: Any = Field(default=None, description="llama-server's per-request LoRA scales: refused (a 400 saying "
+                      "why); a model's adapters and scales are its Modelfile's ADAPTER lines.")
+
+    @field_validator("lora")
+    @classmethod
+    def _no_request_lora(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("per-request LoRA scales are not supported: a model's requests decode together in "
+                             "one batch of one llama.cpp context, and its adapters apply to the whole context; "
+                             "give the scale in the Modelfile (ADAPTER ./lora.gguf 0.5) and create a model for each "
+                             "scale you use")
+        return value
 
     def logprobs_count(self) -> int | None:
         """How many alternatives per token the request wants (None: no logprobs)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
@@ -37,6 +37,7 @@ class LoadOptions:
     kv_type: str = "f16"
     model_sha256: str = ""
     projector_path: str | None = None  # a vision projector (mmproj GGUF): images reach the model through mtmd
+    adapters: list[dict[str, Any]] = field(default_factory=list)  # LoRA GGUFs applied to the context: {path, scale}
     template: str | None = None
     cache_dir: str | None = None
     cache_max_bytes: int = 8 << 30

@@ -158,10 +158,28 @@ class LlamaCppEngine:
         self.prompt_tokens = PrefixTokenizer(self._vocabulary, self._tokenize_whole, self.tokenize_special)
         self._rows: dict[int, int] = {}  # a batch's logits rows where image positions moved them (llama_vision)
         self.vision: Vision | None = None
+        self.adapters = self._apply_adapters(options.adapters)
         if options.projector_path:
             self.vision = Vision(self.model, self.ctx, options.projector_path, options.n_threads,
                                  use_gpu=self.placement.layers > 0, debug=debug)
             self.can_draft = False  # drafts copied from the context could propose an image's pseudo-tokens
+
+    def _apply_adapters(self, adapters: list[dict[str, Any]]) -> list[Any]:
+        """Load the LoRA adapters and apply them to the chat context with their scales (as llama-server's --lora
+        and --lora-scaled; the embedding and rerank contexts stay without). llama.cpp frees them with the model."""
+        loaded = []
+        for adapter in adapters:
+            handle = L.llama_adapter_lora_init(self.model, str(adapter["path"]).encode())
+            if not handle:
+                raise RuntimeError(f"llama.cpp could not load the LoRA adapter {adapter['path']} (not a LoRA GGUF for "
+                                   "this model's tensors?)")
+            loaded.append(handle)
+        if loaded:
+            handles = (L.llama_adapter_lora_p_ctypes * len(loaded))(*loaded)
+            scales = (ctypes.c_float * len(loaded))(*(float(adapter["scale"]) for adapter in adapters))
+            if L.llama_set_adapters_lora(self.ctx, handles, len(loaded), scales) != 0:
+                raise RuntimeError("llama.cpp could not apply the LoRA adapters to the context")
+        return loaded
 
     def _place(self, options: LoadOptions) -> Placement:
         """The layers to offload (``engines/placement.py``): by the GPUs' free memory, or ``num_gpu``."""

@@ -171,8 +171,11 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "flash_attention": settings.flash_attention,
         "cpu_repack": settings.cpu_repack,
         # a projector's weights change what an image's positions hold: they are part of the cache's fingerprint
-        "model_sha256": record.sha256 + (f"+mmproj:{record.projector_sha256}" if record.projector else ""),
+        # so do LoRA adapters' weights and scales (a session cached with one adapter is not served without it)
+        "model_sha256": record.sha256 + (f"+mmproj:{record.projector_sha256}" if record.projector else "")
+        + "".join(f"+lora:{a['sha256']}@{float(a['scale']):g}" for a in record.adapters),
         "projector_path": record.projector,
+        "adapters": [{"path": a["path"], "scale": float(a["scale"])} for a in record.adapters],
         # No chat template: the worker only hashed it into its cache's fingerprint, and models that share a worker
         # (``load_key``) may each have their own; prompts are rendered in the daemon, and cached blocks are keyed
         # by their tokens, so the weights' own template is the one the fingerprint names.
@@ -201,7 +204,7 @@ def load_key(record: ModelRecord, settings: Settings, overrides: dict[str, Any] 
     params: dict[str, Any] = {**record.parameters, **(overrides or {})}
     asked = tuple((name, params[name]) for name in sorted(LOAD_PARAMETERS) if params.get(name) is not None)
     return (engine_for(record, settings.engine), record.format, record.path, record.sha256,
-            tuple(record.adapters), record.projector, asked)
+            tuple((a["path"], a["sha256"], a["scale"]) for a in record.adapters), record.projector, asked)
 
 
 RUNS = {"llama.cpp": ("gguf",), "mlx": ("mlx",), "scripted": ("gguf", "mlx")}  # which weights each engine loads

@@ -134,7 +134,39 @@ def parse_file(path: Path) -> Modelfile:
     projector = modelfile.projector
     if projector is not None and _looks_like_path(projector) and not Path(projector).expanduser().is_absolute():
         modelfile.projector = str((path.parent / projector).expanduser().resolve())
+    modelfile.adapters = anchored_adapters(modelfile.adapters, path.parent)
     return modelfile
+
+
+MAX_ADAPTER_SCALE = 100.0  # an adapter's scale at most, either sign (llama-server sets none; 1 is the trained one)
+
+
+def split_adapter(argument: str) -> tuple[str, float]:
+    """``ADAPTER path [scale]``: the path and its scale (1.0 when none is given; a path that is itself a file with a
+    space and a number in its name stays whole). Ollama's form is the path alone."""
+    named, _, last = argument.rpartition(" ")
+    if named and not Path(argument).expanduser().exists():
+        try:
+            scale = float(last)
+        except ValueError:
+            return argument, 1.0
+        if not math.isfinite(scale) or abs(scale) > MAX_ADAPTER_SCALE:
+            raise ModelfileError(f"ADAPTER {argument}: the scale must be a number from -{MAX_ADAPTER_SCALE:g} to "
+                                 f"{MAX_ADAPTER_SCALE:g} (1 applies the adapter as trained)")
+        return named.strip(), scale
+    return argument, 1.0
+
+
+def anchored_adapters(adapters: list[str], folder: Path) -> list[str]:
+    """``ADAPTER`` arguments with relative paths resolved against ``folder`` (the Modelfile's), scales kept."""
+    anchored = []
+    for argument in adapters:
+        named, scale = split_adapter(argument)
+        if _looks_like_path(named) and not Path(named).expanduser().is_absolute():
+            resolved = str((folder / named).expanduser().resolve())
+            argument = resolved if named == argument else f"{resolved} {scale:g}"
+        anchored.append(argument)
+    return anchored
 
 
 def _looks_like_path(value: str) -> bool:

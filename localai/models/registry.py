@@ -23,7 +23,7 @@ from localai.errors import InvalidRequest, ModelfileError, ModelNotFound, storag
 from localai.models import hub, library, renderer, weights
 from localai.models.db import now, open_database
 from localai.models.gguf_meta import read_metadata
-from localai.models.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file
+from localai.models.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file, split_adapter
 from localai.models.remote_spec import REMOTE_FORMAT, RemoteSpec, check_url, is_remote_url
 
 log = logging.getLogger("localai.registry")
@@ -58,7 +58,7 @@ class ModelRecord:
     template: str | None = None
     system: str | None = None
     messages: list[dict[str, str]] = field(default_factory=list)
-    adapters: list[str] = field(default_factory=list)
+    adapters: list[dict[str, Any]] = field(default_factory=list)  # LoRA GGUFs applied: {path, sha256, scale}
     license: str | None = None
     modified_at: str = ""
     aliases: list[str] = field(default_factory=list)
@@ -84,7 +84,8 @@ class ModelRecord:
     def modelfile(self) -> Modelfile:
         return Modelfile(
             from_=self.path, parameters=dict(self.parameters), template=self.template, system=self.system,
-            adapters=list(self.adapters), license=self.license, messages=list(self.messages),
+            adapters=[adapter_line(adapter) for adapter in self.adapters], license=self.license,
+            messages=list(self.messages),
             projector=self.projector,
         )
 
@@ -95,6 +96,12 @@ def _projector_fields(stored: str | None) -> dict[str, str]:
         return {}
     value = json.loads(stored)
     return {"projector": str(value["path"]), "projector_sha256": str(value.get("sha256", ""))}
+
+
+def adapter_line(adapter: dict[str, Any]) -> str:
+    """An adapter as its Modelfile line's argument (the scale only when it is not 1)."""
+    scale = float(adapter.get("scale", 1.0))
+    return str(adapter["path"]) + ("" if scale == 1.0 else f" {scale:g}")
 
 
 MAX_NAME = 300
@@ -274,8 +281,6 @@ class Registry:
         stray = sorted(REMOTE_PARAMETERS & set(modelfile.parameters))
         if stray:
             raise ModelfileError(f"PARAMETER {', '.join(stray)}: only remote models take it (FROM http://HOST:PORT/v1)")
-        if modelfile.adapters:
-            raise ModelfileError("ADAPTER (LoRA) is not supported yet")
         try:
             if path.is_dir():
                 if not weights.is_mlx_dir(path):
@@ -288,11 +293,12 @@ class Registry:
         except (OSError, ValueError) as exc:
             raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
         projector = self._projector(modelfile, base, fmt)
+        adapters = self._adapters(modelfile, base, fmt, meta.architecture)
         row = self._compose_row(
             key, modelfile, base, source or (base.source if base else modelfile.from_), _parameters(base, modelfile),
             path=str(path), format=fmt, sha256=self._digest(path), size=size, family=meta.architecture,
             quantization=meta.quantization, parameter_size=meta.parameter_size, context_length=meta.context_length,
-            projector=projector,
+            projector=projector, adapters=json.dumps(adapters),
         )
         if row["template"] is not None:  # the template the model will render with: its own, or its weights'
             renderer.check_renders(row["template"], "TEMPLATE")
@@ -322,6 +328,36 @@ class Registry:
                                  "(an mmproj GGUF's architecture is 'clip')")
         return json.dumps({"path": str(path), "sha256": self._digest(path)})
 
+    def _adapters(self, modelfile: Modelfile, base: ModelRecord | None, fmt: str, arch: str) -> list[dict[str, Any]]:
+        """The LoRA adapters as stored (the base model's, then the Modelfile's: path, digest, scale); a file that is
+        not a LoRA GGUF of this architecture is refused here, naming the line."""
+        found = [dict(adapter) for adapter in base.adapters] if base is not None else []
+        for argument in modelfile.adapters:
+            where = f"ADAPTER {argument}"
+            if fmt != "gguf":
+                raise ModelfileError(f"{where}: LoRA adapters go with GGUF weights (llama.cpp); MLX adapters are not "
+                                     "supported yet")
+            named, scale = split_adapter(argument)
+            path = Path(named).expanduser().resolve()
+            if path.is_dir():
+                raise ModelfileError(f"{where}: a folder (a safetensors adapter?); localai applies LoRA adapters as "
+                                     "GGUF: convert it with llama.cpp's convert_lora_to_gguf.py --base <the base "
+                                     "model's folder>")
+            if not path.is_file():
+                raise ModelfileError(f"{where}: no such file; give the path of a LoRA adapter GGUF")
+            try:
+                meta = read_metadata(path)
+            except (OSError, ValueError) as exc:
+                raise ModelfileError(f"{where}: {exc}") from exc
+            if meta.file_type != "adapter" or meta.adapter_type != "lora":
+                raise ModelfileError(f"{where}: not a LoRA adapter (its GGUF says general.type {meta.file_type!r}, "
+                                     f"adapter.type {meta.adapter_type!r}); give a LoRA GGUF, as llama.cpp's "
+                                     "convert_lora_to_gguf.py writes")
+            if meta.architecture != arch:
+                raise ModelfileError(f"{where}: a LoRA for {meta.architecture} models, and this model is {arch}")
+            found.append({"path": str(path), "sha256": self._digest(path), "scale": scale})
+        return found
+
     def _compose_row(self, key: str, modelfile: Modelfile, base: ModelRecord | None, source: str,
                      parameters: dict[str, ParameterValue], **weights: Any) -> dict[str, Any]:
         """A model's row: ``weights`` (path, format, digest, size, metadata) and what the Modelfile and its base
@@ -332,7 +368,7 @@ class Registry:
             "template": modelfile.template if modelfile.template is not None else (base.template if base else None),
             "system": modelfile.system if modelfile.system is not None else (base.system if base else None),
             "messages": json.dumps(modelfile.messages or (base.messages if base else [])),
-            "adapters": json.dumps(modelfile.adapters), "license": modelfile.license,
+            "adapters": weights.pop("adapters", "[]"), "license": modelfile.license,
             "modelfile": modelfile.render(), "created_at": stamp, "modified_at": stamp,
             "projector": weights.get("projector"),
         }
