@@ -8,7 +8,9 @@ call, then an answer once the tool's result is back, so every client's tool roun
 
 Checks: ``models`` (the client lists the models), ``plain``, ``stream``, ``tools`` (a call, the client's result, the
 answer), ``structured`` (JSON of a schema, parsed by the client), ``embed``, ``image`` (an image where the client
-can send one: smollm2 reads text only, so the daemon puts a stand-in in its place and the session goes on).
+can send one: smollm2 reads text only, so the daemon puts a stand-in in its place and the session goes on),
+``logprobs``, ``rerank`` (the client's reranker reads the daemon's ``reranker``: the order and scores the daemon's
+own /v1/rerank gives, top_n of them).
 """
 
 from __future__ import annotations
@@ -29,8 +31,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-CHECKS = ("models", "plain", "stream", "tools", "structured", "embed", "image", "logprobs")
+CHECKS = ("models", "plain", "stream", "tools", "structured", "embed", "image", "logprobs", "rerank")
 MODEL = "smollm2"
+RERANKER = "reranker"  # the reranker fixture (tests/archfixtures.py)
+QUERY = "how do I bake bread?"
+DOCUMENTS = ["Quarks are bound by gluons.", "Knead the dough, let it rise, bake at 220 C.", "The river was high.",
+             "Preheat the oven; a loaf needs steam."]
 AGENT = "agent"  # the scripted model
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ANSWER = "It is sunny in Paris."
@@ -95,6 +101,19 @@ def logprob_entries(entries: list[Any], text: str) -> object:
     tokens = [e["token"] if isinstance(e, dict) else e.token for e in entries]
     values = [e["logprob"] if isinstance(e, dict) else e.logprob for e in entries]
     return expect(bool(tokens) and "".join(tokens) == text and all(v <= 0 for v in values), tokens[:4])
+
+
+def reranked(pairs: list[tuple[int, float]], base: str, top_n: int) -> object:
+    """The client's (index, score) pairs are the daemon's own answer for the same query, best first, top_n of them."""
+    import urllib.request
+
+    request = urllib.request.Request(f"{base}/v1/rerank", data=json.dumps(
+        {"model": RERANKER, "query": QUERY, "documents": DOCUMENTS}).encode(), headers={"Content-Type":
+                                                                                       "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        direct = [(r["index"], r["relevance_score"]) for r in json.load(response)["results"]][:top_n]
+    return expect(len(pairs) == top_n and [i for i, _ in pairs] == [i for i, _ in direct]
+                  and all(abs(a - b) < 1e-6 for (_, a), (_, b) in zip(pairs, direct, strict=True)), pairs)
 
 
 def expect(condition: bool, detail: object) -> object:
@@ -344,7 +363,24 @@ def litellm_client(base: str) -> Results:
                                                            reply.choices[0].message.content))(
             litellm.completion(model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8,
                                logprobs=True, top_logprobs=2, **common)),
+        "rerank": lambda: reranked([(r["index"], r["relevance_score"]) for r in litellm.rerank(
+            model=f"cohere/{RERANKER}", query=QUERY, documents=DOCUMENTS, top_n=3, api_base=base,
+            api_key="unused").results], base, 3),
     })
+
+
+def langchain_cohere(base: str) -> Results:
+    """LangChain's reranker (CohereRerank, a document compressor) on Cohere's client pointed at the daemon."""
+    from langchain_cohere import CohereRerank
+    from langchain_core.documents import Document
+
+    def rerank() -> object:
+        reranker = CohereRerank(model=RERANKER, base_url=base, cohere_api_key="unused", top_n=2)
+        kept = reranker.compress_documents([Document(page_content=text) for text in DOCUMENTS], QUERY)
+        return reranked([(DOCUMENTS.index(doc.page_content), doc.metadata["relevance_score"]) for doc in kept], base,
+                        2)
+
+    return run_checks({"rerank": rerank})  # Cohere's chat and embed APIs are not served (only its rerank shape)
 
 
 def llama_index(base: str) -> Results:
@@ -424,6 +460,7 @@ CLIENTS: dict[str, Callable[[str], Results]] = {
     "openai-agents-websocket": lambda base: openai_agents(base, "websocket"),
     "pydantic-ai": pydantic_ai,
     "litellm": litellm_client,
+    "langchain-cohere": langchain_cohere,
     "llama-index": llama_index,
     "llm-cli": llm_cli,
 }

@@ -23,7 +23,7 @@ from tests.conftest import SMOLLM2, Daemon, start_daemon
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[3]
-CHECKS = ("models", "plain", "stream", "tools", "structured", "embed", "image", "logprobs")
+CHECKS = ("models", "plain", "stream", "tools", "structured", "embed", "image", "logprobs", "rerank")
 PYTHON = ROOT / ".clients" / "python" / "bin" / "python"
 LLAMA_INDEX = ROOT / ".clients" / "llama-index" / "bin" / "python"
 CLIENTS: dict[str, list[str]] = {
@@ -34,6 +34,7 @@ CLIENTS: dict[str, list[str]] = {
     "openai-agents-websocket": [str(PYTHON), str(HERE / "drive.py")],
     "pydantic-ai": [str(PYTHON), str(HERE / "drive.py")],
     "litellm": [str(PYTHON), str(HERE / "drive.py")],
+    "langchain-cohere": [str(PYTHON), str(HERE / "drive.py")],
     "llama-index": [str(LLAMA_INDEX), str(HERE / "drive.py")],
     "llm-cli": [str(PYTHON), str(HERE / "drive.py")],
     "npm-openai": ["node", str(HERE / "node" / "drive.mjs")],
@@ -43,6 +44,10 @@ CLIENTS: dict[str, list[str]] = {
 NOT_OFFERED = {("openai-agents-http", "models"), ("openai-agents-websocket", "models"), ("pydantic-ai", "models"),
                ("litellm", "models"), ("llama-index", "models"), ("langchain-anthropic", "embed"),
                ("openai-agents-http", "embed"), ("openai-agents-websocket", "embed")}
+# Rerank: LangChain's CohereRerank (langchain-cohere) and litellm's rerank speak it; the others have no rerank API.
+# langchain-cohere is in the matrix for its reranker only (Cohere's own chat and embed APIs are not served).
+NOT_OFFERED |= {(client, "rerank") for client in CLIENTS if client not in ("langchain-cohere", "litellm")}
+NOT_OFFERED |= {("langchain-cohere", check) for check in CHECKS if check != "rerank"}
 
 # Driven by no check yet: each may have a way (pydantic-ai's and llama-index's OpenAI settings, the openai-agents
 # ModelSettings' top_logprobs), not tried; LangChain's Anthropic, Ollama (its Python client), and the llm CLI show none
@@ -53,10 +58,11 @@ pytestmark = pytest.mark.skipif(os.environ.get("LOCALAI_SKIP_CLIENTS") == "1", r
 
 
 @pytest.fixture(scope="module")
-def client_daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Daemon]:
+def client_daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path,
+                  arch_fixtures: Path) -> Iterator[Daemon]:
     """A daemon serving smollm2, ``agent`` (the scripted engine on smollm2's weights and template, so every
-    client's tool round trip is the same call and answer), and smollm2 under ``text-embedding-3-small`` (the
-    ``llm`` CLI embeds with OpenAI's model names)."""
+    client's tool round trip is the same call and answer), smollm2 under ``text-embedding-3-small`` (the
+    ``llm`` CLI embeds with OpenAI's model names), and the reranker fixture as ``reranker``."""
     daemon = start_daemon(tmp_path_factory.mktemp("clients"), keep_alive="-1")
     try:
         with daemon.http() as http:
@@ -65,6 +71,9 @@ def client_daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) 
             assert created.status_code == 200, created.text
             copied = http.post("/api/copy", json={"source": "smollm2", "destination": "text-embedding-3-small"})
             assert copied.status_code == 200, copied.text
+            reranker = http.post("/api/create", json={"model": "reranker", "modelfile":
+                                                      f"FROM {(arch_fixtures / 'reranker.gguf').resolve()}\n"})
+            assert reranker.status_code == 200, reranker.text
         yield daemon
     finally:
         daemon.stop()

@@ -9,7 +9,7 @@ const AGENT = "agent"; // the scripted model: a tool call, then an answer once t
 const CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
 const ANSWER = "It is sunny in Paris.";
 const TOOL_PROMPT = `What is the weather in Paris? [[turns:${CALL}|||${ANSWER}]]`;
-const CHECKS = ["models", "plain", "stream", "tools", "structured", "embed", "image", "logprobs"];
+const CHECKS = ["models", "plain", "stream", "tools", "structured", "embed", "image", "logprobs", "rerank"];
 // each generated token's logprob as the client hands it over: tokens that spell the text, logprobs <= 0
 const logprobEntries = (entries, text) => expect(entries.length > 0 && entries.map((e) => e.token).join("") === text
   && entries.every((e) => e.logprob <= 0), entries.slice(0, 4).map((e) => e.token));
