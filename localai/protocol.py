@@ -234,8 +234,7 @@ class DoneFrame(TypedDict):
     usage: Usage
 
 
-ErrorKind = Literal["invalid", "constraint", "context_length", "engine", "too_large", "foreign_token_ids",
-                    "not_reranker"]
+ErrorKind = Literal["invalid", "constraint", "context_length", "engine", "too_large", "foreign_token_ids"]
 
 
 class ErrorFrame(TypedDict):

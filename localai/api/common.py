@@ -33,6 +33,7 @@ from localai.schema import (
     ToolCallEnd,
     ToolResultBlock,
 )
+from localai.settings import parse_duration
 from localai.upstreams.pool import PROBE
 
 T = TypeVar("T")
@@ -69,6 +70,16 @@ class Collected:
     calls: list[ToolCallEnd]
     finished: Finished
     logprobs: list[TokenLogprob] = field(default_factory=list)  # the request asked for them
+
+
+def keep_alive_seconds(value: str | float | None) -> float | None:
+    """A request's ``keep_alive`` (Ollama's durations: "5m", seconds, -1 forever) in seconds; bad is a 400."""
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="keep_alive") from exc
 
 
 async def until_disconnected(request: Request) -> None:

@@ -23,6 +23,7 @@ from localai.api.common import (
     check_embedding_inputs,
     collect,
     generation_headers,
+    keep_alive_seconds,
     parse_arguments,
     remote_descriptions,
     runtime_of,
@@ -69,7 +70,7 @@ from localai.schema import (
     ToolResultBlock,
     effort_of,
 )
-from localai.settings import Settings, parse_duration
+from localai.settings import Settings
 
 router = APIRouter(route_class=ParsedBodyRoute)
 
@@ -176,15 +177,6 @@ class CreateBody(BaseModel):
     template: str | None = None
     system: str | None = None
     stream: bool = False
-
-
-def keep_alive_seconds(value: str | float | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc), param="keep_alive") from exc
 
 
 @dataclass

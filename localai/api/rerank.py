@@ -16,8 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from localai.api.common import runtime_of
-from localai.api.ollama import keep_alive_seconds
+from localai.api.common import keep_alive_seconds, runtime_of
 from localai.errors import InvalidRequest
 
 router = APIRouter()
@@ -61,7 +60,8 @@ class RerankRequest(BaseModel):
         return [doc if isinstance(doc, str) else doc.text for doc in self.documents]
 
 
-async def _rerank(body: RerankRequest, request: Request) -> Any:
+@router.post("/v1/rerank", response_model=None)
+async def rerank(body: RerankRequest, request: Request) -> Any:
     started = time.perf_counter()
     if body.documents is None and body.texts is None:
         raise InvalidRequest("documents: the texts to rank are required (a list of strings, or of objects with "
@@ -80,11 +80,6 @@ async def _rerank(body: RerankRequest, request: Request) -> Any:
             # Cohere's SDK reads meta; the duration is localai's
             "meta": {"billed_units": {"search_units": 1}, "total_duration_ms": round(
                 (time.perf_counter() - started) * 1000, 1)}}
-
-
-@router.post("/v1/rerank", response_model=None)
-async def rerank(body: RerankRequest, request: Request) -> Any:
-    return await _rerank(body, request)
 
 
 for _alias in ("/rerank", "/v1/reranking", "/reranking", "/v2/rerank"):  # llama-server's aliases; Cohere's v2

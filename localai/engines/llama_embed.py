@@ -1,6 +1,6 @@
-"""Embeddings from a second llama.cpp context on the same weights.
+"""Embeddings and rerank scores from llama.cpp contexts of their own on the same weights.
 
-A separate context (embeddings on, mean pooling) means an embedding request never touches the
+A separate context (embeddings on, mean or rank pooling) means an embedding or rerank request never touches the
 chat sequences' KV cells, so every session's prompt cache survives it.
 """
 
@@ -12,30 +12,77 @@ from typing import Any
 import llama_cpp as L
 
 MAX_EMBED_CTX = 2048  # longer inputs are truncated (or refused); the pooled batch must fit in one ubatch
+MAX_RANK_CTX = 4096  # a query-document pair's tokens at most (the document is cut to fit, or refused)
+RANK_SEQUENCES = 8  # pairs evaluated in one batch
 
 
-class EmbeddingContext:
-    """Embeds token sequences one at a time; vectors are L2-normalised."""
+class PooledContext:
+    """A context whose output is one pooled vector per sequence: whole sequences go in one batch (a non-causal
+    model reads a sequence whole in one ubatch), the memory cleared before each."""
 
-    def __init__(self, model: Any, vocab: Any, *, n_ctx: int, n_threads: int) -> None:
-        self.n_ctx = min(n_ctx, MAX_EMBED_CTX)
+    def __init__(self, model: Any, vocab: Any, *, n_ctx: int, n_seq: int, pooling: int, n_threads: int,
+                 what: str) -> None:
+        self.n_ctx = n_ctx
         params = L.llama_context_default_params()
-        params.n_ctx = self.n_ctx
-        params.n_batch = self.n_ctx
-        params.n_ubatch = self.n_ctx
-        params.n_seq_max = 1
+        params.n_ctx = n_ctx
+        params.n_batch = n_ctx
+        params.n_ubatch = n_ctx
+        params.n_seq_max = n_seq
+        params.kv_unified = True  # any sequence may use the whole context
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.embeddings = True
-        params.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
+        params.pooling_type = pooling
         params.no_perf = True
         self.ctx = L.llama_init_from_model(model, params)
         if not self.ctx:
-            raise ValueError("llama.cpp could not create an embedding context (out of memory?)")
+            raise ValueError(f"llama.cpp could not create {what} context (out of memory?)")
         self.memory = L.llama_get_memory(self.ctx)
-        self.n_embd = int(L.llama_model_n_embd(model))
-        self.batch = L.llama_batch_init(self.n_ctx, 0, 1)
+        self.batch = L.llama_batch_init(n_ctx, 0, 1)
         self.vocab = vocab
+
+    def _pooled(self, group: list[list[int]], what: str) -> list[Any]:
+        """Evaluate ``group`` (sequences whose tokens fit the context together) and return each one's pooled
+        output (a pointer to its floats)."""
+        L.llama_memory_clear(self.memory, True)
+        batch = self.batch
+        at = 0
+        for seq, tokens in enumerate(group):
+            for position, token in enumerate(tokens):
+                batch.token[at] = token
+                batch.pos[at] = position
+                batch.n_seq_id[at] = 1
+                batch.seq_id[at][0] = seq
+                batch.logits[at] = True
+                at += 1
+        batch.n_tokens = at
+        if L.llama_decode(self.ctx, batch) != 0:
+            raise ValueError(f"llama.cpp failed to evaluate the {what}")
+        pointers = []
+        for seq in range(len(group)):
+            pointer = L.llama_get_embeddings_seq(self.ctx, seq)
+            if not pointer:
+                raise ValueError(f"this model produced no pooled output for the {what}")
+            pointers.append(pointer)
+        return pointers
+
+    def close(self) -> None:
+        """Free the context and batch (the weights belong to the chat engine)."""
+        if self.batch is not None:
+            L.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ctx:
+            L.llama_free(self.ctx)
+            self.ctx = None
+
+
+class EmbeddingContext(PooledContext):
+    """Embeds token sequences one at a time (mean pooling); vectors are L2-normalised."""
+
+    def __init__(self, model: Any, vocab: Any, *, n_ctx: int, n_threads: int) -> None:
+        super().__init__(model, vocab, n_ctx=min(n_ctx, MAX_EMBED_CTX), n_seq=1, pooling=L.LLAMA_POOLING_TYPE_MEAN,
+                         n_threads=n_threads, what="an embedding")
+        self.n_embd = int(L.llama_model_n_embd(model))
 
     def embed(self, inputs: list[list[int]], *, truncate: bool) -> tuple[list[list[float]], int]:
         """One vector per input and the number of tokens evaluated."""
@@ -49,69 +96,24 @@ class EmbeddingContext:
                 tokens = tokens[:self.n_ctx]
             if not tokens:
                 raise ValueError(f"input {index} is empty")
-            vectors.append(self._one(tokens))
+            pointer = self._pooled([tokens], "input for embedding")[0]
+            values = [float(pointer[i]) for i in range(self.n_embd)]
+            norm = math.sqrt(sum(v * v for v in values)) or 1.0
+            vectors.append([v / norm for v in values])
             counted += len(tokens)
         return vectors, counted
 
-    def _one(self, tokens: list[int]) -> list[float]:
-        L.llama_memory_clear(self.memory, True)
-        batch = self.batch
-        batch.n_tokens = len(tokens)
-        for position, token in enumerate(tokens):
-            batch.token[position] = token
-            batch.pos[position] = position
-            batch.n_seq_id[position] = 1
-            batch.seq_id[position][0] = 0
-            batch.logits[position] = True
-        if L.llama_decode(self.ctx, batch) != 0:
-            raise ValueError("llama.cpp failed to evaluate the input for embedding")
-        pointer = L.llama_get_embeddings_seq(self.ctx, 0)
-        if not pointer:
-            raise ValueError("this model produced no pooled embedding")
-        values = [float(pointer[i]) for i in range(self.n_embd)]
-        norm = math.sqrt(sum(v * v for v in values)) or 1.0
-        return [v / norm for v in values]
 
-    def close(self) -> None:
-        """Free the context and batch (the weights belong to the chat engine)."""
-        if self.batch is not None:
-            L.llama_batch_free(self.batch)
-            self.batch = None
-        if self.ctx:
-            L.llama_free(self.ctx)
-            self.ctx = None
-
-
-MAX_RANK_CTX = 4096  # a query-document pair's tokens at most (the document is cut to fit, or refused)
-RANK_SEQUENCES = 8  # pairs evaluated in one batch
-
-
-class RankContext:
-    """Scores query-document pairs with a reranker's classifier head (rank pooling), in a context of its own like
-    embeddings. A pair is the model's ``rerank`` prompt with the query and document put in (Qwen3-Reranker), else
-    ``[BOS] query [EOS] [SEP] document [EOS]`` as the vocabulary asks (bge-reranker, jina): llama-server's forms.
-    The score is the head's first output as llama-server reports it (a logit for bge, P(yes) for Qwen3)."""
+class RankContext(PooledContext):
+    """Scores query-document pairs with a reranker's classifier head (rank pooling). A pair is the model's
+    ``rerank`` prompt with the query and document put in (Qwen3-Reranker), else ``[BOS] query [EOS] [SEP] document
+    [EOS]`` as the vocabulary asks (bge-reranker, jina): llama-server's forms. The score is the head's first output
+    as llama-server reports it (a logit for bge, P(yes) for Qwen3)."""
 
     def __init__(self, model: Any, vocab: Any, tokenize: Any, *, n_ctx: int, n_threads: int) -> None:
-        self.n_ctx = min(n_ctx, MAX_RANK_CTX)
+        super().__init__(model, vocab, n_ctx=min(n_ctx, MAX_RANK_CTX), n_seq=RANK_SEQUENCES,
+                         pooling=L.LLAMA_POOLING_TYPE_RANK, n_threads=n_threads, what="a rerank")
         self.tokenize = tokenize  # (text, add_special, parse_special) -> token ids
-        params = L.llama_context_default_params()
-        params.n_ctx = self.n_ctx
-        params.n_batch = self.n_ctx
-        params.n_ubatch = self.n_ctx  # a non-causal reranker (BERT) reads a pair whole in one ubatch
-        params.n_seq_max = RANK_SEQUENCES
-        params.kv_unified = True  # any pair may use the whole context
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
-        params.embeddings = True
-        params.pooling_type = L.LLAMA_POOLING_TYPE_RANK
-        params.no_perf = True
-        self.ctx = L.llama_init_from_model(model, params)
-        if not self.ctx:
-            raise ValueError("llama.cpp could not create a rerank context (out of memory?)")
-        self.memory = L.llama_get_memory(self.ctx)
-        self.batch = L.llama_batch_init(self.n_ctx, 0, 1)
-        self.vocab = vocab
         prompt = L.llama_model_chat_template(model, b"rerank")
         self.prompt = prompt.decode() if prompt else None
 
@@ -147,7 +149,7 @@ class RankContext:
         return before + body + after
 
     def score(self, pairs: list[list[int]]) -> list[float]:
-        """Each pair's score, up to ``RANK_SEQUENCES`` pairs a batch."""
+        """Each pair's score, up to ``RANK_SEQUENCES`` pairs (that fit the context together) a batch."""
         scores: list[float] = []
         start = 0
         while start < len(pairs):
@@ -157,37 +159,6 @@ class RankContext:
                     and used + len(pairs[start + len(group)]) <= self.n_ctx:
                 used += len(pairs[start + len(group)])
                 group.append(pairs[start + len(group)])
-            scores.extend(self._batch(group))
+            scores.extend(float(pointer[0]) for pointer in self._pooled(group, "documents for reranking"))
             start += len(group)
         return scores
-
-    def _batch(self, group: list[list[int]]) -> list[float]:
-        L.llama_memory_clear(self.memory, True)
-        batch = self.batch
-        at = 0
-        for seq, tokens in enumerate(group):
-            for position, token in enumerate(tokens):
-                batch.token[at] = token
-                batch.pos[at] = position
-                batch.n_seq_id[at] = 1
-                batch.seq_id[at][0] = seq
-                batch.logits[at] = True
-                at += 1
-        batch.n_tokens = at
-        if L.llama_decode(self.ctx, batch) != 0:
-            raise ValueError("llama.cpp failed to evaluate the documents for reranking")
-        scores = []
-        for seq in range(len(group)):
-            pointer = L.llama_get_embeddings_seq(self.ctx, seq)
-            if not pointer:
-                raise ValueError("this model produced no rerank score (not a reranker?)")
-            scores.append(float(pointer[0]))
-        return scores
-
-    def close(self) -> None:
-        if self.batch is not None:
-            L.llama_batch_free(self.batch)
-            self.batch = None
-        if self.ctx:
-            L.llama_free(self.ctx)
-            self.ctx = None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions, RerankUnsupported
+from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions
 from localai.engines.grammars import GrammarError
 from localai.engines.speculative import Drafter
 from localai.engines.token_ids import ForeignTokens, check_own
@@ -216,9 +216,8 @@ class Serving:
     def _rerank(self, op: RerankOp, emit: Emit) -> None:
         try:
             scores, counted = self.engine.rerank(op["query"], op["documents"], truncate=op["truncate"])
-        except ValueError as exc:
-            kind: ErrorKind = "not_reranker" if isinstance(exc, RerankUnsupported) else "invalid"
-            emit(ErrorFrame(ev="error", id=op["id"], kind=kind, message=str(exc)))
+        except ValueError as exc:  # a model that is not a reranker (RerankUnsupported), a document over the context
+            emit(ErrorFrame(ev="error", id=op["id"], kind="invalid", message=str(exc)))
             return
         emit(RanksFrame(ev="ranks", id=op["id"], scores=scores, prompt_tokens=counted))
 

@@ -240,8 +240,8 @@ class Worker:
             if message["ev"] == "error":
                 error = RequestTooLarge if message["kind"] == "too_large" else InvalidRequest
                 failure = error(message["message"] or f"{op['op']} failed", param=param)
-                if message["kind"] in ("foreign_token_ids", "not_reranker"):  # the caller adds what to do
-                    failure.code = message["kind"]
+                if message["kind"] == "foreign_token_ids":  # the dialect adds what a client should send
+                    failure.code = "foreign_token_ids"
                 raise failure
             answers = {"tokenize": "tokens", "embed": "embeddings", "rerank": "ranks"}
             if message["ev"] == answers[op["op"]]:
