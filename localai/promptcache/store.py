@@ -50,9 +50,13 @@ log = logging.getLogger("localai.cache")
 StateBytes = bytes | bytearray | memoryview
 MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
 # Checkpoints kept per session on disk (the states of engines with recurrent or sliding-window layers can only be
-# restored where one was taken). A recurrent state is 10-70 MB on real hybrid models: 8 is ~0.6 GB a session at
-# most, and covers the turns an agent edits or retries (the latest turns), beside each session's own end.
+# restored where one was taken): the newest, up to 8 (the turns an agent edits or retries) and up to 512 MiB of
+# states, but always 2 (a retry and a fork from the turn before). A recurrent state as llama.cpp keeps it is 48 MiB
+# on Nemotron-3-Nano (8 kept), 75 MiB on Qwen3-Next-80B-A3B (6), ~150 MiB on Qwen3.6-27B (3): a count alone let one
+# Qwen3.6 session hold 1.2 GiB of the 8 GiB default quota.
 CHECKPOINTS_PER_SESSION = 8
+MIN_CHECKPOINTS_PER_SESSION = 2
+CHECKPOINT_BYTES_PER_SESSION = 512 << 20
 OTHERS_SECONDS = 30.0  # how old the writer's view of the other folders' bytes may be (enforce_quota)
 
 
@@ -409,7 +413,7 @@ class PromptStore:
 
         ``checkpoints``: (tokens held, ``seq_checkpoint``'s bytes) taken earlier on the way to ``state``, for an
         engine whose state can only be restored where one was taken; each becomes an entry of kind "checkpoint"
-        (with a tail block when it falls inside a block), at most ``CHECKPOINTS_PER_SESSION`` a session.
+        (with a tail block when it falls inside a block), bounded a session (``_bound_checkpoints``).
         ``held``: the tokens ``state`` holds when it holds more than ``tokens`` (the entry then ends before the
         state does, and ``end``, the checkpoint taken at its last token, is its snapshot)."""
         held = len(tokens) if held is None else held
@@ -464,7 +468,7 @@ class PromptStore:
     def _index_checkpoints(self, tails: list[_Tail], payloads: dict[str, bytes], session: str | None,
                            system: bool) -> None:
         """The checkpoints' tail blocks, snapshots and entries, under the lock; then the session's oldest
-        checkpoints beyond ``CHECKPOINTS_PER_SESSION`` go."""
+        checkpoints beyond its bound go (``_bound_checkpoints``)."""
         for tail in tails:
             if tail.key not in self.folder.blocks:
                 payload = payloads.get(tail.key)
@@ -490,9 +494,20 @@ class PromptStore:
         self._enqueue("head", head, b"")
 
     def _bound_checkpoints(self, session: str | None) -> None:
+        """The session's newest checkpoints stay: ``MIN_CHECKPOINTS_PER_SESSION`` always, then while they number
+        under ``CHECKPOINTS_PER_SESSION`` and their states fit ``CHECKPOINT_BYTES_PER_SESSION``; the rest go."""
         mine = sorted((h for h in self.folder.heads.values() if h.kind == "checkpoint" and h.session == session),
-                      key=lambda h: (h.last_used, h.n_tokens))
-        for head in mine[:max(0, len(mine) - CHECKPOINTS_PER_SESSION)]:
+                      key=lambda h: (h.last_used, h.n_tokens), reverse=True)
+        kept, used = 0, 0
+        going = []
+        for head in mine:
+            size = self.folder.snapshots.get(head.key, 0)
+            if kept < MIN_CHECKPOINTS_PER_SESSION or (
+                    kept < CHECKPOINTS_PER_SESSION and used + size <= CHECKPOINT_BYTES_PER_SESSION):
+                kept, used = kept + 1, used + size
+            else:
+                going.append(head)
+        for head in going:
             del self.folder.heads[head.id]
             self.folder.head_path(head.id).unlink(missing_ok=True)
             if not any(h.key == head.key and h.snapshot for h in self.folder.heads.values()):

@@ -272,3 +272,30 @@ def test_block_files_carry_their_tokens_and_checksums(tmp_path: Path) -> None:
         header, block_tokens, payload = read_block(path, with_payload=True)
         assert payload == state_of(block_tokens) and header["checksum"].startswith("crc32:")
     assert os.path.exists(tmp_path / FP / "layout.json")
+
+
+@pytest.mark.parametrize(("state_bytes", "budget", "kept"), [
+    (512, 1 << 20, 8),  # small states (the fixtures, Nemotron-3-Nano's 48 MiB against 512 MiB): the count bounds
+    (1000, 4096, 4),  # the bytes bound (a snapshot: the state and a 24-byte header, 1,024 bytes each)
+    (3000, 4096, 2),  # states larger than the budget allows (Qwen3.6-27B's ~150 MiB): the two newest stay anyway
+])
+def test_a_sessions_checkpoints_are_bounded_by_count_and_by_their_states_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_bytes: int, budget: int, kept: int) -> None:
+    """Ten checkpoints in one session: the newest stay, at most CHECKPOINTS_PER_SESSION, no more than the byte
+    budget holds, never fewer than two; the others' entries and snapshots go, disk files included."""
+    from localai.promptcache import store as store_module
+
+    monkeypatch.setattr(store_module, "CHECKPOINT_BYTES_PER_SESSION", budget)
+    cache = store(tmp_path, BytesCodec(rest=b"R" * 64))
+    tokens = list(range(40_000, 40_000 + 12 * BLOCK_TOKENS))
+    ends = [BLOCK_TOKENS * n + 10 for n in range(1, 11)]
+    cache.save(tokens, state_of(tokens, b"R" * 64), "s",
+               checkpoints=[(end, b"\0" * 8 + bytes([end % 251]) * state_bytes) for end in ends])
+    cache.flush()
+    held = sorted(head.n_tokens for head in cache.folder.heads.values() if head.kind == "checkpoint")
+    assert held == ends[-kept:]  # the newest (the deepest of one save: the latest turns)
+    sizes = [cache.folder.snapshots[h.key] for h in cache.folder.heads.values() if h.kind == "checkpoint"]
+    assert len(sizes) == kept and all(size > state_bytes for size in sizes)
+    assert sum(sizes) <= budget or kept == 2
+    assert len(list(tmp_path.glob("*/snaps/*.snp"))) == kept + 1  # the kept checkpoints' and the entry's own
+    cache.close()
