@@ -5,8 +5,9 @@ state layouts; random weights and a dummy tokenizer of 5-byte chunks). Its files
 and no chat template: this rewrites each header with the ``gguf`` package so agent-sized sessions fit, and gives
 each the family's real chat template from llama.cpp's ``models/templates``.
 
-Beside them, two files made from those with the ``gguf`` package: a reranker (``reranker.gguf``: llama.cpp's qwen3
-model made a Qwen3-Reranker: rank pooling, a two-label "yes"/"no" classifier head, the rerank prompt) and two LoRA
+Beside them, files made with the ``gguf`` package: a reranker (``reranker.gguf``: llama.cpp's qwen3 model made a
+Qwen3-Reranker: rank pooling, a two-label "yes"/"no" classifier head, the rerank prompt), a BERT cross-encoder
+(``reranker-bert.gguf``, written whole: the bge-reranker and jina kind) and two LoRA
 adapters for the llama fixture (``llama-lora-a.gguf``, ``llama-lora-b.gguf``: general.type "adapter", random
 low-rank deltas on the attention projections, as llama.cpp's convert_lora_to_gguf.py writes them).
 
@@ -57,7 +58,7 @@ FIXTURES = [
     Fixture("lfm2", "lfm2", "dense", "LFM2.5-Instruct.jinja", "recurrent", "LFM2 (short-conv hybrid)"),
 ]
 BY_NAME = {fixture.name: fixture for fixture in FIXTURES}
-EXTRAS = ("reranker", "llama-lora-a", "llama-lora-b")  # written from those with the gguf package (below)
+EXTRAS = ("reranker", "reranker-bert", "llama-lora-a", "llama-lora-b")  # written with the gguf package (below)
 
 
 def fixtures_dir() -> Path:
@@ -166,6 +167,78 @@ def write_reranker(tool: Path, out: Path) -> Path:
     return target
 
 
+def write_bert_reranker(out: Path) -> Path:
+    """``reranker-bert.gguf``: a BERT cross-encoder like bge-reranker and jina (non-causal, classifier head read at
+    the first token, rank pooling, one label), random weights and a small WordPiece vocabulary, written whole with
+    the ``gguf`` package (``test-llama-archs`` writes no BERT model). Its pairs take llama-server's other form:
+    ``[CLS] query [SEP] [SEP] document [SEP]``."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(SEED)
+    n_embd, layers, heads, n_ff, context = 64, 2, 4, 128, 512
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + ["\u2581" + c for c in "abcdefghijklmnopqrstuvwxyz?.,"]
+    words += list("abcdefghijklmnopqrstuvwxyz") + ["\u2581" + word for word in (
+        "the", "cat", "sat", "on", "mat", "bread", "oven", "bake", "how", "do", "in", "an", "quark", "river", "code")]
+    target = out / "reranker-bert.gguf"
+    temp = target.with_name(f".{target.name}.tmp")
+    writer = gguf.GGUFWriter(temp, arch="bert")
+    writer.add_name("localai test BERT reranker (random weights)")
+    writer.add_context_length(context)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_block_count(layers)
+    writer.add_head_count(heads)
+    writer.add_layer_norm_eps(1e-12)
+    writer.add_causal_attention(False)
+    writer.add_pooling_type(gguf.PoolingType.RANK)
+    writer.add_classifier_output_labels(["LABEL_0"])
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(words)
+    writer.add_token_types([gguf.TokenType.CONTROL] * 5 + [gguf.TokenType.NORMAL] * (len(words) - 5))
+    writer.add_token_type_count(2)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(3)
+    writer.add_sep_token_id(3)
+    writer.add_unk_token_id(1)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(True)
+
+    def normal(name: str, *shape: int, scale: float = 0.2) -> None:
+        writer.add_tensor(name, rng.normal(0, scale, size=shape).astype(np.float32))
+
+    def constant(name: str, size: int, value: float) -> None:
+        writer.add_tensor(name, np.full(size, value, dtype=np.float32))
+
+    normal("token_embd.weight", len(words), n_embd)
+    normal("token_types.weight", 2, n_embd)
+    normal("position_embd.weight", context, n_embd)
+    constant("token_embd_norm.weight", n_embd, 1.0)
+    constant("token_embd_norm.bias", n_embd, 0.0)
+    for layer in range(layers):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            normal(f"blk.{layer}.{name}.weight", n_embd, n_embd)
+            constant(f"blk.{layer}.{name}.bias", n_embd, 0.0)
+        for name in ("attn_output_norm", "layer_output_norm"):
+            constant(f"blk.{layer}.{name}.weight", n_embd, 1.0)
+            constant(f"blk.{layer}.{name}.bias", n_embd, 0.0)
+        normal(f"blk.{layer}.ffn_up.weight", n_ff, n_embd)
+        constant(f"blk.{layer}.ffn_up.bias", n_ff, 0.0)
+        normal(f"blk.{layer}.ffn_down.weight", n_embd, n_ff)
+        constant(f"blk.{layer}.ffn_down.bias", n_embd, 0.0)
+    normal("cls.weight", n_embd, n_embd)
+    normal("cls.bias", n_embd, scale=0.1)
+    normal("cls.output.weight", 1, n_embd, scale=2.0)
+    constant("cls.output.bias", 1, 0.5)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(temp, target)
+    return target
+
+
 def write_loras(model: Path, out: Path) -> list[Path]:
     """Two LoRA adapters for ``model`` (the llama fixture), different seeds: A [rank, in] and B [out, rank] for each
     attention q and v projection, alpha 16 (a scale of alpha/rank = 2 at adapter scale 1)."""
@@ -230,11 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     written = write(args.tool, args.templates, args.out, args.names or None)
     if not args.names:
-        extra = [write_reranker(args.tool, args.out), *write_loras(next(p for p in written if p.stem == "llama"),
-                                                                    args.out)]
+        extra = [write_reranker(args.tool, args.out), write_bert_reranker(args.out),
+                 *write_loras(next(p for p in written if p.stem == "llama"), args.out)]
         for path in extra:
             print(f"  {path.name:22} {path.stat().st_size / 1e6:5.1f} MB  "
-                  f"{'a reranker (Qwen3-Reranker head)' if path.stem == 'reranker' else 'a LoRA for llama'}",
+                  f"{'a LoRA for llama' if 'lora' in path.stem else 'a reranker'}",
                   flush=True)
     return 0
 

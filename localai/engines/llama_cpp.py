@@ -96,6 +96,11 @@ def load_failure(path: str, error: str | None) -> str:
     return f"llama.cpp (llama-cpp-python {L.__version__}) could not load {path}" + (f": {error}" if error else "")
 
 
+# Encoders whose attention is not causal (rerankers and embedders of the BERT family), where a file does not say so
+NON_CAUSAL = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "neo-bert",
+                        "modern-bert", "eurobert"})
+
+
 class LlamaCppEngine:
     """A loaded GGUF model with ``n_parallel`` sequences."""
 
@@ -588,8 +593,10 @@ class LlamaCppEngine:
         if not self.reranker:
             raise RerankUnsupported("this model is not a reranker (its GGUF has no rank pooling)")
         if self.ranker is None:
+            causal = self._meta(f"{self.architecture}.attention.causal") != "false" \
+                and self.architecture not in NON_CAUSAL
             self.ranker = RankContext(self.model, self.vocab, self._tokens, n_ctx=self.n_ctx,
-                                      n_threads=self.options.n_threads)
+                                      n_threads=self.options.n_threads, causal=causal)
         pairs = [self.ranker.pair(query, document, truncate=truncate, index=index)
                  for index, document in enumerate(documents)]
         return self.ranker.score(pairs), sum(len(pair) for pair in pairs)

@@ -143,23 +143,24 @@ def ranked(base: str, model: str, docs: list[str]) -> tuple[dict[int, float], li
 
 
 def rerank() -> None:
-    model = fixtures_dir().resolve() / "reranker.gguf"
     docs = documents()
-    with localai() as base:
-        create(base, "reranker", f"FROM {model}\n")
-        ours, order, tokens, elapsed = ranked(base, "reranker", docs)
-    print(f"localai: {len(ours)} results, {tokens} tokens, {elapsed:.2f} s; scores {min(ours.values()):.3f}-"
-          f"{max(ours.values()):.3f}")
-    runs = {}
-    for slots in (1, 4):
-        with llama_server("-m", str(model), "--reranking", "-c", "8192", "-np", str(slots)) as base:
-            runs[slots] = ranked(base, "x", docs)
-        theirs, their_order, their_tokens, their_elapsed = runs[slots]
-        diff = max(abs(theirs[i] - ours[i]) for i in ours)
-        print(f"llama-server -np {slots}: {len(theirs)} results, {their_tokens} tokens, {their_elapsed:.2f} s; "
-              f"max |score diff| vs localai {diff:.2e}; same order {their_order == order}")
-    print(f"llama-server -np 1 vs -np 4: max |score diff| "
-          f"{max(abs(runs[1][0][i] - runs[4][0][i]) for i in ours):.2e}")
+    for name in ("reranker", "reranker-bert"):  # Qwen3-Reranker's prompt form; a BERT cross-encoder's pair form
+        model = fixtures_dir().resolve() / f"{name}.gguf"
+        with localai() as base:
+            create(base, name, f"FROM {model}\n")
+            ours, order, tokens, elapsed = ranked(base, name, docs)
+        print(f"{name}: localai: {len(ours)} results, {tokens} tokens, {elapsed:.2f} s; scores "
+              f"{min(ours.values()):.3f}-{max(ours.values()):.3f}")
+        runs = {}
+        for slots in (1, 4):
+            with llama_server("-m", str(model), "--reranking", "-c", str(2048 * slots), "-np", str(slots)) as base:
+                runs[slots] = ranked(base, "x", docs)
+            theirs, their_order, their_tokens, their_elapsed = runs[slots]
+            diff = max(abs(theirs[i] - ours[i]) for i in ours)
+            print(f"{name}: llama-server -np {slots}: {len(theirs)} results, {their_tokens} tokens, "
+                  f"{their_elapsed:.2f} s; max |score diff| vs localai {diff:.2e}; same order {their_order == order}")
+        print(f"{name}: llama-server -np 1 vs -np 4: max |score diff| "
+              f"{max(abs(runs[1][0][i] - runs[4][0][i]) for i in ours):.2e}")
 
 
 # -- lora ------------------------------------------------------------------------------------------------------------

@@ -24,6 +24,46 @@ DOCUMENTS = ["Knead the dough, let it rise, then bake at 220 C for 30 minutes.",
              "def main(): print('hello')"]
 
 
+def bert_scores(path: Path, query: str, documents: list[str]) -> list[float]:
+    """A BERT cross-encoder's score for each pair, computed apart from localai: the pair as llama-server forms it
+    for this vocabulary (``[CLS] query [SEP] [SEP] document [SEP]``), its first token's hidden state from a llama.cpp
+    context of CLS pooling (llama-cpp-python's bindings), then the head read with ``gguf``: tanh(W h + b), w . + b."""
+    import gguf
+    import llama_cpp as L
+    import numpy as np
+
+    weights = {t.name: t.data.astype(np.float64) for t in gguf.GGUFReader(path).tensors if t.name.startswith("cls")}
+    words = L.Llama(str(path), vocab_only=True, verbose=False)
+    model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
+    params = L.llama_context_default_params()
+    params.n_ctx = params.n_batch = params.n_ubatch = 512
+    params.embeddings, params.pooling_type = True, L.LLAMA_POOLING_TYPE_CLS
+    ctx = L.llama_init_from_model(model, params)
+    batch = L.llama_batch_init(512, 0, 1)
+    n_embd = L.llama_model_n_embd(model)
+    try:
+        scores = []
+        for document in documents:
+            tokens = [2, *words.tokenize(query.encode(), add_bos=False), 3, 3,
+                      *words.tokenize(document.encode(), add_bos=False), 3]
+            L.llama_memory_clear(L.llama_get_memory(ctx), True)
+            batch.n_tokens = len(tokens)
+            for position, token in enumerate(tokens):
+                batch.token[position], batch.pos[position], batch.n_seq_id[position] = token, position, 1
+                batch.seq_id[position][0], batch.logits[position] = 0, True
+            assert L.llama_decode(ctx, batch) == 0
+            pointer = L.llama_get_embeddings_seq(ctx, 0)
+            hidden = np.array([pointer[i] for i in range(n_embd)], dtype=np.float64)
+            pooled = np.tanh(weights["cls.weight"] @ hidden + weights["cls.bias"])
+            scores.append(float((weights["cls.output.weight"] @ pooled + weights["cls.output.bias"])[0]))
+        return scores
+    finally:
+        L.llama_batch_free(batch)
+        L.llama_free(ctx)
+        L.llama_model_free(model)
+        words.close()
+
+
 @pytest.fixture(scope="module")
 def reranker(daemon: Daemon, arch_fixtures: Path) -> str:
     path = (arch_fixtures / "reranker.gguf").resolve()
@@ -77,6 +117,26 @@ def test_scores_are_the_rerankers_head_on_each_pair_sorted_best_first(daemon: Da
         assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=1e-4), result
     assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > len(DOCUMENTS) * 20
     assert body["model"] == "test-reranker" and body["object"] == "list"
+
+
+def test_a_bert_cross_encoder_scores_its_pairs_as_llama_server_forms_them(daemon: Daemon,
+                                                                           arch_fixtures: Path) -> None:
+    """The bge-reranker/jina kind: no rerank prompt, a non-causal encoder read at its first token. Nine documents
+    (more than one batch's worth for a causal model: a non-causal one scores each pair alone)."""
+    path = (arch_fixtures / "reranker-bert.gguf").resolve()
+    documents = DOCUMENTS + [d.upper() for d in DOCUMENTS[:4]]
+    with daemon.http() as http:
+        assert http.post("/api/create", json={"model": "test-bert-reranker",
+                                              "modelfile": f"FROM {path}\n"}).status_code == 200
+        response = http.post("/v1/rerank", json={"model": "test-bert-reranker", "query": QUERY,
+                                                 "documents": documents})
+    assert response.status_code == 200, response.text
+    expected = bert_scores(path, QUERY, documents)
+    assert len(set(round(score, 2) for score in expected)) > 3  # the fixture's scores differ
+    results = response.json()["results"]
+    assert [r["index"] for r in results] == sorted(range(len(documents)), key=lambda i: -expected[i])
+    for result in results:
+        assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=1e-4), result
 
 
 def test_cohere_jina_and_tei_shapes_and_the_aliases_agree(daemon: Daemon, reranker: str) -> None:
