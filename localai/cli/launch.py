@@ -84,16 +84,24 @@ def _ensure_installed(integration: Integration, yes: bool) -> Installed:
         return installed
     hint = how_to_install(integration)
     if not yes:
-        if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            raise AgentNotInstalled(f"{integration.title} is not installed; {hint}")
-        click.echo(f"{integration.title} is not installed; {hint}", err=True)
-        if not click.confirm(f"Install {integration.title} now?", default=True, err=True):
-            raise AgentNotInstalled(f"{integration.title} is not installed")
+        agreed(f"{integration.title} is not installed; {hint}", f"Install {integration.title} now?",
+               refused=AgentNotInstalled(f"{integration.title} is not installed; {hint}"),
+               declined=AgentNotInstalled(f"{integration.title} is not installed"))
     install(integration)
     installed = integration.detect()
     if installed is None:
         raise AgentNotInstalled(f"{integration.title} is still not installed; {hint}")
     return installed
+
+
+def agreed(said: str, question: str, *, refused: Exception, declined: Exception) -> None:
+    """Say ``said`` and ask ``question`` on a terminal (raising ``declined`` on no); with no terminal to ask on,
+    raise ``refused`` (its message says how to go on without asking)."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise refused
+    click.echo(said, err=True)
+    if not click.confirm(question, default=True, err=True):
+        raise declined
 
 
 def _target(model: str | None, yes: bool) -> Target:
@@ -142,11 +150,9 @@ def _show_or_pull(client: Any, model: str, yes: bool) -> dict[str, Any]:
     what = (f"model '{model}' is not installed; pulling it downloads {_size(int(plan['download']))} from "
             f"{plan['source']} ({_size(int(plan['free']))} free in {plan['cache']})")
     if not yes:
-        if not (sys.stdin.isatty() and sys.stdout.isatty()):
-            raise ModelNotFound(f"{what}: run `localai pull {model}`, or launch with --yes to pull it")
-        click.echo(f"localai: {what}", err=True)
-        if not click.confirm(f"Pull {model} now?", default=True, err=True):
-            raise ModelNotFound(f"model '{model}' is not installed")
+        agreed(f"localai: {what}", f"Pull {model} now?",
+               refused=ModelNotFound(f"{what}: run `localai pull {model}`, or launch with --yes to pull it"),
+               declined=ModelNotFound(f"model '{model}' is not installed"))
     else:
         click.echo(f"localai: {what}; pulling it (--yes)", err=True)
     show_pull(client, model)

@@ -31,7 +31,7 @@ from localai.engines.engine import (
 )
 from localai.engines.grammars import HERMES_TRIGGER, GrammarError, grammar_for
 from localai.engines.llama_devices import LoadReport
-from localai.engines.llama_embed import EmbeddingContext, RankContext
+from localai.engines.llama_embed import EmbeddingContext, RankContext, free_context
 from localai.engines.llama_tokens import PrefixTokenizer, Vocabulary
 from localai.engines.llama_vision import Vision
 from localai.engines.placement import ModelSizes, Placement, cpu_only, place
@@ -613,12 +613,7 @@ class LlamaCppEngine:
         if self.ranker is not None:
             self.ranker.close()
             self.ranker = None
-        if self.batch is not None:
-            L.llama_batch_free(self.batch)
-            self.batch = None
-        if self.ctx:
-            L.llama_free(self.ctx)
-            self.ctx = None
+        free_context(self)
         if self.model:
             L.llama_model_free(self.model)
             self.model = None

@@ -68,12 +68,17 @@ class PooledContext:
 
     def close(self) -> None:
         """Free the context and batch (the weights belong to the chat engine)."""
-        if self.batch is not None:
-            L.llama_batch_free(self.batch)
-            self.batch = None
-        if self.ctx:
-            L.llama_free(self.ctx)
-            self.ctx = None
+        free_context(self)
+
+
+def free_context(holder: Any) -> None:
+    """Free ``holder.batch`` and ``holder.ctx`` (a llama.cpp batch and context) once; both are None after."""
+    if holder.batch is not None:
+        L.llama_batch_free(holder.batch)
+        holder.batch = None
+    if holder.ctx:
+        L.llama_free(holder.ctx)
+        holder.ctx = None
 
 
 class EmbeddingContext(PooledContext):

@@ -42,6 +42,16 @@ async def send(pilot: Pilot[Any], text: str) -> ChatScreen:
     return screen
 
 
+async def first_piece(pilot: Pilot[Any], screen: ChatScreen) -> Reply:
+    """The reply being streamed, once its first piece of content is in (the fake daemon then holds the stream)."""
+    reply = screen.query(Reply).last()
+    for _ in range(100):
+        if reply.message.content:
+            break
+        await pilot.pause(0.02)
+    return reply
+
+
 async def test_prompt_typed_streams_a_rendered_reply_with_cache_stats(
         build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
     app = build(fake.client(), options={"num_predict": 16})
@@ -75,11 +85,7 @@ async def test_a_thinking_models_reasoning_streams_into_a_collapsed_block_above_
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f2")
         screen = await send(pilot, "Reverse a list")
-        reply = screen.query(Reply).last()
-        for _ in range(100):
-            if reply.message.content:  # the reasoning has streamed; the answer's first piece holds the stream
-                break
-            await pilot.pause(0.02)
+        reply = await first_piece(pilot, screen)  # the reasoning has streamed; the answer's first piece holds it
         await pilot.pause()
         block = reply.thinking
         assert block.display and block.collapsed and block.title == "Thinking…"  # still streaming, shut
@@ -113,11 +119,7 @@ async def test_escape_stops_the_reply_and_closes_the_stream(build: Callable[...,
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("f2")
         screen = await send(pilot, "Tell me a long story")
-        reply = screen.query(Reply).last()
-        for _ in range(100):
-            if reply.message.content:
-                break
-            await pilot.pause(0.02)
+        reply = await first_piece(pilot, screen)
         assert screen.generating
         await pilot.press("escape")
         await settle(pilot)
