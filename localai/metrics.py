@@ -21,6 +21,7 @@ CACHE_STATS = {
     "corrupt": "Blocks or snapshots dropped because they were truncated, corrupt or foreign",
     "dropped_writes": "Cache writes given up (the write queue behind its budget, a full or vanished disk)",
     "save_races": "Saves whose state was cut again because eviction removed a block meanwhile",
+    "images_encoded": "Images a vision projector encoded (an image whose positions came from the cache is not)",
 }
 
 

@@ -63,3 +63,72 @@ def write_mmproj(path: Path, *, text_width: int = 576, width: int = 32, ff: int 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_qwen_mmproj(path: Path, *, text_width: int = 256, width: int = 32, ff: int = 64, heads: int = 2,
+                      image: int = 32, patch: int = 4, deepstack: int = 0, seed: int = 0) -> Path:
+    """llama.cpp's Qwen3-VL projector type (``qwen3vl_merger``: Qwen3-VL and Qwen3.5/3.6), tiny and random: a ViT
+    whose patches take 2D M-RoPE positions, merged 2x2 into one embedding each, and, with ``deepstack``, that many
+    deepstack mergers whose outputs ride beside each embedding (Qwen3-VL's text model adds them to its first layers;
+    Qwen3.5 has none). Its images take ``max(rows, columns)`` positions for ``rows x columns`` embeddings."""
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), "clip")
+    writer.add_string("general.name", "tiny random qwen3vl projector")
+    writer.add_string("clip.projector_type", "qwen3vl_merger")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.has_audio_encoder", False)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.embedding_length", width)
+    writer.add_uint32("clip.vision.feed_forward_length", ff)
+    writer.add_uint32("clip.vision.block_count", max(1, deepstack))
+    writer.add_uint32("clip.vision.projection_dim", text_width)
+    writer.add_uint32("clip.vision.attention.head_count", heads)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_uint32("clip.vision.image_size", image)
+    writer.add_uint32("clip.vision.patch_size", patch)
+    writer.add_uint32("clip.vision.spatial_merge_size", 2)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    writer.add_uint32("general.file_type", 0)
+
+    def random(name: str, *shape: int) -> None:
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
+
+    def ones(name: str, size: int) -> None:
+        writer.add_tensor(name, np.ones(size, dtype=np.float32))
+
+    merged = width * 4
+    random("v.patch_embd.weight", width, 3, patch, patch)
+    random("v.patch_embd.weight.1", width, 3, patch, patch)
+    random("v.patch_embd.bias", width)
+    random("v.position_embd.weight", (image // patch) ** 2, width)
+    for layer in range(max(1, deepstack)):
+        random(f"v.blk.{layer}.attn_qkv.weight", 3 * width, width)
+        random(f"v.blk.{layer}.attn_qkv.bias", 3 * width)
+        random(f"v.blk.{layer}.attn_out.weight", width, width)
+        random(f"v.blk.{layer}.attn_out.bias", width)
+        for norm in ("ln1", "ln2"):
+            ones(f"v.blk.{layer}.{norm}.weight", width)
+            random(f"v.blk.{layer}.{norm}.bias", width)
+        random(f"v.blk.{layer}.ffn_up.weight", ff, width)
+        random(f"v.blk.{layer}.ffn_up.bias", ff)
+        random(f"v.blk.{layer}.ffn_down.weight", width, ff)
+        random(f"v.blk.{layer}.ffn_down.bias", width)
+        if layer < deepstack:
+            ones(f"v.deepstack.{layer}.norm.weight", merged)
+            random(f"v.deepstack.{layer}.norm.bias", merged)
+            random(f"v.deepstack.{layer}.fc1.weight", merged, merged)
+            random(f"v.deepstack.{layer}.fc1.bias", merged)
+            random(f"v.deepstack.{layer}.fc2.weight", text_width, merged)
+            random(f"v.deepstack.{layer}.fc2.bias", text_width)
+    ones("v.post_ln.weight", width)
+    random("v.post_ln.bias", width)
+    random("mm.0.weight", merged, merged)
+    random("mm.0.bias", merged)
+    random("mm.2.weight", text_width, merged)
+    random("mm.2.bias", text_width)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

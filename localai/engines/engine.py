@@ -157,6 +157,11 @@ class Engine(Protocol):
     # the longer the other sequences wait for their next token
     prefill_chunk: int
 
+    @property
+    def images_encoded(self) -> int:
+        """Images a vision projector encoded so far (reported with the cache's counters)."""
+        ...
+
     def info(self) -> ModelInfo:
         """What the daemon learns about the model in the worker's ``ready`` frame."""
         ...
@@ -221,8 +226,14 @@ class Engine(Protocol):
         """One sequence's KV state, serialized (empty when the engine could not write it)."""
         ...
 
-    def seq_restore(self, seq: int, state: StateBytes) -> bool:
-        """Load a serialized state into a sequence; False when the engine refuses it."""
+    def seq_restore(self, seq: int, state: StateBytes, tokens: list[int] | None = None) -> bool:
+        """Load a serialized state holding ``tokens`` into a sequence; False when the engine refuses it (an engine
+        whose positions are not token indices, the Qwen-VL family's images, maps them from the tokens)."""
+        ...
+
+    def span_end(self, tokens: list[int], index: int) -> tuple[int, int] | None:
+        """The run of prompt tokens that must be evaluated in one pass and that ``index`` falls strictly inside (an
+        image whose positions attend each other: Gemma 3), as (first, end) indices; None where a chunk may end."""
         ...
 
     def state_split(self, state: StateBytes, n_tokens: int,

@@ -126,18 +126,30 @@ class LlamaCppEngine:
         if self._overrides is not None:
             model_params.tensor_buft_overrides = ctypes.addressof(self._overrides)
         _LOAD_REPORT = report = LoadReport()
+        self.vision: Vision | None = None
+        n_batch = options.n_batch
         try:
             self.model = L.llama_model_load_from_file(options.model_path.encode(), model_params)
             if not self.model:
                 raise RuntimeError(load_failure(options.model_path, report.error))
-            self._create_context(options)
+            if options.projector_path:
+                self.vision = Vision(self.model, options.projector_path, options.n_threads,
+                                     use_gpu=self.placement.layers > 0, debug=debug)
+                non_causal, image_tokens = self.vision.probe()
+                if non_causal:  # an image evaluated in one pass (Gemma 3) fits a batch beside every sequence's token
+                    n_batch = max(n_batch, image_tokens + options.n_parallel)
+            self._create_context(options, n_batch)
+        except BaseException:
+            if self.vision is not None:
+                self.vision.close()
+            raise
         finally:
             _LOAD_REPORT = None
         self.load_report = report  # what llama.cpp said of its buffers (tests compare the estimates with it)
         self._reported(report)
         self.prefill_chunk = prefill_chunk(options.n_batch, on_gpu=bool(self.placement.layers),
                                            weights_bytes=int(L.llama_model_size(self.model)))
-        self.batch = L.llama_batch_init(options.n_batch, 0, 1)
+        self.batch = L.llama_batch_init(n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
         self._state_buffer = bytearray()  # seq_state's, reused
         self.bos_id = int(L.llama_vocab_bos(self.vocab))
@@ -162,11 +174,11 @@ class LlamaCppEngine:
         self.drafts_exact = False
         self.prompt_tokens = PrefixTokenizer(self._vocabulary, self._tokenize_whole, self.tokenize_special)
         self._rows: dict[int, int] = {}  # a batch's logits rows where image positions moved them (llama_vision)
-        self.vision: Vision | None = None
         self.adapters = self._apply_adapters(options.adapters)
-        if options.projector_path:
-            self.vision = Vision(self.model, self.ctx, options.projector_path, options.n_threads,
-                                 use_gpu=self.placement.layers > 0, debug=debug)
+        # images whose embeddings take fewer positions than tokens (the Qwen-VL family): positions are mapped
+        self.mrope = bool(self.vision and self.vision.mrope)
+        if self.vision is not None:
+            self.vision.ctx = self.ctx
             self.can_draft = False  # drafts copied from the context could propose an image's pseudo-tokens
 
     def _apply_adapters(self, adapters: list[dict[str, Any]]) -> list[Any]:
@@ -243,17 +255,17 @@ class LlamaCppEngine:
         if not placement.layers:
             placement.devices, placement.device_bytes = [], 0
 
-    def _create_context(self, options: LoadOptions) -> None:
+    def _create_context(self, options: LoadOptions, n_batch: int) -> None:
         self.vocab = L.llama_model_get_vocab(self.model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self.model))
         self.n_ctx = min(options.num_ctx, self.n_ctx_train) if self.n_ctx_train > 0 else options.num_ctx
         self.n_seq = options.n_parallel
-        self.n_batch = options.n_batch
+        self.n_batch = n_batch
         ctx_params = L.llama_context_default_params()
         ctx_params.n_ctx = self.n_ctx * options.n_parallel
-        ctx_params.n_batch = options.n_batch
-        ctx_params.n_ubatch = options.n_batch
+        ctx_params.n_batch = n_batch
+        ctx_params.n_ubatch = n_batch
         ctx_params.n_seq_max = options.n_parallel
         ctx_params.kv_unified = False  # one KV stream per sequence: idle sessions do not slow active decoding
         ctx_params.n_threads = options.n_threads
@@ -472,6 +484,9 @@ class LlamaCppEngine:
 
     def decode(self, batch: list[BatchItem]) -> None:
         self._rows = {}
+        if self.mrope:
+            assert self.vision is not None
+            batch = self.vision.positioned(batch)
         if self.vision is not None and self.vision.holds_images(batch):
             self._rows = self.vision.decode(batch, self._decode_tokens)
             return
@@ -495,7 +510,25 @@ class LlamaCppEngine:
 
     # -- sequences -------------------------------------------------------------------------------
 
+    @property
+    def images_encoded(self) -> int:
+        return self.vision.encoded if self.vision is not None else 0
+
+    def span_end(self, tokens: list[int], index: int) -> tuple[int, int] | None:
+        return self.vision.span_end(tokens, index) if self.vision is not None else None
+
+    def _position(self, seq: int, index: int) -> int:
+        """Where token ``index`` of a sequence sits (its index, but for the Qwen-VL family's images)."""
+        return self.vision.spans.position(seq, index) if self.mrope and self.vision is not None else index
+
     def seq_keep(self, seq: int, n_tokens: int) -> bool:
+        if self.mrope and self.vision is not None:
+            if self.vision.spans.inside(seq, n_tokens):
+                return False  # an image's embeddings share their time position: cut before it or after it
+            if not L.llama_memory_seq_rm(self.memory, seq, self._position(seq, n_tokens), -1):
+                return False
+            self.vision.spans.cut(seq, n_tokens)
+            return True
         if self.n_swa and n_tokens > 0:
             # Sliding-window layers may have dropped every position older than the window: cut back further
             # than one token, the next token would attend to missing cells (llama.cpp would not say so).
@@ -506,6 +539,8 @@ class LlamaCppEngine:
 
     def seq_clear(self, seq: int) -> None:
         L.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        if self.vision is not None:
+            self.vision.spans.cut(seq, 0)
 
     def seq_state(self, seq: int) -> StateBytes:
         """The sequence's state, valid until the next call: written into a buffer kept between saves (up to
@@ -519,12 +554,17 @@ class LlamaCppEngine:
         written = L.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(buffer), size, seq)
         return memoryview(buffer)[:written]
 
-    def seq_restore(self, seq: int, state: StateBytes) -> bool:
+    def seq_restore(self, seq: int, state: StateBytes, tokens: list[int] | None = None) -> bool:
         if isinstance(state, bytearray):  # assembled from blocks: loaded in place
             buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
         else:
             buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        return bool(L.llama_state_seq_set_data(self.ctx, buffer, len(state), seq))
+        if not L.llama_state_seq_set_data(self.ctx, buffer, len(state), seq):
+            return False
+        if self.mrope and self.vision is not None and not self.vision.track(seq, list(tokens or [])):
+            self.seq_clear(seq)  # an image it holds is not known here: its positions cannot be mapped
+            return False
+        return True
 
     def seq_checkpoint(self, seq: int) -> bytes:
         """The part of the sequence's state that cannot be cut by token (window, recurrent layers), as it is now: with
@@ -542,10 +582,16 @@ class LlamaCppEngine:
                                               L.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY):
             self.seq_clear(seq)
             return False
-        if not L.llama_memory_seq_rm(self.memory, seq, n_tokens, -1) \
-                or int(L.llama_memory_seq_pos_max(self.memory, seq)) != n_tokens - 1:
+        if self.mrope and self.vision is not None and self.vision.spans.inside(seq, n_tokens):
             self.seq_clear(seq)
             return False
+        last = self._position(seq, n_tokens - 1) if n_tokens else -1
+        if not L.llama_memory_seq_rm(self.memory, seq, self._position(seq, n_tokens), -1) \
+                or int(L.llama_memory_seq_pos_max(self.memory, seq)) != last:
+            self.seq_clear(seq)
+            return False
+        if self.vision is not None:
+            self.vision.spans.cut(seq, n_tokens)
         return True
 
     def _tail_bytes(self, state: StateBytes) -> int:

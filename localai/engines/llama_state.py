@@ -6,7 +6,8 @@ a 12-byte extension where the cache keeps one (M-RoPE's 2D position and the toke
 ``v_trans``, u32 ``n_layer``, each layer's K (i32 type, u64 row size, one row per cell), then each layer's V: rows
 the same way, or, transposed (no flash attention), i32 type, u32 element size, u32 ``n_embd_v_gqa`` and per
 embedding row one element per cell. A module whose cells are positions 0..n-1 can be cut by token range and
-rebuilt from ranges.
+rebuilt from ranges; one with extensions (M-RoPE) carries each cell's position in its blocks too, since an image
+gives many cells one position (the Qwen-VL family: positions rise but skip and repeat).
 
 What cannot be cut by token comes last: a sliding-window cache (Gemma 3, gpt-oss) holds only the window, a recurrent
 layer (Qwen3.5's Gated DeltaNet, Mamba-2) one state for the whole sequence. llama.cpp writes exactly that part alone
@@ -49,9 +50,10 @@ class Module:
     layers: list[Layer] = field(default_factory=list)
     cell_ext: int = 0  # bytes of extension per cell (carried per token in the blocks)
     has_v: bool = True  # latent attention (DeepSeek's MLA, GLM-4.7-Flash) keeps K alone: no V section
+    positions: bool = False  # each cell's position carried in the blocks (M-RoPE images), else 0..n-1
 
     def bytes_per_token(self) -> int:
-        return self.cell_ext + sum(layer.k_row + layer.v_row for layer in self.layers)
+        return 4 * self.positions + self.cell_ext + sum(layer.k_row + layer.v_row for layer in self.layers)
 
 
 @dataclass
@@ -135,7 +137,7 @@ def _read_module(state: bytes | bytearray | memoryview, offset: int, end: int | 
             if v_trans > 1 or n_layer > 4096:
                 raise StateFormatError("not an attention module")
             module = Module(n_stream=n_stream, stream=stream, seq=int(meta[0, 2]), v_trans=bool(v_trans),
-                            cell_ext=ext, has_v=has_v)
+                            cell_ext=ext, has_v=has_v, positions=bool(ext))
             found = _Parsed(module, start, 0, cells, meta[:, 0].copy(), cells_at=cells_at)
             k_meta = []
             for _ in range(n_layer):
@@ -185,9 +187,16 @@ def split(state: bytes | bytearray | memoryview, n_tokens: int, ranges: list[tup
     layout = Layout(source_seq, [item.module for item in parsed], tail=bool(tail))
     pieces: list[list[bytes]] = [[] for _ in ranges]
     for item in parsed:
-        if item.n_cells != n_tokens or not np.array_equal(item.positions, np.arange(n_tokens, dtype=np.int32)):
-            raise StateFormatError("the sequence's cells are not positions 0..n-1")
         module = item.module
+        if item.n_cells != n_tokens:
+            raise StateFormatError("the sequence's cells are not one per token")
+        if module.positions:
+            if n_tokens and (item.positions[0] < 0 or (np.diff(item.positions) < 0).any()):
+                raise StateFormatError("the sequence's cells are not in position order")
+            for out, (start, stop) in zip(pieces, ranges, strict=True):
+                out.append(item.positions[start:stop].astype(np.int32).tobytes())
+        elif not np.array_equal(item.positions, np.arange(n_tokens, dtype=np.int32)):
+            raise StateFormatError("the sequence's cells are not positions 0..n-1")
         if module.cell_ext:
             record = (12 + module.cell_ext) // 4
             cells = np.frombuffer(state, np.int32, count=record * n_tokens, offset=item.cells_at
@@ -230,9 +239,11 @@ def join(layout: Layout, pieces: list[bytes], lengths: list[int], rest: bytes) -
     views = [memoryview(piece) for piece in pieces]  # rows are joined once, not copied out of each piece first
     out: list[Any] = [struct.pack("<Ii", MAGIC, layout.source_seq)]
     for module in layout.modules:
-        where = []  # per piece: extension offset, then per layer (K offset, V offset)
+        where = []  # per piece: positions' offset, extension offset, then per layer (K offset, V offset)
         for index, length in enumerate(lengths):
             at = cursors[index]
+            pos_at = at
+            at += 4 * module.positions * length
             ext_at = at
             at += module.cell_ext * length
             spots = []
@@ -240,7 +251,7 @@ def join(layout: Layout, pieces: list[bytes], lengths: list[int], rest: bytes) -
                 spots.append((at, at + layer.k_row * length))
                 at += (layer.k_row + layer.v_row) * length
             cursors[index] = at
-            where.append((ext_at, spots))
+            where.append((pos_at, ext_at, spots))
         out.append(struct.pack("<I", module.n_stream))
         for stream in range(module.n_stream):
             if stream != module.stream:
@@ -248,20 +259,26 @@ def join(layout: Layout, pieces: list[bytes], lengths: list[int], rest: bytes) -
                 continue
             record = (12 + module.cell_ext) // 4
             cells = np.empty((n_tokens, record), np.int32)
-            cells[:, 0] = np.arange(n_tokens, dtype=np.int32)
+            if module.positions:
+                cells[:, 0] = np.concatenate(
+                    [np.frombuffer(piece, np.int32, count=length, offset=pos_at)
+                     for piece, length, (pos_at, _, _) in zip(pieces, lengths, where, strict=True)]
+                    or [np.empty(0, np.int32)])
+            else:
+                cells[:, 0] = np.arange(n_tokens, dtype=np.int32)
             cells[:, 1] = 1
             cells[:, -1] = module.seq
             if module.cell_ext:
                 width = module.cell_ext // 4
                 cells[:, 2:2 + width] = np.concatenate(
                     [np.frombuffer(piece, np.int32, count=width * length, offset=ext_at).reshape(length, width)
-                     for piece, length, (ext_at, _) in zip(pieces, lengths, where, strict=True)]
+                     for piece, length, (_, ext_at, _) in zip(pieces, lengths, where, strict=True)]
                     or [np.empty((0, width), np.int32)])
             out += [struct.pack("<I", n_tokens), cells.tobytes(),
                     struct.pack("<II", int(module.v_trans), len(module.layers))]
             for number, layer in enumerate(module.layers):
                 out.append(struct.pack("<iQ", layer.k_type, layer.k_row))
-                for view, length, (_, spots) in zip(views, lengths, where, strict=True):
+                for view, length, (_, _, spots) in zip(views, lengths, where, strict=True):
                     k_at = spots[number][0]
                     out.append(view[k_at:k_at + layer.k_row * length])
             for number, layer in enumerate(module.layers if module.has_v else []):
@@ -269,12 +286,12 @@ def join(layout: Layout, pieces: list[bytes], lengths: list[int], rest: bytes) -
                     out.append(struct.pack("<iII", layer.v_type, layer.v_el, layer.v_embd))
                     columns = [np.frombuffer(piece, np.uint8, count=layer.v_row * length, offset=spots[number][1])
                                .reshape(layer.v_embd, length * layer.v_el)
-                               for piece, length, (_, spots) in zip(pieces, lengths, where, strict=True)]
+                               for piece, length, (_, _, spots) in zip(pieces, lengths, where, strict=True)]
                     if columns:
                         out.append(np.concatenate(columns, axis=1).reshape(-1))  # joined below without a copy
                 else:
                     out.append(struct.pack("<iQ", layer.v_type, layer.v_row))
-                    for view, length, (_, spots) in zip(views, lengths, where, strict=True):
+                    for view, length, (_, _, spots) in zip(views, lengths, where, strict=True):
                         v_at = spots[number][1]
                         out.append(view[v_at:v_at + layer.v_row * length])
     out.append(rest)
@@ -290,7 +307,7 @@ def layout_from_json(data: dict[str, Any]) -> Layout:
     whose unsliced modules (a sliding window) were always the last, which is the tail's shape."""
     modules = [Module(n_stream=m["n_stream"], stream=m["stream"], seq=m["seq"], v_trans=m["v_trans"],
                       layers=[Layer(**layer) for layer in m["layers"]], cell_ext=int(m.get("cell_ext", 0)),
-                      has_v=bool(m.get("has_v", True)))
+                      has_v=bool(m.get("has_v", True)), positions=bool(m.get("positions", False)))
                for m in data["modules"]]
     if "sliced" in data:
         sliced = [bool(cut) for cut in data["sliced"]]

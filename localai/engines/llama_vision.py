@@ -11,8 +11,13 @@ reused from the cache), a different image at the same place is different tokens 
 
 Decoding a batch that holds image positions: the image's embeddings come from the projector (encoded once per
 image, kept while it is recent) and are decoded through an embedding batch, with causal attention off where the
-model wants it (Gemma 3); the text around them goes through llama.cpp as usual, in position order. Models whose
-images take 2D (M-RoPE) positions (the Qwen-VL family) are refused at load: not supported yet.
+model wants it (Gemma 3: such an image is evaluated in one pass, ``span_end``); the text around them goes through
+llama.cpp as usual, in position order.
+
+The Qwen-VL family (Qwen3-VL, Qwen3.5/3.6: ``mrope``) gives an image of ``rows x columns`` embeddings only
+``max(rows, columns)`` positions, each embedding four position components (time, row, column, unused). The token
+list keeps one pseudo-token per embedding; the engine maps a token's index to its position (``Spans``) and an
+image's embeddings take their components from the start position and the offsets mtmd reports.
 """
 
 from __future__ import annotations
@@ -58,12 +63,45 @@ class Image:
     embeddings: np.ndarray[Any, np.dtype[np.float32]] | None = None
     non_causal: bool = False
     tokens: set[int] = field(default_factory=set)  # its pseudo-tokens, forgotten with it
+    n_tokens: int = 0  # its embeddings (one pseudo-token each)
+    n_pos: int = 0  # the positions it advances a sequence by (fewer than its embeddings under M-RoPE)
+    offsets: np.ndarray[Any, np.dtype[np.int32]] | None = None  # M-RoPE: each embedding's (time, row, column) offset
+
+
+class Spans:
+    """Where each sequence's M-RoPE images lie, as (first token index, embeddings, positions) in index order: a
+    token's position is its index less what the images before it saved (an image of 16 embeddings in a 4x4 grid
+    takes 4 positions); every embedding of an image shares its start position's time component."""
+
+    def __init__(self) -> None:
+        self.by_seq: dict[int, list[tuple[int, int, int]]] = {}
+
+    def position(self, seq: int, index: int) -> int:
+        shift = 0
+        for start, count, n_pos in self.by_seq.get(seq, ()):
+            if index < start:
+                break
+            if index < start + count:
+                return start - shift  # inside an image: its start position
+            shift += count - n_pos
+        return index - shift
+
+    def inside(self, seq: int, index: int) -> bool:
+        """Whether ``index`` falls after an image's first embedding and before its end."""
+        return any(start < index < start + count for start, count, _ in self.by_seq.get(seq, ()))
+
+    def begin(self, seq: int, start: int, count: int, n_pos: int) -> None:
+        spans = [span for span in self.by_seq.get(seq, ()) if span[0] < start]
+        self.by_seq[seq] = [*spans, (start, count, n_pos)]
+
+    def cut(self, seq: int, n_tokens: int) -> None:
+        self.by_seq[seq] = [span for span in self.by_seq.get(seq, ()) if span[0] < n_tokens]
 
 
 class Vision:
     """An mtmd context beside a loaded model: tokenizes prompts with image marks and decodes image positions."""
 
-    def __init__(self, model: Any, ctx: Any, projector_path: str, n_threads: int, *, use_gpu: bool,
+    def __init__(self, model: Any, projector_path: str, n_threads: int, *, use_gpu: bool,
                  debug: bool = False) -> None:
         global _LOG_CALLBACK
         if _LOG_CALLBACK is None:  # mtmd logs through its own hook: quiet unless debugging, as llama.cpp's
@@ -85,15 +123,15 @@ class Vision:
         if not M.mtmd_support_vision(self.mctx):
             self.close()
             raise RuntimeError(f"{projector_path} is not a vision projector (it has no vision encoder)")
-        if M.mtmd_decode_use_mrope(self.mctx):
-            self.close()
-            raise RuntimeError("this model's images take 2D (M-RoPE) positions (the Qwen-VL family), which localai "
-                               "does not support yet; load it without PROJECTOR to use it for text")
-        self.ctx = ctx
-        self.n_embd = int(L.llama_model_n_embd(model))
+        self.mrope = bool(M.mtmd_decode_use_mrope(self.mctx))
+        self.ctx: Any = None  # the engine's context, set once it exists (``probe`` runs before)
+        # what an embedding row holds: the model's width, times 1 + its deepstack layers (Qwen3-VL)
+        self.n_embd = int(L.llama_model_n_embd_inp(model))
         self.marker = M.mtmd_default_marker()
         self.images: OrderedDict[str, Image] = OrderedDict()
-        self.pseudo: dict[int, tuple[str, int]] = {}  # pseudo-token -> (image digest, position in the image)
+        self.pseudo: dict[int, tuple[str, int]] = {}  # pseudo-token -> (image digest, embedding in the image)
+        self.spans = Spans()  # M-RoPE only
+        self.encoded = 0  # images the projector encoded (one whose positions came from the cache is not)
 
     def close(self) -> None:
         for image in self.images.values():
@@ -103,6 +141,31 @@ class Vision:
         if self.mctx:
             M.mtmd_free(self.mctx)
             self.mctx = None
+
+    def probe(self) -> tuple[bool, int]:
+        """Whether this projector's images are attended non-causally, and how many embeddings a 64x64 image takes
+        (Gemma 3's fixed count: the context's batch must hold one such image whole)."""
+        pixels = (ctypes.c_uint8 * (64 * 64 * 3))()
+        bitmap = M.mtmd_bitmap_init(64, 64, pixels)
+        chunks = M.mtmd_input_chunks_init()
+        try:
+            spec = M.mtmd_input_text()
+            spec.text = self.marker
+            spec.text_len = len(self.marker)
+            spec.add_special = False
+            spec.parse_special = True
+            array = (ctypes.c_void_p * 1)(bitmap)
+            if M.mtmd_tokenize(self.mctx, chunks, ctypes.byref(spec), array, 1) != 0:
+                return False, 0
+            for index in range(M.mtmd_input_chunks_size(chunks)):
+                chunk = M.mtmd_input_chunks_get(chunks, index)
+                if M.mtmd_input_chunk_get_type(chunk) == CHUNK_IMAGE:
+                    return (bool(M.mtmd_decode_use_non_causal(self.mctx, chunk)),
+                            int(M.mtmd_input_chunk_get_n_tokens(chunk)))
+            return False, 0
+        finally:
+            M.mtmd_input_chunks_free(chunks)
+            M.mtmd_bitmap_free(bitmap)
 
     # -- images ----------------------------------------------------------------------------------
 
@@ -178,15 +241,20 @@ class Vision:
             elif kind == CHUNK_IMAGE:
                 digest = (M.mtmd_input_chunk_get_id(chunk) or b"").decode()
                 image = self.images[digest]
+                n_embd_tokens = int(M.mtmd_input_chunk_get_n_tokens(chunk))
                 if image.chunk is None:
                     image.chunk = M.mtmd_input_chunk_copy(chunk)
                     image.non_causal = bool(M.mtmd_decode_use_non_causal(self.mctx, chunk))
-                positions = int(M.mtmd_input_chunk_get_n_pos(chunk))
-                if positions != int(M.mtmd_input_chunk_get_n_tokens(chunk)):
-                    raise ValueError("this projector's images take fewer positions than embeddings: not supported")
-                for position in range(positions):
-                    token = pseudo_token(digest, position)
-                    self.pseudo[token] = (digest, position)
+                    image.n_tokens = n_embd_tokens
+                    image.n_pos = int(M.mtmd_input_chunk_get_n_pos(chunk))
+                    if self.mrope:
+                        image.offsets = self._offsets(chunk, n_embd_tokens)
+                    elif image.n_pos != n_embd_tokens:
+                        raise ValueError("this projector's images take fewer positions than embeddings without "
+                                         "M-RoPE: not supported")
+                for index_in_image in range(n_embd_tokens):
+                    token = pseudo_token(digest, index_in_image)
+                    self.pseudo[token] = (digest, index_in_image)
                     image.tokens.add(token)
                     tokens.append(token)
             else:
@@ -194,6 +262,67 @@ class Vision:
         if len(tokens) > 1 and tokens[0] == tokens[1] == bos_id:
             tokens = tokens[1:]  # the template already wrote BOS
         return tokens
+
+    @staticmethod
+    def _offsets(chunk: Any, count: int) -> np.ndarray[Any, np.dtype[np.int32]]:
+        """Each embedding's (time, row, column) position less the image's start, as mtmd places them."""
+        image_tokens = M.mtmd_input_chunk_get_tokens_image(chunk)
+        offsets = np.empty((count, 3), np.int32)
+        for index in range(count):
+            pos = M.mtmd_image_tokens_get_decoder_pos(image_tokens, 0, index)
+            offsets[index] = (pos.t, pos.y, pos.x)
+        return offsets
+
+    def image_of(self, token: int) -> tuple[Image, int] | None:
+        """The image a pseudo-token stands in, and the embedding it is; None for a token of no known image."""
+        found = self.pseudo.get(token)
+        if found is None or found[0] not in self.images:
+            return None
+        return self.images[found[0]], found[1]
+
+    def track(self, seq: int, tokens: list[int]) -> bool:
+        """Learn where a sequence's images lie from the tokens it now holds (a restored or copied state); False
+        when one of them is not known here."""
+        spans = []
+        for index, token in enumerate(tokens):
+            if token >= PSEUDO_BASE:
+                found = self.image_of(token)
+                if found is None:
+                    return False
+                image, embedding = found
+                if embedding == 0:
+                    spans.append((index, image.n_tokens, image.n_pos))
+        self.spans.by_seq[seq] = spans
+        return True
+
+    def positioned(self, batch: list[BatchItem]) -> list[BatchItem]:
+        """The batch with M-RoPE positions for its token indices: text at its position, an image's embeddings at
+        the image's start position (``_decode_run`` adds each one's offsets)."""
+        out = []
+        for item in batch:
+            index = item.pos
+            if item.token >= PSEUDO_BASE:
+                found = self.image_of(item.token)
+                if found is None:
+                    raise DecodeFailed("an image was forgotten before it was evaluated")
+                image, embedding = found
+                if embedding == 0:
+                    self.spans.begin(item.seq, index, image.n_tokens, image.n_pos)
+                index -= embedding
+            out.append(item._replace(pos=self.spans.position(item.seq, index)))
+        return out
+
+    def span_end(self, tokens: list[int], index: int) -> tuple[int, int] | None:
+        """The image attended non-causally (evaluated in one pass) that ``index`` falls strictly inside, as its
+        (first, end) token indices; None elsewhere."""
+        if not 0 < index < len(tokens) or tokens[index] < PSEUDO_BASE:
+            return None
+        found = self.image_of(tokens[index])
+        if found is None or not found[0].non_causal or found[1] == 0:
+            return None
+        image, embedding = found
+        start = index - embedding
+        return start, start + image.n_tokens
 
     # -- decoding --------------------------------------------------------------------------------
 
@@ -234,21 +363,32 @@ class Vision:
         if run[0].token < PSEUDO_BASE:
             decode_text(run)
             return
-        native = L.llama_batch_init(len(run), self.n_embd, 1)
+        count = len(run)
+        native = L.llama_batch_init(count, self.n_embd, 1)
+        own_pos = ctypes.cast(native.pos, ctypes.c_void_p).value or 0  # an address: a read field aliases the struct
+        # M-RoPE: four components per embedding, section-major (all times, all rows, all columns, all zeros), in
+        # an array of ours while the batch is decoded (llama_batch_init allocated one per embedding)
+        sections = np.zeros((4, count), np.int32) if self.mrope else None
         try:
-            rows = np.ctypeslib.as_array(native.embd, shape=(len(run) * self.n_embd,)).reshape(len(run), self.n_embd)
+            rows = np.ctypeslib.as_array(native.embd, shape=(count * self.n_embd,)).reshape(count, self.n_embd)
             non_causal = False
             for index, item in enumerate(run):
-                digest, position = self.pseudo[item.token]
+                digest, embedding = self.pseudo[item.token]
                 image = self._encoded(digest)
                 non_causal = non_causal or image.non_causal
                 assert image.embeddings is not None
-                rows[index] = image.embeddings[position]
-                native.pos[index] = item.pos
+                rows[index] = image.embeddings[embedding]
+                if sections is not None:
+                    assert image.offsets is not None  # item.pos is the image's start position here
+                    sections[:3, index] = item.pos + image.offsets[embedding]
+                else:
+                    native.pos[index] = item.pos
                 native.n_seq_id[index] = 1
                 native.seq_id[index][0] = item.seq
                 native.logits[index] = 0
-            native.n_tokens = len(run)
+            native.n_tokens = count
+            if sections is not None:
+                native.pos = sections.ctypes.data_as(ctypes.POINTER(L.llama_pos))
             if non_causal:
                 L.llama_set_causal_attn(self.ctx, False)
             try:
@@ -257,6 +397,7 @@ class Vision:
                 if non_causal:
                     L.llama_set_causal_attn(self.ctx, True)
         finally:
+            native.pos = ctypes.cast(own_pos, ctypes.POINTER(L.llama_pos))  # freed with the batch
             L.llama_batch_free(native)
         if status != 0:
             raise DecodeFailed(f"llama_decode failed on an image's positions with status {status}", no_room=status == 1)
@@ -269,6 +410,7 @@ class Vision:
         if image.embeddings is None:
             if M.mtmd_encode_chunk(self.mctx, image.chunk) != 0:
                 raise DecodeFailed(f"the projector could not encode image {digest[:16]}")
+            self.encoded += 1
             count = int(M.mtmd_input_chunk_get_n_tokens(image.chunk))
             pointer = M.mtmd_get_output_embd(self.mctx)
             image.embeddings = np.ctypeslib.as_array(pointer, shape=(count * self.n_embd,)).reshape(

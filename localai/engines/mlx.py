@@ -394,6 +394,11 @@ class MlxEngine:
         self.lengths[seq] = n_tokens
         return True
 
+    images_encoded = 0
+
+    def span_end(self, tokens: list[int], index: int) -> tuple[int, int] | None:
+        return None  # images are not seen through MLX
+
     def seq_clear(self, seq: int) -> None:
         self.group.release(seq, self.caches)
         self.caches[seq] = self._new_cache()
@@ -406,7 +411,7 @@ class MlxEngine:
             return b""
         return mlx_state.encode(cache, self.lengths[seq])
 
-    def seq_restore(self, seq: int, state: StateBytes) -> bool:
+    def seq_restore(self, seq: int, state: StateBytes, tokens: list[int] | None = None) -> bool:
         try:
             cache, n_tokens = mlx_state.decode(state)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, struct.error) as exc:

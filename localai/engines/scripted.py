@@ -202,16 +202,21 @@ class ScriptedEngine(NoCheckpoints):
         del self.sequences[seq][n_tokens:]
         return True
 
+    images_encoded = 0
+
+    def span_end(self, tokens: list[int], index: int) -> tuple[int, int] | None:
+        return None
+
     def seq_clear(self, seq: int) -> None:
         self.sequences[seq] = []
 
     def seq_state(self, seq: int) -> StateBytes:
         return array.array("i", self.sequences[seq]).tobytes()
 
-    def seq_restore(self, seq: int, state: StateBytes) -> bool:
-        tokens = array.array("i")
-        tokens.frombytes(state)
-        self.sequences[seq] = tokens.tolist()
+    def seq_restore(self, seq: int, state: StateBytes, tokens: list[int] | None = None) -> bool:
+        held = array.array("i")
+        held.frombytes(state)
+        self.sequences[seq] = held.tolist()
         return True
 
     def state_split(self, state: StateBytes, n_tokens: int,

@@ -429,7 +429,7 @@ class Serving:
             return slot, live_common, None
         self.engine.seq_clear(slot.seq)
         slot.checkpoints = []
-        if not self.engine.seq_restore(slot.seq, restored.state):
+        if not self.engine.seq_restore(slot.seq, restored.state, list(restored.tokens)):
             log.warning("the engine refused a cached state of %d tokens; recomputing", restored.n_tokens)
             self.engine.seq_clear(slot.seq)
             slot.tokens = []
@@ -455,7 +455,8 @@ class Serving:
         state = self.engine.seq_state(source.seq)
         self.engine.seq_clear(slot.seq)
         slot.checkpoints = []
-        if not state or not self.engine.seq_restore(slot.seq, state) or not self.engine.seq_keep(slot.seq, shared):
+        if not state or not self.engine.seq_restore(slot.seq, state, list(source.tokens)) \
+                or not self.engine.seq_keep(slot.seq, shared):
             self.engine.seq_clear(slot.seq)
             slot.tokens = []
             return 0
@@ -573,7 +574,7 @@ class Serving:
                 end = min(end, request.snapshot_at)  # stop at the system segment's end to snapshot it
             if request.checkpoint_at is not None and start < request.checkpoint_at:
                 end = min(end, request.checkpoint_at)  # stop where a checkpoint is taken
-            chunk = request.prompt[start:min(start + self.prefill_chunk, end)]
+            chunk = request.prompt[start:self._unbroken(request, start, min(start + self.prefill_chunk, end))]
             if len(chunk) > room:
                 continue  # the next step (never a smaller chunk: that would change its arithmetic)
             room -= len(chunk)
@@ -621,6 +622,22 @@ class Serving:
             else:
                 continue
             self._accept(request, self.engine.sample(request.sampler, row), row, emit)
+
+    def _unbroken(self, request: Request, start: int, stop: int) -> int:
+        """Where a prompt chunk from ``start`` ends so that no run the engine must evaluate in one pass (an image
+        attended non-causally: Gemma 3) is split: before the run, or, when the chunk begins at it, after it (a
+        checkpoint or the system segment's snapshot inside the run moves to its end or is skipped)."""
+        span = self.engine.span_end(request.prompt, stop)
+        if span is None:
+            return stop
+        first, end = span
+        if first > start:
+            return first
+        if request.checkpoint_at is not None and start < request.checkpoint_at < end:
+            request.checkpoint_at = end
+        if request.snapshot_at is not None and start < request.snapshot_at < end:
+            request.snapshot_at = None
+        return end
 
     def _draft(self, request: Request, room: int) -> list[int]:
         """Tokens guessed from the request's context to verify with its pending token, within the batch, the
@@ -706,7 +723,8 @@ class Serving:
             request.slot.deferred = request
         self._release(request)
         if self.cache is not None:
-            emit(StatsFrame(ev="stats", cache=self.cache.stats_snapshot()))
+            emit(StatsFrame(ev="stats", cache={**self.cache.stats_snapshot(),
+                                               "images_encoded": self.engine.images_encoded}))
 
     def _release(self, request: Request) -> None:
         self.engine.free_sampler(request.sampler)

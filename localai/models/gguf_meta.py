@@ -56,7 +56,8 @@ _U32, _U64 = _SCALARS[GGUFValueType.UINT32], _SCALARS[GGUFValueType.UINT64]
 RANK_POOLING = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
 UNSPECIFIED_POOLING = 0xFFFFFFFF  # LLAMA_POOLING_TYPE_UNSPECIFIED (-1) as a GGUF uint32
 _WANTED = ("general.alignment", "split.count", "general.architecture", "general.file_type", "general.size_label",
-           "general.name", "general.type", "adapter.type", "tokenizer.chat_template")
+           "general.name", "general.type", "adapter.type", "tokenizer.chat_template", "clip.has_vision_encoder",
+           "clip.vision.projection_dim", "clip.projector_type", "clip.vision.projector_type")
 # The attention shape, read per architecture (``{arch}.<key>``): what the KV cache holds per token.
 _SHAPE_KEYS = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
                "attention.key_length", "attention.value_length", "attention.sliding_window",
@@ -147,6 +148,11 @@ class GGUFMetadata:
     pooling: int | None = None  # ``{arch}.pooling_type``: llama.cpp's enum (RANK_POOLING: a reranker)
     file_type: str = "model"  # ``general.type``: "model", or "adapter" for a LoRA GGUF
     adapter_type: str | None = None  # ``adapter.type`` of an adapter ("lora")
+    width: int = 0  # what a token's embedding holds: the model's width (times 1 + its deepstack layers: Qwen3-VL)
+    # a projector (architecture "clip"): whether it sees images, the width of what it feeds the model, its kind
+    has_vision: bool = False
+    projection_width: int = 0
+    projector_type: str | None = None
 
     @property
     def reranker(self) -> bool:
@@ -277,7 +283,7 @@ def _parse(header: _Header) -> GGUFMetadata:
     for _ in range(n_fields):
         key = header.string()
         wanted = (key in _WANTED or key.endswith(".context_length") or key.endswith(_SHAPE_KEYS)
-                  or key.endswith(".pooling_type"))
+                  or key.endswith((".pooling_type", ".n_deepstack_layers")))
         value = header.value(header.take(_U32), keep=wanted)
         if wanted:
             fields[key] = value
@@ -332,7 +338,16 @@ def _parse(header: _Header) -> GGUFMetadata:
         pooling=pooling if isinstance(pooling, int) and pooling != UNSPECIFIED_POOLING else None,
         file_type=str(fields.get("general.type") or "model"),
         adapter_type=str(fields["adapter.type"]) if fields.get("adapter.type") else None,
+        width=_int(fields.get(f"{arch}.embedding_length")) * (1 + _int(fields.get(f"{arch}.n_deepstack_layers"))),
+        has_vision=bool(fields.get("clip.has_vision_encoder")),
+        projection_width=_int(fields.get("clip.vision.projection_dim")),
+        projector_type=str(fields.get("clip.vision.projector_type") or fields.get("clip.projector_type") or "")
+        or None,
     )
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")

@@ -292,7 +292,7 @@ class Registry:
             size = weights.total_size(path)
         except (OSError, ValueError) as exc:
             raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
-        projector = self._projector(modelfile, base, fmt)
+        projector = self._projector(modelfile, base, fmt, meta.width if fmt == "gguf" else 0)
         adapters = self._adapters(modelfile, base, fmt, meta.architecture)
         row = self._compose_row(
             key, modelfile, base, source or (base.source if base else modelfile.from_), _parameters(base, modelfile),
@@ -306,9 +306,9 @@ class Registry:
             renderer.check_renders(meta.chat_template, f"FROM {modelfile.from_}: the chat template in the weights")
         return row
 
-    def _projector(self, modelfile: Modelfile, base: ModelRecord | None, fmt: str) -> str | None:
+    def _projector(self, modelfile: Modelfile, base: ModelRecord | None, fmt: str, width: int) -> str | None:
         """The vision projector as stored: its path and digest (JSON), from the Modelfile or the base model; a file
-        that is not an mmproj GGUF is refused here, naming the line."""
+        that is not an mmproj GGUF, or one made for a model of another width, is refused here, naming the line."""
         if modelfile.projector is None:
             if base is not None and base.projector:
                 return json.dumps({"path": base.projector, "sha256": base.projector_sha256})
@@ -326,6 +326,13 @@ class Registry:
         if meta.architecture != "clip":
             raise ModelfileError(f"{where}: a GGUF of architecture {meta.architecture!r}, not a vision projector "
                                  "(an mmproj GGUF's architecture is 'clip')")
+        if not meta.has_vision:
+            raise ModelfileError(f"{where}: a projector without a vision encoder (an audio projector?); localai "
+                                 "takes images only")
+        if width and meta.projection_width and meta.projection_width != width:
+            raise ModelfileError(f"{where}: a {meta.projector_type or 'vision'} projector made for a model "
+                                 f"{meta.projection_width} wide, and this model's embeddings are {width} wide: use "
+                                 "the mmproj file published with these weights")
         return json.dumps({"path": str(path), "sha256": self._digest(path)})
 
     def _adapters(self, modelfile: Modelfile, base: ModelRecord | None, fmt: str, arch: str) -> list[dict[str, Any]]:

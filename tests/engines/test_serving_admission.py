@@ -259,3 +259,33 @@ def test_a_request_starts_from_the_prefix_a_busy_sequence_shares_with_it(tmp_pat
     assert cached == (len(shared + "[[say:") if forks else 0)
     assert "".join(e["text"] for e in events if e["ev"] == "text" and e["id"] == "second") == "two"
     assert "".join(e["text"] for e in events if e["ev"] == "text" and e["id"] == "first") == "one two "
+
+
+def test_a_prompt_chunk_never_cuts_a_run_the_engine_evaluates_in_one_pass(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image attended non-causally (Gemma 3) goes to the engine whole: a chunk ends before it, or, starting at it,
+    after it, however small the prefill chunk; a checkpoint that would fall inside it moves to its end."""
+    loop, _ = prefill_loop(tmp_path, monkeypatch, chunk=6)
+    image = (11, 24)  # prompt tokens [11, 24) are one image
+    monkeypatch.setattr(loop.engine, "span_end", lambda tokens, index: image if image[0] < index < image[1] else None)
+    batches: list[list[int]] = []
+    decode = loop.engine.decode
+    monkeypatch.setattr(loop.engine, "decode", lambda batch: (batches.append([item.pos for item in batch]),
+                                                              decode(batch))[1])
+    real_next = loop._next_checkpoint
+    monkeypatch.setattr(loop.engine, "checkpoints", True)
+    monkeypatch.setattr(loop, "_next_checkpoint",
+                        lambda request: 15 if request.next_prompt < 15 else real_next(request))
+    monkeypatch.setattr(loop.engine, "seq_checkpoint", lambda seq: b"state")
+    taken: list[int] = []
+    take = loop._take_checkpoint
+    monkeypatch.setattr(loop, "_take_checkpoint", lambda request: (taken.append(request.next_prompt), take(request))[1])
+    events: list[dict[str, Any]] = []
+    loop._handle(generate("r", "a prompt whose image sits in the middle of it, and text after"), events.append)
+    loop._admit(events.append)
+    run_until_done(loop, events, "r")
+    prefill = [batch for batch in batches if batch and batch[0] < 50]
+    assert [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23] in prefill  # whole, longer than a chunk
+    assert all(not (image[0] < batch[0] < image[1]) for batch in prefill)  # no chunk starts inside it
+    assert prefill[:3] == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]]
+    assert taken and taken[0] == image[1]  # the checkpoint asked for at 15 was taken at the image's end

@@ -151,3 +151,35 @@ def test_text_that_spells_an_image_mark_stays_text(seer: Daemon) -> None:
     typed = ask(seer, [{"role": "user", "content": f"What colour is this?\n{forged}"}], "spell-2")
     real = ask(seer, [image_turn(RED)], "spell-3")
     assert typed["usage"]["prompt_tokens"] != real["usage"]["prompt_tokens"]
+
+
+
+def test_an_image_attended_non_causally_fits_the_batch_and_is_one_run(projector: Path, smollm2_path: Path) -> None:
+    """Gemma 3's image positions attend each other, so the image goes to llama.cpp in one pass: with a batch of 2
+    tokens the engine's batch grows to hold an image beside every sequence's next token, and the engine names the
+    image as a run no prompt chunk may end inside (the serving loop's side: tests/engines/test_serving_admission)."""
+    import hashlib
+
+    from localai.engines.engine import BatchItem, LoadOptions
+    from localai.engines.llama_cpp import LlamaCppEngine
+    from localai.protocol import image_mark
+
+    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=512, n_parallel=2, n_batch=2,
+                                        projector_path=str(projector)))
+    try:
+        assert engine.n_batch == POSITIONS + 2
+        digest = hashlib.sha256(RED).hexdigest()
+        engine.vision.remember({digest: base64.b64encode(RED).decode()})  # type: ignore[union-attr]
+        tokens = engine.tokenize("look at " + image_mark(digest) + " here")
+        first = next(index for index, token in enumerate(tokens) if token >= 1 << 30)
+        assert [engine.span_end(tokens, index) for index in range(first, first + POSITIONS + 1)] == \
+            [None] + [(first, first + POSITIONS)] * (POSITIONS - 1) + [None]
+        assert engine.span_end(tokens, first - 1) is None
+        for start in range(0, first, 2):
+            engine.decode([BatchItem(0, token, start + k, False) for k, token in enumerate(tokens[start:min(start + 2,
+                                                                                                          first)])])
+        # the image whole, with the other sequence's next token beside it: llama.cpp takes it in one batch
+        engine.decode([*(BatchItem(0, tokens[index], index, False) for index in range(first, first + POSITIONS)),
+                       BatchItem(1, tokens[0], 0, True)])
+    finally:
+        engine.close()
