@@ -58,7 +58,8 @@ FIXTURES = [
     Fixture("lfm2", "lfm2", "dense", "LFM2.5-Instruct.jinja", "recurrent", "LFM2 (short-conv hybrid)"),
 ]
 BY_NAME = {fixture.name: fixture for fixture in FIXTURES}
-EXTRAS = ("reranker", "reranker-bert", "llama-lora-a", "llama-lora-b")  # written with the gguf package (below)
+# written with the gguf package (below)
+EXTRAS = ("reranker", "reranker-bert", "llama-lora-a", "llama-lora-b", "qwen3vl-deepstack")
 
 
 def fixtures_dir() -> Path:
@@ -164,6 +165,25 @@ def write_reranker(tool: Path, out: Path) -> Path:
         }
         target = out / "reranker.gguf"
         _copy(reader, target, metadata=metadata, tensors={"cls.output.weight": head})
+    return target
+
+
+def write_deepstack(tool: Path, out: Path) -> Path:
+    """``qwen3vl-deepstack.gguf``: test-llama-archs' Qwen3-VL text model with one deepstack layer (its first layer
+    adds the second half of each image embedding: an embedding row is twice the model's width, as Qwen3-VL's)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails
+
+    with tempfile.TemporaryDirectory() as scratch:
+        result = subprocess.run([str(tool), "-a", "qwen3vl", "-s", str(SEED), "-o", scratch],
+                                capture_output=True, text=True)
+        produced = Path(scratch) / "qwen3vl-dense.gguf"
+        if result.returncode != 0 or not produced.exists():
+            raise SystemExit(f"test-llama-archs wrote no qwen3vl model (exit {result.returncode}): "
+                             f"{result.stderr[-2000:]}")
+        target = out / "qwen3vl-deepstack.gguf"
+        _copy(gguf.GGUFReader(produced, "r"), target, metadata={
+            "qwen3vl.n_deepstack_layers": MetadataDetails(gguf.GGUFValueType.UINT32, 1)})
     return target
 
 
@@ -304,11 +324,12 @@ def main(argv: list[str] | None = None) -> int:
     written = write(args.tool, args.templates, args.out, args.names or None)
     if not args.names:
         extra = [write_reranker(args.tool, args.out), write_bert_reranker(args.out),
-                 *write_loras(next(p for p in written if p.stem == "llama"), args.out)]
+                 *write_loras(next(p for p in written if p.stem == "llama"), args.out),
+                 write_deepstack(args.tool, args.out)]
         for path in extra:
-            print(f"  {path.name:22} {path.stat().st_size / 1e6:5.1f} MB  "
-                  f"{'a LoRA for llama' if 'lora' in path.stem else 'a reranker'}",
-                  flush=True)
+            kind = ("a LoRA for llama" if "lora" in path.stem else "Qwen3-VL with deepstack" if "deepstack" in path.stem
+                    else "a reranker")
+            print(f"  {path.name:22} {path.stat().st_size / 1e6:5.1f} MB  {kind}", flush=True)
     return 0
 
 

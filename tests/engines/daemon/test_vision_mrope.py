@@ -87,14 +87,17 @@ def reference(model_path: Path, projector: Path, text: str, image: bytes) -> tup
         L.llama_model_free(model)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, "qwen3vl-deepstack"])
 def test_an_image_takes_the_positions_llama_cpp_gives_it_and_the_reply_is_llama_cpps(arch: str,
-                                                                                   projector: Path) -> None:
+                                                                                   tmp_path: Path) -> None:
+    """On Qwen3-VL with a deepstack layer each embedding row is twice the model's width (the deepstack half added
+    to its first layer's output); llama.cpp refuses a projector whose rows do not match."""
     from localai.engines.engine import BatchItem, LoadOptions
     from localai.engines.llama_cpp import LlamaCppEngine
     from localai.protocol import image_mark
 
     model_path = fixture_or_skip(arch)
+    projector = write_qwen_mmproj(tmp_path / "mmproj.gguf", deepstack=1 if "deepstack" in arch else 0)
     digest = hashlib.sha256(IMAGE).hexdigest()
     text = "describe {} please, and then some"
     n_pos, expected = reference(model_path, projector, text.format(M.mtmd_default_marker().decode()), IMAGE)
