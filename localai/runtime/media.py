@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import signal
 import sys
 from collections import OrderedDict
@@ -172,11 +173,13 @@ class DocumentReader:
 
 
 async def prepare(messages: list[Message] | None, documents: DocumentReader, *, model: str,
-                  sees_images: bool = False) -> Prepared:
+                  sees_images: bool = False, passes_images: bool = False,
+                  image_reason: str | None = None) -> Prepared:
     """``messages`` with every medium resolved to text: documents to their text; images, for a model that sees
-    them, to marks of where they stand (``protocol.image_mark``); the rest to stand-ins. What was left out is
-    logged. For a model that sees images, text that spells a mark is broken up first: only images a client sent
-    become marks."""
+    them, to marks of where they stand (``protocol.image_mark``), or, for a remote model (``passes_images``), kept
+    as they are for the upstream's dialect (its bytes or its URL); the rest to stand-ins (``image_reason``, when
+    given, says why an image was left out). What was left out is logged. For a model that sees images, text that
+    spells a mark is broken up first: only images a client sent become marks."""
     if messages is None or not (sees_images or any(_has_media(message) for message in messages)):
         return Prepared(messages)
     prepared = Prepared([])
@@ -185,7 +188,14 @@ async def prepare(messages: list[Message] | None, documents: DocumentReader, *, 
         for index, block in enumerate(message.content):
             if sees_images:
                 block = _unmarked(block)
-            if isinstance(block, MediaBlock) and sees_images and _viewable(block):
+            if isinstance(block, MediaBlock) and passes_images and _passable(block):
+                content.append(block)
+            elif isinstance(block, MediaBlock) and image_reason and block.kind == "image":
+                prepared.omitted.append(Omission(block, image_reason))
+                before = content[-1] if content else None
+                after = message.content[index + 1] if index + 1 < len(message.content) else None
+                content.append(TextBlock(_spaced(stand_in(block, image_reason), before, after)))
+            elif isinstance(block, MediaBlock) and sees_images and _viewable(block):
                 prepared.images[block.digest()] = block.data
                 before = content[-1] if content else None
                 after = message.content[index + 1] if index + 1 < len(message.content) else None
@@ -255,6 +265,26 @@ async def _result_with_text(block: ToolResultBlock, documents: DocumentReader, p
 
 
 VIEWABLE = frozenset({"image/png", "image/jpeg", "image/gif", "image/bmp"})  # what mtmd's image reader decodes
+# What an upstream's refusal of images says (llama-server without its mmproj, vLLM and others on a text model), or
+# an upstream failing on them (llama-cpp-python's server without a vision chat handler answers HTTP 500)
+_REFUSED_IMAGES = re.compile(r"image|vision|multi-?modal|mmproj|HTTP 500", re.I)
+
+
+def _passable(block: MediaBlock) -> bool:
+    """An image an upstream can be given: its bytes, or an http(s) URL it fetches itself."""
+    if block.kind != "image":
+        return False
+    return bool(block.data) or bool(block.reference and block.reference.startswith(("http://", "https://")))
+
+
+def passes_images(messages: list[Message] | None) -> bool:
+    """Whether prepared messages still hold images as they came (for a remote model)."""
+    return any(isinstance(block, MediaBlock) for message in messages or [] for block in message.content)
+
+
+def refused_images(message: str) -> bool:
+    """Whether an upstream's error may be about the images it was sent (a request that carried some)."""
+    return bool(_REFUSED_IMAGES.search(message))
 
 
 def _viewable(block: MediaBlock) -> bool:

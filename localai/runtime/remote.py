@@ -4,7 +4,6 @@ parsed by the upstream (``upstreams/``)."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -15,7 +14,7 @@ from localai.runtime.formats import Parser
 from localai.schema import GenerationRequest, Message
 from localai.upstreams.pool import RemotePool
 from localai.upstreams.ring import routing_key
-from localai.upstreams.translation import RemoteOp, request_body
+from localai.upstreams.translation import RemoteOp, prompt_size, request_body
 from localai.workers.handle import new_request_id
 
 
@@ -46,7 +45,7 @@ class RemoteTarget:
         prompt = body.get("messages", body.get("prompt"))
         return RemoteOp(id=new_request_id("remote"), path=path, body=body, headers=headers,
                         key=routing_key(self.record, request), reserve=reserve,
-                        size=len(json.dumps([prompt, body.get("tools")], ensure_ascii=False)))
+                        size=prompt_size(prompt, body.get("tools")))
 
     def size(self, op: RemoteOp) -> int:
         return op["size"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import replace
 from typing import Any
 
-from localai.errors import InvalidRequest
+from localai.errors import InvalidRequest, UpstreamFailed, UpstreamTimeout, UpstreamUnavailable
 from localai.models import library, renderer
 from localai.models.loading import chosen_engine, is_reranker
 from localai.models.modelfile import LOAD_PARAMETERS
@@ -25,6 +26,8 @@ from localai.settings import Settings
 from localai.upstreams.pool import Remotes
 from localai.upstreams.translation import estimated_tokens
 from localai.workers.scheduler import LoadedModel, Scheduler
+
+log = logging.getLogger("localai.runtime")
 
 
 class Runtime:
@@ -54,7 +57,21 @@ class Runtime:
             raise InvalidRequest(f"{record.name} is a remote model: logprobs are not passed on to remote models yet",
                                  param="logprobs")
         prepared = await media.prepare(request.messages, self.documents, model=record.name,
-                                       sees_images=self.sees_images(record))
+                                       sees_images=self.sees_images(record), passes_images=record.remote)
+        try:
+            return await self._start(record, request, prepared)
+        except (InvalidRequest, UpstreamFailed, UpstreamUnavailable) as exc:
+            # an upstream that takes no images (a text model, llama-server without its mmproj): the request again,
+            # each image a stand-in saying so, rather than an agent's session ended on the error
+            if isinstance(exc, UpstreamTimeout) or not (record.remote and media.passes_images(prepared.messages)
+                                                        and media.refused_images(str(exc))):
+                raise
+            log.warning("%s's upstream refused images (%s): sending stand-ins instead", record.name, exc)
+            prepared = await media.prepare(request.messages, self.documents, model=record.name,
+                                           image_reason=f"the upstream refused images: {str(exc)[:200]}")
+            return await self._start(record, request, prepared)
+
+    async def _start(self, record: ModelRecord, request: GenerationRequest, prepared: media.Prepared) -> Generation:
         request = replace(request, messages=prepared.messages, images=prepared.images)
         stack = contextlib.AsyncExitStack()
         leases: list[contextlib.AsyncExitStack] = []  # the model's lease, given back early if its worker dies unused

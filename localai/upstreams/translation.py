@@ -4,6 +4,7 @@ local worker produces, so fitting, metrics and every dialect's output work uncha
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import AsyncIterator, Sequence
@@ -17,6 +18,7 @@ from localai.schema import (
     Event,
     FinishReason,
     GenerationRequest,
+    MediaBlock,
     Message,
     ReasoningBlock,
     ReasoningDelta,
@@ -77,8 +79,53 @@ def context_error(body: bytes, status: int) -> tuple[int | None, int | None] | N
     return None
 
 
+IMAGE_TOKENS = 768  # what an image counts in a remote prompt's estimate (Gemma 3 takes 256, Qwen-VL 256-1,280)
+
+
+def image_url(block: MediaBlock) -> str:
+    """An image as chat completions carries it: its bytes as a data URL, or the URL the client gave."""
+    if block.data:
+        return f"data:{block.media_type};base64,{base64.b64encode(block.data).decode()}"
+    return block.reference or ""
+
+
+def _content(message: Message, text: str) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or, with images, text and image parts in their order."""
+    if not any(isinstance(block, MediaBlock) for block in message.content):
+        return text
+    parts: list[dict[str, Any]] = []
+    for block in message.content:
+        if isinstance(block, TextBlock):
+            if parts and parts[-1]["type"] == "text":
+                parts[-1]["text"] += block.text
+            else:
+                parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, MediaBlock):
+            parts.append({"type": "image_url", "image_url": {"url": image_url(block)}})
+    return parts
+
+
+def prompt_size(prompt: Any, tools: Any) -> int:
+    """A remote prompt's size in characters for fitting: its JSON, each image counted as ``IMAGE_TOKENS``."""
+    images = 0
+
+    def strip(value: Any) -> Any:
+        nonlocal images
+        if isinstance(value, dict):
+            if value.get("type") == "image_url":
+                images += 1
+                return None
+            return {key: strip(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [strip(item) for item in value]
+        return value
+
+    return len(json.dumps([strip(prompt), tools], ensure_ascii=False)) + 4 * IMAGE_TOKENS * images
+
+
 def openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """The internal messages as chat completions messages (tool results one message per call, as OpenAI wants)."""
+    """The internal messages as chat completions messages (tool results one message per call, as OpenAI wants;
+    images as ``image_url`` parts where they stood)."""
     result: list[dict[str, Any]] = []
     for message in messages:
         text = "".join(block.text for block in message.content if isinstance(block, TextBlock))
@@ -87,12 +134,13 @@ def openai_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
         for block in results:
             result.append({"role": "tool", "tool_call_id": block.tool_call_id, "content": block.content,
                            **({"name": block.name} if block.name else {})})
-        if results and not text and message.role in ("tool", "user"):
+        if results and not text and message.role in ("tool", "user") \
+                and not any(isinstance(block, MediaBlock) for block in message.content):
             continue
         role = "system" if message.role == "developer" else message.role
         if role == "tool":
             role = "user"  # a tool message without results: its text is the user's
-        entry: dict[str, Any] = {"role": role, "content": text}  # "" beside calls: some servers refuse null
+        entry: dict[str, Any] = {"role": role, "content": _content(message, text)}  # "" beside calls, not null
         if message.role == "assistant":
             reasoning = "".join(b.text for b in message.content if isinstance(b, ReasoningBlock))
             if reasoning:

@@ -339,3 +339,45 @@ def test_an_over_long_conversation_is_fitted_to_the_upstream_context(remote_daem
     refused = post(remote_daemon, "/v1/chat/completions", {"model": "big", "messages": messages, "max_tokens": 8,
                                                            "fit_context": False})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "context_length_exceeded"
+
+
+def image_chat(model: str, image: bytes) -> dict[str, Any]:
+    import base64
+
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    return {"model": model, "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What colour is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+
+
+def test_an_image_reaches_a_remote_model_as_an_image(remote_daemon: Daemon, smollm2_path: Path,
+                                                     tmp_path: Path) -> None:
+    """A remote model is sent the image in chat completions' own ``image_url`` part (not a stand-in): through a
+    remote model on a localai upstream that sees images (``seer``: smollm2 with a projector), the answer and the
+    prompt's tokens are the upstream's own for the same request."""
+    from tests import media_files as files
+    from tests.mmproj import write_mmproj
+
+    projector = write_mmproj(tmp_path / "mmproj.gguf")
+    create(remote_daemon, "seer", f"FROM {smollm2_path}\nPROJECTOR {projector}\n")
+    create(remote_daemon, "far-seer", f"FROM {remote_daemon.base_url}/v1\nPARAMETER upstream_model seer\n")
+    image = files.png(16, 16, (220, 20, 20))
+    near = post(remote_daemon, "/v1/chat/completions", image_chat("seer", image))
+    far = post(remote_daemon, "/v1/chat/completions", image_chat("far-seer", image))
+    assert near.status_code == far.status_code == 200, far.text
+    assert "x-localai-omitted" not in far.headers
+    assert far.json()["choices"][0]["message"]["content"] == near.json()["choices"][0]["message"]["content"]
+    assert far.json()["usage"]["prompt_tokens"] == near.json()["usage"]["prompt_tokens"]
+
+
+def test_an_upstream_that_refuses_images_gets_stand_ins(remote_daemon: Daemon) -> None:
+    """llama-cpp-python's server on a text model refuses an image part: the request goes again with the image's
+    stand-in, and the response says what was left out and why."""
+    from tests import media_files as files
+
+    response = post(remote_daemon, "/v1/chat/completions", image_chat("big", files.png(16, 16, (20, 20, 220))))
+    assert response.status_code == 200, response.text
+    assert "upstream refused images" in response.headers["x-localai-omitted"]
+    plain = post(remote_daemon, "/v1/chat/completions", {**image_chat("big", b""), "messages": [
+        {"role": "user", "content": "What colour is this?"}]})
+    # answered, with the stand-in's text in the prompt
+    assert response.json()["usage"]["prompt_tokens"] > plain.json()["usage"]["prompt_tokens"] + 10

@@ -193,3 +193,32 @@ def test_an_empty_stream_then_a_dropped_connection_still_reaches_the_context_err
     assert seen == [True, False, False]
     assert frames[-1]["ev"] == "error" and frames[-1]["kind"] == "context_length", frames
     assert "2048" in str(frames[-1]["message"])
+
+
+def test_images_go_upstream_as_image_url_parts_where_they_stood() -> None:
+    from localai.schema import MediaBlock
+    from localai.upstreams.translation import IMAGE_TOKENS, prompt_size
+
+    png = MediaBlock("image", "image/png", data=b"\x89PNG fake")
+    linked = MediaBlock("image", "image/jpeg", reference="https://example.com/cat.jpg")
+    messages = openai_messages([Message("user", [TextBlock("look: "), png, TextBlock("and "), TextBlock("this"),
+                                                 linked]), Message("assistant", [TextBlock("a cat")])])
+    assert messages[0]["content"] == [
+        {"type": "text", "text": "look: "},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORyBmYWtl"}},
+        {"type": "text", "text": "and this"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}}]
+    assert messages[1]["content"] == "a cat"  # text alone stays a string
+    # fitting counts an image as IMAGE_TOKENS, not as its base64 (a 1 MB screenshot is not 350k tokens)
+    big = MediaBlock("image", "image/png", data=b"\0" * 1_000_000)
+    shaped = openai_messages([Message("user", [TextBlock("hi"), big])])
+    assert prompt_size(shaped, None) < 4 * IMAGE_TOKENS + 200
+
+
+def test_a_refusal_that_may_be_about_images_is_recognised() -> None:
+    from localai.runtime.media import refused_images
+
+    assert refused_images("image input is not supported - hint: you may need to provide the mmproj")
+    assert refused_images("Qwen2 is not a multimodal model")
+    assert refused_images("no replica could take the request: http://x/v1: HTTP 500: can only concatenate str")
+    assert not refused_images("the upstream refused the API key (HTTP 401)")
