@@ -137,6 +137,17 @@ def _copy(reader: Any, target: Path, *, metadata: dict[str, Any], tensors: dict[
     os.replace(temp, target)
 
 
+def _produce(tool: Path, arch: str, scratch: Path, variant: str = "dense") -> Path:
+    """``test-llama-archs``' model of ``arch`` written into ``scratch``."""
+    result = subprocess.run([str(tool), "-a", arch, "-s", str(SEED), "-o", str(scratch)], capture_output=True,
+                            text=True)
+    produced = scratch / f"{arch}-{variant}.gguf"
+    if result.returncode != 0 or not produced.exists():
+        raise SystemExit(f"test-llama-archs wrote no {arch} ({variant}) model (exit {result.returncode}): "
+                         f"{result.stderr[-2000:]}")
+    return produced
+
+
 def write_reranker(tool: Path, out: Path) -> Path:
     """``reranker.gguf``: test-llama-archs' qwen3 model with Qwen3-Reranker's head (rank pooling reads the last
     token through a [n_embd, 2] classifier, softmax over "yes"/"no": the score is P(yes)) and its rerank prompt."""
@@ -145,13 +156,7 @@ def write_reranker(tool: Path, out: Path) -> Path:
     from gguf.scripts.gguf_new_metadata import MetadataDetails
 
     with tempfile.TemporaryDirectory() as scratch:
-        result = subprocess.run([str(tool), "-a", "qwen3", "-s", str(SEED), "-o", scratch],
-                                capture_output=True, text=True)
-        produced = Path(scratch) / "qwen3-dense.gguf"
-        if result.returncode != 0 or not produced.exists():
-            raise SystemExit(f"test-llama-archs wrote no qwen3 model (exit {result.returncode}): "
-                             f"{result.stderr[-2000:]}")
-        reader = gguf.GGUFReader(produced, "r")
+        reader = gguf.GGUFReader(_produce(tool, "qwen3", Path(scratch)), "r")
         n_embd = int(reader.get_field("qwen3.embedding_length").contents())
         head = np.random.default_rng(SEED).normal(0, 4.0, size=(2, n_embd)).astype(np.float32)
         strings = gguf.GGUFValueType.STRING
@@ -175,14 +180,8 @@ def write_deepstack(tool: Path, out: Path) -> Path:
     from gguf.scripts.gguf_new_metadata import MetadataDetails
 
     with tempfile.TemporaryDirectory() as scratch:
-        result = subprocess.run([str(tool), "-a", "qwen3vl", "-s", str(SEED), "-o", scratch],
-                                capture_output=True, text=True)
-        produced = Path(scratch) / "qwen3vl-dense.gguf"
-        if result.returncode != 0 or not produced.exists():
-            raise SystemExit(f"test-llama-archs wrote no qwen3vl model (exit {result.returncode}): "
-                             f"{result.stderr[-2000:]}")
         target = out / "qwen3vl-deepstack.gguf"
-        _copy(gguf.GGUFReader(produced, "r"), target, metadata={
+        _copy(gguf.GGUFReader(_produce(tool, "qwen3vl", Path(scratch)), "r"), target, metadata={
             "qwen3vl.n_deepstack_layers": MetadataDetails(gguf.GGUFValueType.UINT32, 1)})
     return target
 
@@ -300,12 +299,7 @@ def write(tool: Path, templates: Path, out: Path, names: list[str] | None = None
     written = []
     for fixture in [BY_NAME[name] for name in names] if names else FIXTURES:
         with tempfile.TemporaryDirectory() as scratch:
-            result = subprocess.run([str(tool), "-a", fixture.arch, "-s", str(SEED), "-o", scratch],
-                                    capture_output=True, text=True)
-            produced = Path(scratch) / f"{fixture.arch}-{fixture.variant}.gguf"
-            if result.returncode != 0 or not produced.exists():
-                raise SystemExit(f"test-llama-archs wrote no {fixture.arch} ({fixture.variant}) model "
-                                 f"(exit {result.returncode}): {result.stderr[-2000:]}")
+            produced = _produce(tool, fixture.arch, Path(scratch), fixture.variant)
             template = (templates / fixture.template).read_text()
             target = out / f"{fixture.name}.gguf"
             rewrite(produced, target, template)

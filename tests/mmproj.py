@@ -13,27 +13,35 @@ import numpy as np
 POSITIONS = 4  # what llama.cpp reports for an image through this projector
 
 
-def write_mmproj(path: Path, *, text_width: int = 576, width: int = 32, ff: int = 64, heads: int = 2,
-                 image: int = 32, patch: int = 8, merge: int = 2, seed: int = 0) -> Path:
-    rng = np.random.default_rng(seed)
+def _projector_writer(path: Path, kind: str, *, width: int, ff: int, blocks: int, text_width: int, heads: int,
+                      image: int, patch: int) -> gguf.GGUFWriter:
+    """A projector file's writer with the header keys every vision projector of tools/mtmd/clip.cpp reads."""
     writer = gguf.GGUFWriter(str(path), "clip")
-    writer.add_string("general.name", "tiny random gemma3 projector")
-    writer.add_string("clip.projector_type", "gemma3")
+    writer.add_string("general.name", f"tiny random {kind} projector")
+    writer.add_string("clip.projector_type", kind)
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_bool("clip.has_audio_encoder", False)
     writer.add_bool("clip.use_gelu", True)
     writer.add_uint32("clip.vision.embedding_length", width)
     writer.add_uint32("clip.vision.feed_forward_length", ff)
-    writer.add_uint32("clip.vision.block_count", 1)
+    writer.add_uint32("clip.vision.block_count", blocks)
     writer.add_uint32("clip.vision.projection_dim", text_width)
     writer.add_uint32("clip.vision.attention.head_count", heads)
     writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     writer.add_uint32("clip.vision.image_size", image)
     writer.add_uint32("clip.vision.patch_size", patch)
-    writer.add_uint32("clip.vision.projector.scale_factor", merge)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
     writer.add_uint32("general.file_type", 0)
+    return writer
+
+
+def write_mmproj(path: Path, *, text_width: int = 576, width: int = 32, ff: int = 64, heads: int = 2,
+                 image: int = 32, patch: int = 8, merge: int = 2, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    writer = _projector_writer(path, "gemma3", width=width, ff=ff, blocks=1, text_width=text_width, heads=heads,
+                               image=image, patch=patch)
+    writer.add_uint32("clip.vision.projector.scale_factor", merge)
 
     def random(name: str, *shape: int) -> None:
         writer.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
@@ -72,24 +80,9 @@ def write_qwen_mmproj(path: Path, *, text_width: int = 256, width: int = 32, ff:
     deepstack mergers whose outputs ride beside each embedding (Qwen3-VL's text model adds them to its first layers;
     Qwen3.5 has none). Its images take ``max(rows, columns)`` positions for ``rows x columns`` embeddings."""
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(str(path), "clip")
-    writer.add_string("general.name", "tiny random qwen3vl projector")
-    writer.add_string("clip.projector_type", "qwen3vl_merger")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.has_audio_encoder", False)
-    writer.add_bool("clip.use_gelu", True)
-    writer.add_uint32("clip.vision.embedding_length", width)
-    writer.add_uint32("clip.vision.feed_forward_length", ff)
-    writer.add_uint32("clip.vision.block_count", max(1, deepstack))
-    writer.add_uint32("clip.vision.projection_dim", text_width)
-    writer.add_uint32("clip.vision.attention.head_count", heads)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    writer.add_uint32("clip.vision.image_size", image)
-    writer.add_uint32("clip.vision.patch_size", patch)
+    writer = _projector_writer(path, "qwen3vl_merger", width=width, ff=ff, blocks=max(1, deepstack),
+                               text_width=text_width, heads=heads, image=image, patch=patch)
     writer.add_uint32("clip.vision.spatial_merge_size", 2)
-    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    writer.add_uint32("general.file_type", 0)
 
     def random(name: str, *shape: int) -> None:
         writer.add_tensor(name, (rng.standard_normal(shape) * 0.05).astype(np.float32))
