@@ -66,6 +66,10 @@ def reference(path: Path) -> GGUFMetadata:
         name=field("general.name"), attention=attention, layer_bytes=layer_bytes, output_bytes=output_bytes,
         pooling=pooling if pooling is not None and pooling != 0xFFFFFFFF else None,
         file_type=field("general.type") or "model", adapter_type=field("adapter.type"),
+        width=int(field(f"{arch}.embedding_length") or 0) * (1 + int(field(f"{arch}.n_deepstack_layers") or 0)),
+        has_vision=bool(field("clip.has_vision_encoder")),
+        projection_width=int(field("clip.vision.projection_dim") or 0),
+        projector_type=field("clip.vision.projector_type") or field("clip.projector_type") or None,
     )
 
 
@@ -114,7 +118,8 @@ def test_real_models_read_as_the_full_reader_reads_them(smollm2_path: Path, gemm
     sizes = ("attention", "layer_bytes", "output_bytes", "expert_bytes")
     assert {k: v for k, v in asdict(gemma).items() if k not in sizes} == {
         "architecture": "gemma3", "context_length": 32768, "quantization": "Q4_K_M", "parameter_size": "270M",
-        "chat_template": None, "name": "Gemma 3 270m", "pooling": None, "file_type": "model", "adapter_type": None}
+        "chat_template": None, "name": "Gemma 3 270m", "pooling": None, "file_type": "model", "adapter_type": None,
+        "width": 640, "has_vision": False, "projection_width": 0, "projector_type": None}
     assert (shape["layers"], shape["kv_heads"][0], shape["key_length"], shape["sliding_window"]) == (18, 1, 256, 512)
     assert shape["sliding_share"] == 5 / 6  # llama.cpp's Gemma 3 pattern: every sixth layer attends to everything
     assert gemma.attention is not None
@@ -136,6 +141,21 @@ def test_a_reranker_and_a_lora_read_as_the_full_reader_reads_them(arch_fixtures:
     assert (reranker.pooling, reranker.reranker, reranker.file_type) == (4, True, "model")
     assert (lora.file_type, lora.adapter_type, lora.reranker) == ("adapter", "lora", False)
     assert (llama.pooling, llama.reranker, llama.file_type, llama.adapter_type) == (None, False, "model", None)
+
+
+def test_a_projector_and_a_deepstack_model_read_as_the_full_reader_reads_them(arch_fixtures: Path,
+                                                                              tmp_path: Path) -> None:
+    """What a PROJECTOR line is checked by: a projector's kind, whether it sees images and the width it feeds; a
+    model's embedding width, times 1 + its deepstack layers (Qwen3-VL)."""
+    from tests.mmproj import write_mmproj, write_qwen_mmproj
+
+    gemma, qwen = write_mmproj(tmp_path / "gemma.gguf"), write_qwen_mmproj(tmp_path / "qwen.gguf", deepstack=1)
+    for path in (gemma, qwen, arch_fixtures / "qwen3vl-deepstack.gguf"):
+        assert asdict(read_metadata(path)) == asdict(reference(path))
+    read = read_metadata(qwen)
+    assert (read.has_vision, read.projection_width, read.projector_type) == (True, 256, "qwen3vl_merger")
+    assert read_metadata(gemma).projector_type == "gemma3"
+    assert read_metadata(arch_fixtures / "qwen3vl-deepstack.gguf").width == 2 * 256
 
 
 @pytest.mark.parametrize("size_label", [None, "7B"])
