@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
-# llama-cpp-python builds from source: CPU by default. For GPUs see README (CMAKE_ARGS).
+# llama-cpp-python builds from source: CPU by default. For GPUs see docs/src/install.md (CMAKE_ARGS).
 # On x86-64 it is built without llama.cpp's AMX kernels, which segfault on some Sapphire Rapids machines (llama.cpp
 # #20824); the weights' other CPU layouts (AVX2/AVX-512 repacking) stay. `make test NO_AMX=` builds them in.
 NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8)
@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures lint typecheck unit install install-test install-agents install-clients install-tmux bench stress clean
+.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures lint typecheck docs unit install install-test install-agents install-clients install-tmux bench stress clean
 
 # pip install that says what it does: each step with how long it usually takes, download and compile progress, a
 # line at least every 20 s; pip's whole output (warnings included) goes to the log named on the first line.
@@ -100,7 +100,7 @@ test-clients: install-test install-clients
 ## type check are mostly single-threaded or waiting on downloads, beside the fixtures' compile)
 test: install-test
 	@$(MAKE) --no-print-directory -j4 --output-sync=line install-agents install-clients install-tmux fixtures lint \
-	  typecheck
+	  typecheck docs
 	@echo "==> The whole test suite: about 35 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q --durations=25
 
@@ -130,6 +130,12 @@ $(GPU_VENV)/.installed-$(GPU_BACKEND): pyproject.toml packaging/gpu/build-llama-
 test-gpu: $(GPU_VENV)/.installed-$(GPU_BACKEND) fixtures
 	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) $(GPU_VENV)/bin/python -m localai.engines.llama_devices; echo
 	GGML_VK_VISIBLE_DEVICES=$(GGML_VK_VISIBLE_DEVICES) GPU_TIER_REQUIRED=1 $(GPU_VENV)/bin/python -m pytest -q -o timeout=900 --durations=10 tests/engines/gpu tests/engines/test_placement.py
+
+## docs: the documentation site (docs/mkdocs.yml, Material for MkDocs; pages in docs/src) into docs/site, --strict:
+## a broken link, a missing page or a page left out of the navigation fails it (seconds)
+docs: install-test
+	@echo "==> mkdocs build --strict (seconds)"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -f docs/mkdocs.yml
 
 lint: install-test
 	@echo "==> ruff (seconds)"

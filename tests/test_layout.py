@@ -3,7 +3,7 @@ rooms, never up; the worker process loads only what it needs; no new import cycl
 
 A room imports downward only: api -> runtime -> workers/upstreams -> engines/promptcache/models -> foundations,
 with the front ends (client, agents, daemon, bench, cli, tui) above them all. A new module must be given a room
-here (and in the README's tree) before it can land.
+here (and in the tree in docs/src/architecture.md) before it can land.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_no_module_takes_a_private_name_from_another_package() -> None:
 
 def test_every_module_has_a_room() -> None:
     unplaced = sorted(m for m in MODULES if room(m) not in LEVELS)
-    assert not unplaced, f"give these a room in tests/test_layout.py and the README's tree: {unplaced}"
+    assert not unplaced, f"give these a room in tests/test_layout.py and docs/src/architecture.md's tree: {unplaced}"
 
 
 def files_under_tests() -> list[PurePosixPath]:
