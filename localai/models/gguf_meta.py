@@ -338,16 +338,12 @@ def _parse(header: _Header) -> GGUFMetadata:
         pooling=pooling if isinstance(pooling, int) and pooling != UNSPECIFIED_POOLING else None,
         file_type=str(fields.get("general.type") or "model"),
         adapter_type=str(fields["adapter.type"]) if fields.get("adapter.type") else None,
-        width=_int(fields.get(f"{arch}.embedding_length")) * (1 + _int(fields.get(f"{arch}.n_deepstack_layers"))),
+        width=_number(fields, arch, "embedding_length") * (1 + _number(fields, arch, "n_deepstack_layers")),
         has_vision=bool(fields.get("clip.has_vision_encoder")),
-        projection_width=_int(fields.get("clip.vision.projection_dim")),
+        projection_width=_number(fields, "clip.vision", "projection_dim"),
         projector_type=str(fields.get("clip.vision.projector_type") or fields.get("clip.projector_type") or "")
         or None,
     )
-
-
-def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")

@@ -277,7 +277,7 @@ def _passable(block: MediaBlock) -> bool:
     return bool(block.data) or bool(block.reference and block.reference.startswith(("http://", "https://")))
 
 
-def passes_images(messages: list[Message] | None) -> bool:
+def carries_images(messages: list[Message] | None) -> bool:
     """Whether prepared messages still hold images as they came (for a remote model)."""
     return any(isinstance(block, MediaBlock) for message in messages or [] for block in message.content)
 

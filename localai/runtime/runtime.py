@@ -63,7 +63,7 @@ class Runtime:
         except (InvalidRequest, UpstreamFailed, UpstreamUnavailable) as exc:
             # an upstream that takes no images (a text model, llama-server without its mmproj): the request again,
             # each image a stand-in saying so, rather than an agent's session ended on the error
-            if isinstance(exc, UpstreamTimeout) or not (record.remote and media.passes_images(prepared.messages)
+            if isinstance(exc, UpstreamTimeout) or not (record.remote and media.carries_images(prepared.messages)
                                                         and media.refused_images(str(exc))):
                 raise
             log.warning("%s's upstream refused images (%s): sending stand-ins instead", record.name, exc)
