@@ -5,7 +5,10 @@ size, KV type or attention layout never sees another's state:
 
 - ``blocks/<key>.blk``: the KV of up to ``BLOCK_TOKENS`` tokens. ``key`` chains the fingerprint, the parent block's
   key and the block's tokens, so one key names one exact token prefix, and sequences sharing a prefix share its
-  blocks. File: magic, u32 header length, JSON header (parent, token count, payload size, CRC32), tokens, payload.
+  blocks. File: magic, u32 header length, JSON header (parent, token count, payload size, CRC32, and ``base`` where
+  it has one), tokens, payload. A block written after a shorter one with the same parent and the first of its tokens
+  (the partial last block of an earlier save, a checkpoint's tail) names it as its ``base`` and holds only the KV
+  of the tokens after it: a conversation's saves write each token once, not the partial block again each turn.
 - ``snaps/<key>.snp``: a boundary snapshot, the state an engine cannot cut by token (sliding-window layers, or a
   whole state from an engine without a block layout), taken where the sequence ending in block ``key`` ended.
 - ``heads/<id>.json``: an entry: where one saved sequence ends (its last block), its session, kind and owner.
@@ -92,6 +95,7 @@ class Block:
     on_disk: bool = False
     system: bool = False  # part of a shared system-and-tools prefix: evicted last
     mine: bool = False  # written by this process (others' may still wait for their entry to be written)
+    base: str | None = None  # a shorter block with the same parent and the first tokens: the payload is the rest's
 
 
 @dataclass
@@ -157,10 +161,13 @@ def file_lock(path: Path, *, exclusive: bool = True) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def block_file(parent: str, tokens: list[int], payload: bytes) -> list[bytes]:
+def block_file(parent: str, tokens: list[int], payload: bytes, base: str | None = None) -> list[bytes]:
     token_bytes = array.array("i", tokens).tobytes()
-    header = json.dumps({"parent": parent, "n_tokens": len(tokens), "payload_bytes": len(payload),
-                         "checksum": checksum(token_bytes, payload)}).encode()
+    fields = {"parent": parent, "n_tokens": len(tokens), "payload_bytes": len(payload),
+              "checksum": checksum(token_bytes, payload)}
+    if base is not None:
+        fields["base"] = base
+    header = json.dumps(fields).encode()
     return [MAGIC, HEADER_LEN.pack(len(header)), header, token_bytes, payload]
 
 
@@ -228,6 +235,7 @@ class Folder:
         self.fingerprint = path.name
         self.blocks: dict[str, Block] = {}
         self.children: dict[str, set[str]] = {}
+        self.dependents: dict[str, set[str]] = {}  # a block -> the blocks naming it as their base
         self.heads: dict[str, Head] = {}
         self.snapshots: dict[str, int] = {}  # block key -> snapshot file bytes
 
@@ -247,6 +255,43 @@ class Folder:
     def add_block(self, block: Block) -> None:
         self.blocks[block.key] = block
         self.children.setdefault(block.parent, set()).add(block.key)
+        if block.base is not None:
+            self.dependents.setdefault(block.base, set()).add(block.key)
+
+    def _unlink(self, block: Block) -> None:
+        """Take a block out of its parent's children and its base's dependents (the index only)."""
+        self.children.get(block.parent, set()).discard(block.key)
+        if block.base is not None:
+            self.dependents.get(block.base, set()).discard(block.key)
+
+    def pieces(self, key: str) -> list[str] | None:
+        """The blocks whose payloads make up block ``key``'s KV, oldest first: its bases, then itself; None when a
+        base is missing or is not a shorter block with the same parent and the first of its tokens."""
+        keys = [key]
+        block = self.blocks.get(key)
+        while block is not None and block.base is not None:
+            base = self.blocks.get(block.base)
+            if base is None or base.parent != block.parent or len(base.tokens) >= len(block.tokens) \
+                    or block.tokens[:len(base.tokens)] != base.tokens or len(keys) > BLOCK_TOKENS:
+                return None
+            keys.append(base.key)
+            block = base
+        return keys[::-1] if block is not None else None
+
+    def needs(self, key: str) -> set[str]:
+        """Every block restoring the chain that ends at ``key`` reads: the chain's and their bases (empty when the
+        chain or a base is missing)."""
+        needed: set[str] = set()
+        for block in self.chain(key):
+            pieces = self.pieces(block)
+            if pieces is None:
+                return set()
+            needed.update(pieces)
+        return needed
+
+    def is_leaf(self, key: str) -> bool:
+        """No block chains from it or names it as its base: evicting it breaks nothing else."""
+        return not self.children.get(key) and not self.dependents.get(key)
 
     def chain(self, key: str) -> list[str]:
         """The keys from the first block to ``key`` (shorter when a block in between is missing)."""
@@ -285,7 +330,9 @@ class Folder:
             self._scan_blocks(complaints, repair=repair)  # blocks written while the folder was read
             broken_blocks, _ = self._broken()
             for key in broken_blocks:
-                if not self.block_path(self.blocks[key].parent).exists():
+                block = self.blocks.get(key)
+                if block is not None and (not self.block_path(block.parent).exists()
+                                          or (block.base is not None and not self.block_path(block.base).exists())):
                     complaints.append(f"{key}.blk: an earlier block of its chain is gone")
                     self.drop_block(key)  # can never be restored
             for head_id in self._broken()[1]:
@@ -299,19 +346,28 @@ class Folder:
         return complaints
 
     def reached(self, starts: Iterable[str]) -> set[str]:
-        """The blocks on the chains from ``starts`` back to the fingerprint, leaving out chains that break on the
-        way (what ``chain`` gives for each start, together): every block's parents are followed once for all
-        starts, where following each start's chain alone was quadratic in the chains' length."""
+        """The blocks on the chains from ``starts`` back to the fingerprint, with their bases, leaving out chains
+        that break on the way (a missing block or base): every block's parents are followed once for all starts,
+        where following each start's chain alone was quadratic in the chains' length."""
         intact: set[str] = set()
         broken: set[str] = set()
         for key in starts:
             path: list[str] = []
             on_path: set[str] = set()
+            bases: list[str] = []
             while key in self.blocks and key not in intact and key not in broken and key not in on_path:
+                pieces = self.pieces(key)
+                if pieces is None:
+                    break  # a base is gone: this block, and what chains from it, cannot be restored
                 path.append(key)
                 on_path.add(key)
+                bases += pieces[:-1]
                 key = self.blocks[key].parent
-            (intact if key in intact or self.is_root(key) else broken).update(path)
+            if key in intact or self.is_root(key):
+                intact.update(path)
+                intact.update(bases)
+            else:
+                broken.update(path)
         return intact
 
     def _broken(self) -> tuple[list[str], list[str]]:
@@ -342,7 +398,9 @@ class Folder:
                 if repair:
                     path.unlink(missing_ok=True)
                 continue
-            self.add_block(Block(path.stem, str(header["parent"]), tokens, stat.st_size, stat.st_mtime, True))
+            base = header.get("base")
+            self.add_block(Block(path.stem, str(header["parent"]), tokens, stat.st_size, stat.st_mtime, True,
+                                 base=str(base) if base is not None else None))
 
     def _scan_snapshots(self) -> None:
         for path in (self.path / "snaps").glob("*.snp"):
@@ -369,7 +427,7 @@ class Folder:
     def complete_heads(self) -> list[Head]:
         """The entries whose whole chain of blocks is known (a listing's entries: a head seen before the blocks
         its worker wrote just before it is left out, not deleted)."""
-        return [head for head in self.heads.values() if self.chain(head.key)]
+        return [head for head in self.heads.values() if self.needs(head.key)]
 
     def locked(self, *, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         """The folder's lock, across processes: shared while a worker writes an entry's head (its blocks must still
@@ -393,8 +451,7 @@ class Folder:
         yet) stays. Returns how many were forgotten."""
         gone = [key for key, block in self.blocks.items() if block.on_disk and not self.block_path(key).exists()]
         for key in gone:
-            block = self.blocks.pop(key)
-            self.children.get(block.parent, set()).discard(key)
+            self._unlink(self.blocks.pop(key))
         snaps = [key for key in self.snapshots if key not in keep_snapshots and not self.snapshot_path(key).exists()]
         for key in snaps:
             del self.snapshots[key]
@@ -433,7 +490,7 @@ class Folder:
         block = self.blocks.pop(key, None)
         if block is None:
             return []
-        self.children.get(block.parent, set()).discard(key)
+        self._unlink(block)
         self.block_path(key).unlink(missing_ok=True)
         self.drop_snapshot(key)
         changed = []
@@ -449,8 +506,9 @@ class Folder:
         return changed
 
     def drop_subtree(self, key: str) -> None:
-        """A block and everything chained after it (a corrupt block: what follows can never be restored)."""
-        for child in list(self.children.get(key, ())):
+        """A block and everything chained after it or built on it (a corrupt block: what follows can never be
+        restored)."""
+        for child in [*self.children.get(key, ()), *self.dependents.get(key, ())]:
             self.drop_subtree(child)
         for head in self.drop_block(key):
             self.write_head(head)
@@ -480,9 +538,9 @@ class Folder:
             head.disk_key = None
 
     def _on_disk(self, key: str) -> bool:
-        """Whether the chain ending at ``key`` is whole and every block of it written."""
-        chain = self.chain(key)
-        return bool(chain) and all(self.blocks[block].on_disk for block in chain)
+        """Whether the chain ending at ``key`` is whole and every block of it (and of their bases) written."""
+        needed = self.needs(key)
+        return bool(needed) and all(self.blocks[block].on_disk for block in needed)
 
     def referenced(self) -> set[str]:
         """Blocks on some head's chain."""
@@ -493,7 +551,7 @@ class Folder:
 
     def collect_garbage(self, *, keep: set[str] | None = None) -> int:
         """Delete blocks no head reaches (left by moved heads or removed entries); returns bytes freed."""
-        reached = self.referenced() | (keep or set())
+        reached = self.referenced() | {piece for key in keep or () for piece in self.pieces(key) or [key]}
         freed = 0
         for key in [k for k in self.blocks if k not in reached]:
             freed += self.blocks[key].size if self.blocks[key].on_disk else 0
@@ -512,11 +570,11 @@ class Folder:
         guarded = set(protected)
         for head in self.heads.values():
             if head.owner in skip_owner:
-                guarded.update(self.chain(head.key))
+                guarded.update(self.needs(head.key))
         freed = evicted = 0
         while freed < excess:
             leaves = [b for b in self.blocks.values()
-                      if b.on_disk and not self.children.get(b.key) and b.key not in guarded]
+                      if b.on_disk and self.is_leaf(b.key) and b.key not in guarded]
             if not leaves:
                 break
             victim = min(leaves, key=lambda b: (b.system, b.last_used))

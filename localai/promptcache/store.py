@@ -2,9 +2,11 @@
 
 Saving cuts a sequence's state into blocks (the engine's codec knows the layout) and writes only the blocks not
 stored yet, plus at most one partial tail block, a boundary snapshot when the engine has state that cannot be
-cut by token (sliding-window layers), and the entry's head. Restoring walks the prompt block by block along the
-chain of keys, then asks the engine to assemble the blocks (and snapshot) into one state. The RAM tier holds
-recently used blocks within a byte budget; a background thread writes to disk, so a request never waits on it.
+cut by token (sliding-window layers), and the entry's head. A new block that begins with a stored shorter one
+(the partial last block an earlier turn saved) is built on it and holds only the tokens after it. Restoring walks
+the prompt block by block along the chain of keys, then asks the engine to assemble the blocks (and snapshot) into
+one state. The RAM tier holds recently used blocks within a byte budget; a background thread writes to disk, so a
+request never waits on it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ CHECKPOINTS_PER_SESSION = 8
 MIN_CHECKPOINTS_PER_SESSION = 2
 CHECKPOINT_BYTES_PER_SESSION = 512 << 20
 OTHERS_SECONDS = 30.0  # how old the writer's view of the other folders' bytes may be (enforce_quota)
+# A block is read from at most this many files, its bases' and its own: a block built on a chain this long is
+# written whole. Saves every ~10 tokens reach it within a 64-token block; an agent's turns (100+ tokens) never do.
+MAX_PIECES = 8
 
 
 class Codec(Protocol):
@@ -284,21 +289,25 @@ class PromptStore:
         tier = "ram"
         pieces: list[bytes] = []
         lengths: list[int] = []
+        kept = 0  # the match's blocks restored
         for key, length in zip(match.keys, match.lengths, strict=True):
             if self.whole:
                 pieces.append(b"")
                 lengths.append(length)
+                kept += 1
                 continue
-            payload, from_disk = self._block_payload(key)
-            if payload is None:
+            parts = self._parts(key)
+            if parts is None:
                 break
-            tier = "disk" if from_disk else tier
-            pieces.append(payload)
-            lengths.append(length)
-        if len(pieces) < len(match.keys):
+            for payload, n_tokens, from_disk in parts:
+                tier = "disk" if from_disk else tier
+                pieces.append(payload)
+                lengths.append(n_tokens)
+            kept += 1
+        if kept < len(match.keys):
             if match.snapshot is not None:
                 return None  # a snapshot is only valid with every block before it
-            match = Match(match.keys[:len(pieces)], lengths, min(match.common, sum(lengths)))
+            match = Match(match.keys[:kept], match.lengths[:kept], min(match.common, sum(lengths)))
             if match.common < MIN_TOKENS:
                 return None
         rest = b""
@@ -324,9 +333,32 @@ class PromptStore:
                 block = self.folder.blocks.get(key)
                 if block is None:
                     return None  # dropped meanwhile
-                block.last_used = now
+                for piece in self.folder.pieces(key) or [key]:
+                    self.folder.blocks[piece].last_used = now
                 tokens += block.tokens
         return Restored(state, tokens, match.common, tier, time.perf_counter() - started)
+
+    def _parts(self, key: str) -> list[tuple[bytes, int, bool]] | None:
+        """A block's KV as (payload, tokens, read from disk) per file: its bases' first, then its own; None when a
+        part is gone or damaged (the block and what is chained after it are dropped)."""
+        with self._lock:
+            pieces = self.folder.pieces(key)
+            if pieces is None:
+                log.warning("cache block %s lost the block it is built on; dropping it", key)
+                self.folder.drop_subtree(key)
+                return None
+            spans, before = [], 0
+            for piece in pieces:
+                n_tokens = len(self.folder.blocks[piece].tokens)
+                spans.append((piece, n_tokens - before))
+                before = n_tokens
+        parts = []
+        for piece, n_tokens in spans:
+            payload, from_disk = self._block_payload(piece)
+            if payload is None:
+                return None
+            parts.append((payload, n_tokens, from_disk))
+        return parts
 
     def _block_payload(self, key: str) -> tuple[bytes | None, bool]:
         with self._lock:
@@ -427,14 +459,21 @@ class PromptStore:
             with self._lock:
                 missing = [(index, key) for index, (key, _, _) in enumerate(chunks) if key not in self.folder.blocks]
                 cut = [tail for tail in tails if tail.key not in self.folder.blocks]
-            ranges = [(chunks[index][1], chunks[index][2]) for index, _ in missing] + [(t.start, t.end) for t in cut]
+                bases = self._plan_bases(
+                    [(key, chunks[index - 1][0] if index else root_key(self.fingerprint, partition),
+                      tokens[chunks[index][1]:chunks[index][2]]) for index, key in missing]
+                    + [(t.key, t.parent, t.tokens) for t in cut])
+            ranges = [(chunks[index][1] + bases.get(key, ("", 0))[1], chunks[index][2]) for index, key in missing] \
+                + [(t.start + bases.get(t.key, ("", 0))[1], t.end) for t in cut]
             split = self._split(state, held, ranges)
             with self._lock:
                 # The state is cut outside the lock, so the writer's eviction may have dropped a block counted as
                 # stored meanwhile (its payload was not cut): cut again for the new set; after three tries, give up.
                 new = {index for index, _ in missing}
+                made = {key for _, key in missing} | {t.key for t in cut}
                 if all(key in self.folder.blocks for index, (key, _, _) in enumerate(chunks) if index not in new) \
-                        and all(t.key in self.folder.blocks for t in tails if t not in cut):
+                        and all(t.key in self.folder.blocks for t in tails if t not in cut) \
+                        and all(base in made or base in self.folder.blocks for base, _ in bases.values()):
                     if held != len(tokens):  # the state's own tail is past the entry's end: ``end`` is its snapshot
                         if split is None:
                             return None
@@ -442,10 +481,17 @@ class PromptStore:
                     tail_pieces = split[1][len(missing):] if split is not None else []
                     if split is not None:
                         split = (split[0], split[1][:len(missing)], split[2])
-                    head = self._index(tokens, chunks, missing, split, state, session, kind, partition)
-                    if head is not None and split is not None and split[2]:
-                        self._index_checkpoints(tails, dict(zip([t.key for t in cut], tail_pieces, strict=True)),
-                                                session, kind == "system")
+                    checkpointed = split is not None and bool(split[2])
+                    if split is None:
+                        bases = {}  # nothing was cut: no block holds a part of another's KV
+                    built_on = {base for base, _ in bases.values()}
+                    # Tails first: a block of the chain may be built on one (they are written in this order too)
+                    self._index_tails([t for t in cut if checkpointed or t.key in built_on],
+                                      dict(zip([t.key for t in cut], tail_pieces, strict=True)), bases,
+                                      kind == "system")
+                    head = self._index(tokens, chunks, missing, split, state, session, kind, partition, bases)
+                    if head is not None and checkpointed:
+                        self._index_checkpoints(tails, session)
                     return head
                 self.stats["save_races"] += 1
         log.info("not saving %d tokens: their blocks kept being evicted while the state was cut", len(tokens))
@@ -465,19 +511,53 @@ class PromptStore:
             tails.append(_Tail(chain_key(parent, piece), parent, start, n_tokens, piece, data[8:]))
         return tails
 
-    def _index_checkpoints(self, tails: list[_Tail], payloads: dict[str, bytes], session: str | None,
-                           system: bool) -> None:
-        """The checkpoints' tail blocks, snapshots and entries, under the lock; then the session's oldest
-        checkpoints beyond its bound go (``_bound_checkpoints``)."""
-        for tail in tails:
-            if tail.key not in self.folder.blocks:
-                payload = payloads.get(tail.key)
-                if payload is None:
+    def _plan_bases(self, new: list[tuple[str, str, list[int]]]) -> dict[str, tuple[str, int]]:
+        """For the blocks a save writes, (key, parent, tokens): the block each is built on and its length in
+        tokens, where one exists: the longest stored block with the same parent whose tokens begin it (written or
+        queued: one whose write was dropped holds no payload), or a shorter one of these new blocks; never past
+        ``MAX_PIECES`` files. Caller holds the lock."""
+        if self.whole:
+            return {}
+        plan: dict[str, tuple[str, int]] = {}
+        depth: dict[str, int] = {}  # a new block -> the files it is read from
+        made: dict[str, list[tuple[str, list[int]]]] = {}  # parent -> the new blocks planned so far
+        for key, parent, tokens in sorted(new, key=lambda item: len(item[2])):
+            best: tuple[str, int, int] | None = None
+            candidates = [(child, self.folder.blocks[child].tokens) for child in self.folder.children.get(parent, ())
+                          if child in self.folder.blocks and (self.folder.blocks[child].on_disk
+                                                              or "b:" + child in self._pending)]
+            for child, child_tokens in candidates + made.get(parent, []):
+                n_tokens = len(child_tokens)
+                if child == key or n_tokens >= len(tokens) or (best is not None and n_tokens <= best[1]) \
+                        or tokens[:n_tokens] != child_tokens:
                     continue
-                block = Block(tail.key, tail.parent, tail.tokens, len(payload), system=system, mine=True)
-                self.folder.add_block(block)
-                self._enqueue("block", block, payload)
-            self._add_checkpoint(tail.key, tail.end, tail.snapshot, session)
+                files = depth.get(child) or len(self.folder.pieces(child) or ())
+                if 0 < files < MAX_PIECES:
+                    best = (child, n_tokens, files)
+            if best is not None:
+                plan[key] = (best[0], best[1])
+            depth[key] = best[2] + 1 if best is not None else 1
+            made.setdefault(parent, []).append((key, tokens))
+        return plan
+
+    def _index_tails(self, tails: list[_Tail], payloads: dict[str, bytes], bases: dict[str, tuple[str, int]],
+                     system: bool) -> None:
+        """The checkpoints' tail blocks (a block of their own beside the chain), under the lock."""
+        for tail in tails:
+            payload = payloads.get(tail.key)
+            if tail.key in self.folder.blocks or payload is None:
+                continue
+            block = Block(tail.key, tail.parent, tail.tokens, len(payload), system=system, mine=True,
+                          base=bases[tail.key][0] if tail.key in bases else None)
+            self.folder.add_block(block)
+            self._enqueue("block", block, payload)
+
+    def _index_checkpoints(self, tails: list[_Tail], session: str | None) -> None:
+        """The checkpoints' snapshots and entries (their tail blocks are indexed: ``_index_tails``), under the lock;
+        then the session's oldest checkpoints beyond its bound go (``_bound_checkpoints``)."""
+        for tail in tails:
+            if tail.key in self.folder.blocks:
+                self._add_checkpoint(tail.key, tail.end, tail.snapshot, session)
         self._bound_checkpoints(session)
 
     def _add_checkpoint(self, key: str, n_tokens: int, snapshot: bytes | None, session: str | None) -> None:
@@ -540,7 +620,7 @@ class PromptStore:
 
     def _index(self, tokens: list[int], chunks: list[tuple[str, int, int]], missing: list[tuple[int, str]],
                split: tuple[Any, list[bytes], bytes] | None, state: StateBytes, session: str | None,
-               kind: str, partition: str) -> Head | None:
+               kind: str, partition: str, bases: dict[str, tuple[str, int]]) -> Head | None:
         """``save``'s second half, under the lock: the new blocks, snapshot and head into the index and the queue."""
         if split is None:
             layout, pieces, rest = None, [b""] * len(missing), state
@@ -559,8 +639,9 @@ class PromptStore:
         new_pieces = {index: piece for (index, _), piece in zip(missing, pieces, strict=True)}
         for index, (key, start, end) in enumerate(chunks):
             payload = new_pieces.get(index)
-            if payload is not None:
-                block = Block(key, parent, tokens[start:end], len(payload), system=system, mine=True)
+            if payload is not None and key not in self.folder.blocks:  # (a checkpoint's tail may be this block)
+                block = Block(key, parent, tokens[start:end], len(payload), system=system, mine=True,
+                              base=bases[key][0] if key in bases else None)
                 self.folder.add_block(block)
                 self._enqueue("block", block, payload)
             else:
@@ -693,7 +774,8 @@ class PromptStore:
                     return
             if payload is None:
                 return
-            written = write_atomic(self.folder.block_path(item.key), block_file(item.parent, item.tokens, payload))
+            written = write_atomic(self.folder.block_path(item.key),
+                                   block_file(item.parent, item.tokens, payload, item.base))
             with self._lock:
                 self._pending.pop("b:" + item.key, None)
                 self._queued_bytes -= len(payload)
@@ -731,10 +813,10 @@ class PromptStore:
             with self.folder.locked(exclusive=False):  # no block of its chain is deleted until it is written
                 self._notice_deletions()  # blocks deleted while it waited: never write a head over missing blocks
                 with self._lock:
-                    chain = self.folder.chain(head.key) if self.folder.heads.get(head.id) is head else []
+                    needed = self.folder.needs(head.key) if self.folder.heads.get(head.id) is head else set()
                     # a block of the chain never written (the queue bound dropped it, or its write failed) would
                     # make the entry's file name a missing block: it stays unwritten (its old file, if any, stays)
-                    if not chain or not all(self.folder.blocks[key].on_disk for key in chain):
+                    if not needed or not all(self.folder.blocks[key].on_disk for key in needed):
                         return
                     data = json.dumps(head.as_json()).encode()
                     key = head.key
