@@ -28,3 +28,18 @@ class BytesCodec:
 
     def state_join(self, layout: Any, pieces: list[bytes], lengths: list[int], rest: bytes) -> StateBytes:
         return b"".join(pieces) + rest if not self.whole else rest
+
+
+class EvictingCodec(BytesCodec):
+    """Cuts states like BytesCodec; the first cut also runs ``during`` (the writer thread's eviction, landing while
+    the worker cuts its state outside the store's lock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.during: list[Any] = []
+
+    def state_split(self, state: StateBytes, n_tokens: int,
+                    ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
+        while self.during:
+            self.during.pop(0)()
+        return super().state_split(state, n_tokens, ranges)

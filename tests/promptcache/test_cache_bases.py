@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from localai.promptcache import admin
 from localai.promptcache.blocks import BLOCK_TOKENS, read_block
-from localai.promptcache.store import MAX_PIECES, PromptStore, StateBytes
-from tests.cachecodec import BytesCodec, state_of
+from localai.promptcache.store import MAX_PIECES, PromptStore
+from tests.cachecodec import BytesCodec, EvictingCodec, state_of
 
 FP = "f" * 32
 REPLY = 8  # tokens an answer adds after each prompt's end (where the engine took its checkpoint)
@@ -183,20 +182,6 @@ def test_cache_rm_keeps_the_bases_another_entry_is_built_on_and_leaves_no_garbag
     reader.close()
     admin.remove_entries(session="b", root=tmp_path)
     assert not list(tmp_path.glob("*/blocks/*.blk"))
-
-
-class EvictingCodec(BytesCodec):
-    """Runs ``during`` once while the state is cut (outside the store's lock): the writer's eviction landing then."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.during: list[Any] = []
-
-    def state_split(self, state: StateBytes, n_tokens: int,
-                    ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
-        while self.during:
-            self.during.pop(0)()
-        return super().state_split(state, n_tokens, ranges)
 
 
 def test_a_base_evicted_while_the_state_is_cut_never_kills_the_save(tmp_path: Path) -> None:

@@ -15,25 +15,10 @@ import pytest
 from localai.promptcache import admin
 from localai.promptcache import store as store_module
 from localai.promptcache.blocks import BLOCK_TOKENS, Folder
-from localai.promptcache.store import PromptStore, StateBytes
-from tests.cachecodec import BytesCodec, state_of
+from localai.promptcache.store import PromptStore
+from tests.cachecodec import BytesCodec, EvictingCodec, state_of
 
 FP = "f" * 32
-
-
-class EvictingCodec(BytesCodec):
-    """Cuts states like BytesCodec; the first cut also runs ``during`` (the writer thread's eviction, landing while
-    the worker cuts its state outside the store's lock)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.during: list[Any] = []
-
-    def state_split(self, state: StateBytes, n_tokens: int,
-                    ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
-        while self.during:
-            self.during.pop(0)()
-        return super().state_split(state, n_tokens, ranges)
 
 
 def store(root: Path, codec: BytesCodec | None = None) -> PromptStore:
