@@ -62,7 +62,8 @@ def list_entries(root: Path | None = None, *, scanned: list[Folder] | None = Non
     for folder in folders(base) if scanned is None else scanned:
         for head in folder.complete_heads():
             keys = folder.chain(head.key)
-            size = sum(folder.blocks[key].size for key in folder.needs(head.key)) + folder.snapshots.get(head.key, 0)
+            needed = folder.reached([head.key])  # the chain's blocks and their bases
+            size = sum(folder.blocks[key].size for key in needed) + folder.snapshots.get(head.key, 0)
             partition = folder.partition_of(head.key)
             entries.append(EntryInfo(
                 id=head.id, fingerprint=folder.fingerprint, tokens=head.n_tokens, bytes=size, blocks=len(keys),
@@ -120,7 +121,7 @@ def overview(root: Path | None = None, *, visible: Visible | None = None) -> tup
 def _drop_heads(folder: Folder, head_ids: list[str]) -> None:
     """Remove entries, and the blocks no remaining entry reaches."""
     chains = {key for head_id in head_ids if head_id in folder.heads
-              for key in folder.needs(folder.heads[head_id].key)}
+              for key in folder.reached([folder.heads[head_id].key])}
     for head_id in head_ids:
         folder.drop_head(head_id)
     for key in chains - folder.referenced():
@@ -187,9 +188,9 @@ def _prune(scanned: list[Folder], pins: list[Pin], max_bytes: int, older_than: f
             _drop_heads(folder, stale)
             removed += len(stale)
     total = sum(folder.bytes_on_disk() for folder in scanned)
-    protected = {folder.fingerprint: {key for h in folder.heads.values()
-                                      if pinned_until(pins, h.id, h.session, folder.partition_of(h.key)) is not None
-                                      for key in folder.needs(h.key)} for folder in scanned}
+    protected = {folder.fingerprint: folder.reached([
+        h.key for h in folder.heads.values() if pinned_until(pins, h.id, h.session, folder.partition_of(h.key))
+        is not None]) for folder in scanned}
     while total > max_bytes:
         candidates = [(b.system, b.last_used, folder, b) for folder in scanned for b in folder.blocks.values()
                       if folder.is_leaf(b.key) and b.key not in protected[folder.fingerprint]]

@@ -266,28 +266,18 @@ class Folder:
 
     def pieces(self, key: str) -> list[str] | None:
         """The blocks whose payloads make up block ``key``'s KV, oldest first: its bases, then itself; None when a
-        base is missing or is not a shorter block with the same parent and the first of its tokens."""
+        base is missing or is not a shorter block with the same parent (that its tokens begin the block's is
+        checked once, when a scan reads the block: ``_scan_blocks``; the store builds only such bases)."""
         keys = [key]
         block = self.blocks.get(key)
         while block is not None and block.base is not None:
             base = self.blocks.get(block.base)
             if base is None or base.parent != block.parent or len(base.tokens) >= len(block.tokens) \
-                    or block.tokens[:len(base.tokens)] != base.tokens or len(keys) > BLOCK_TOKENS:
+                    or len(keys) > BLOCK_TOKENS:
                 return None
             keys.append(base.key)
             block = base
         return keys[::-1] if block is not None else None
-
-    def needs(self, key: str) -> set[str]:
-        """Every block restoring the chain that ends at ``key`` reads: the chain's and their bases (empty when the
-        chain or a base is missing)."""
-        needed: set[str] = set()
-        for block in self.chain(key):
-            pieces = self.pieces(block)
-            if pieces is None:
-                return set()
-            needed.update(pieces)
-        return needed
 
     def is_leaf(self, key: str) -> bool:
         """No block chains from it or names it as its base: evicting it breaks nothing else."""
@@ -385,6 +375,7 @@ class Folder:
                         temp.unlink()  # a write that never finished
 
     def _scan_blocks(self, complaints: list[str], *, repair: bool, known: Collection[str] = ()) -> None:
+        read: list[Block] = []
         for path in (self.path / "blocks").glob("*.blk"):
             if path.stem in self.blocks or path.stem in known or path.name.startswith("."):
                 continue  # known, or a write in progress (.tmp-*)
@@ -399,8 +390,17 @@ class Folder:
                     path.unlink(missing_ok=True)
                 continue
             base = header.get("base")
-            self.add_block(Block(path.stem, str(header["parent"]), tokens, stat.st_size, stat.st_mtime, True,
-                                 base=str(base) if base is not None else None))
+            read.append(Block(path.stem, str(header["parent"]), tokens, stat.st_size, stat.st_mtime, True,
+                              base=str(base) if base is not None else None))
+            self.add_block(read[-1])
+        for block in read:  # a base named by a damaged header (the checksum covers the tokens and the KV only)
+            base = self.blocks.get(block.base) if block.base is not None else None
+            if base is not None and block.tokens[:len(base.tokens)] != base.tokens:
+                complaints.append(f"{block.key}.blk: its base {base.key} does not begin it")
+                if repair:
+                    self.drop_block(block.key)
+                else:
+                    self._unlink(self.blocks.pop(block.key))
 
     def _scan_snapshots(self) -> None:
         for path in (self.path / "snaps").glob("*.snp"):
@@ -427,7 +427,7 @@ class Folder:
     def complete_heads(self) -> list[Head]:
         """The entries whose whole chain of blocks is known (a listing's entries: a head seen before the blocks
         its worker wrote just before it is left out, not deleted)."""
-        return [head for head in self.heads.values() if self.needs(head.key)]
+        return [head for head in self.heads.values() if self.reached([head.key])]
 
     def locked(self, *, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         """The folder's lock, across processes: shared while a worker writes an entry's head (its blocks must still
@@ -539,7 +539,7 @@ class Folder:
 
     def _on_disk(self, key: str) -> bool:
         """Whether the chain ending at ``key`` is whole and every block of it (and of their bases) written."""
-        needed = self.needs(key)
+        needed = self.reached([key])
         return bool(needed) and all(self.blocks[block].on_disk for block in needed)
 
     def referenced(self) -> set[str]:
@@ -567,10 +567,7 @@ class Folder:
         a chain loses its tail before its prefix, and a block others chain from is never evicted under them.
         ``protected``: blocks on pinned chains; ``skip_owner``: live workers whose heads' chains are theirs to
         evict. Returns (bytes freed, blocks evicted)."""
-        guarded = set(protected)
-        for head in self.heads.values():
-            if head.owner in skip_owner:
-                guarded.update(self.needs(head.key))
+        guarded = set(protected) | self.reached([head.key for head in self.heads.values() if head.owner in skip_owner])
         freed = evicted = 0
         while freed < excess:
             leaves = [b for b in self.blocks.values()

@@ -290,6 +290,7 @@ class PromptStore:
         pieces: list[bytes] = []
         lengths: list[int] = []
         kept = 0  # the match's blocks restored
+        read: list[str] = []  # the blocks whose payloads were read: the match's and their bases
         for key, length in zip(match.keys, match.lengths, strict=True):
             if self.whole:
                 pieces.append(b"")
@@ -299,8 +300,9 @@ class PromptStore:
             parts = self._parts(key)
             if parts is None:
                 break
-            for payload, n_tokens, from_disk in parts:
+            for piece, payload, n_tokens, from_disk in parts:
                 tier = "disk" if from_disk else tier
+                read.append(piece)
                 pieces.append(payload)
                 lengths.append(n_tokens)
             kept += 1
@@ -333,14 +335,16 @@ class PromptStore:
                 block = self.folder.blocks.get(key)
                 if block is None:
                     return None  # dropped meanwhile
-                for piece in self.folder.pieces(key) or [key]:
-                    self.folder.blocks[piece].last_used = now
+                block.last_used = now
                 tokens += block.tokens
+            for piece in read:  # the bases too (a base is only evicted after its blocks anyway)
+                if piece in self.folder.blocks:
+                    self.folder.blocks[piece].last_used = now
         return Restored(state, tokens, match.common, tier, time.perf_counter() - started)
 
-    def _parts(self, key: str) -> list[tuple[bytes, int, bool]] | None:
-        """A block's KV as (payload, tokens, read from disk) per file: its bases' first, then its own; None when a
-        part is gone or damaged (the block and what is chained after it are dropped)."""
+    def _parts(self, key: str) -> list[tuple[str, bytes, int, bool]] | None:
+        """A block's KV as (block, payload, tokens, read from disk) per file: its bases' first, then its own; None
+        when a part is gone or damaged (the block and what is chained after it are dropped)."""
         with self._lock:
             pieces = self.folder.pieces(key)
             if pieces is None:
@@ -357,7 +361,7 @@ class PromptStore:
             payload, from_disk = self._block_payload(piece)
             if payload is None:
                 return None
-            parts.append((payload, n_tokens, from_disk))
+            parts.append((piece, payload, n_tokens, from_disk))
         return parts
 
     def _block_payload(self, key: str) -> tuple[bytes | None, bool]:
@@ -813,7 +817,7 @@ class PromptStore:
             with self.folder.locked(exclusive=False):  # no block of its chain is deleted until it is written
                 self._notice_deletions()  # blocks deleted while it waited: never write a head over missing blocks
                 with self._lock:
-                    needed = self.folder.needs(head.key) if self.folder.heads.get(head.id) is head else set()
+                    needed = self.folder.reached([head.key]) if self.folder.heads.get(head.id) is head else set()
                     # a block of the chain never written (the queue bound dropped it, or its write failed) would
                     # make the entry's file name a missing block: it stays unwritten (its old file, if any, stays)
                     if not needed or not all(self.folder.blocks[key].on_disk for key in needed):

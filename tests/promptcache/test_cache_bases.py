@@ -158,7 +158,7 @@ def test_eviction_and_prune_never_take_a_base_from_under_the_block_built_on_it(t
     fresh = store(tmp_path)
     assert fresh.stats_snapshot()["corrupt"] == 0
     for head in fresh.folder.heads.values():
-        assert fresh.folder.needs(head.key), head
+        assert fresh.folder.reached([head.key]), head
         assert restores_exactly(fresh, tokens, head.n_tokens) or not head.snapshot, head
 
 
