@@ -50,6 +50,13 @@ class Metrics:
         self.draft_accepted = Counter(
             "localai_speculative_accepted_tokens", "Guessed tokens the model agreed with (kept)", ["model"],
             registry=self.registry)
+        self.websockets = Counter(
+            "localai_responses_websockets", "/v1/responses WebSocket connections accepted (a client that "
+            "reconnects opens another)", registry=self.registry)
+        self.websocket_closes = Counter(
+            "localai_responses_websocket_closes", "/v1/responses WebSocket connections ended, by who ended them "
+            "(client: it closed or went away, or the daemon stopped; idle: LOCALAI_WS_IDLE_TIMEOUT)", ["reason"],
+            registry=self.registry)
         self.loaded_models = Gauge("localai_loaded_models", "Models with a live worker", registry=self.registry)
         self.waiting = Gauge("localai_queue_waiting", "Requests waiting for a model", registry=self.registry)
         # Remote models: per replica (its URL), see localai.upstreams.pool.

@@ -20,6 +20,22 @@ FinishReason = Literal["stop", "length", "cancelled", "tool_calls"]
 MAX_TOP_LOGPROBS = 20  # the most alternatives a token's logprobs list (OpenAI's bound)
 
 
+SUBSESSION = " > "  # between a session and a session of its own it started: "PARENT > agent:ID", "PARENT > title"
+
+
+def child_session(parent: str, child: str) -> str:
+    """The session of a sub-agent (``agent:ID``) or of a side request (``title``, Codex's ``memory``...) of
+    ``parent``: its own cache slot, divergences and entries, listed under the parent's, and its own prefix."""
+    return f"{parent}{SUBSESSION}{child}"
+
+
+def parent_session(session: str | None) -> str | None:
+    """The session that started ``session``, or None when it is not a child session."""
+    if session is None or SUBSESSION not in session:
+        return None
+    return session.rsplit(SUBSESSION, 1)[0]
+
+
 class TopLogprob(TypedDict):
     """One of the likeliest tokens at a position: its text (UTF-8, a partial character replaced), bytes and
     log-probability."""

@@ -149,9 +149,12 @@ class Settings(BaseSettings):
         "used go, a chain's last turns before its first.",
     )
     ws_idle_timeout: float = Field(
-        default=600.0, gt=0,
+        default=3600.0, gt=0,
         description="Seconds a `/v1/responses` WebSocket may stay without a message from its client (while no "
-                    "response is being made) before localai closes it (code 1000).",
+                    "response is being made) before localai closes it (code 1000). Generous: Codex keeps one socket "
+                    "for a whole session, idle while its user reads and types; a client gone without closing is "
+                    "found sooner by the WebSocket pings (every 20 s). The request-body deadline "
+                    "(LOCALAI_BODY_TIMEOUT) ends at the upgrade.",
     )
     body_timeout: float = Field(
         default=60.0, gt=0, le=3600,

@@ -8,6 +8,11 @@ headers, and at most ``MAX_WAITING`` connections wait at once: one more closes t
 slow clients cannot keep a fast one out for long. Then its body has ``body_seconds`` (``LOCALAI_BODY_TIMEOUT``) from
 the end of the headers: 24 clients sending a byte every 2 s held their connections (and the requests' handlers,
 waiting for their bodies) for as long as they liked.
+
+A WebSocket upgrade hands the transport to uvicorn's WebSocket protocol while h11 still sees the request's body as
+pending: both deadlines end there (they once closed every ``/v1/responses`` socket 60 s after its handshake, which
+ended Codex turns mid-reply). A socket's own limits are the WebSocket protocol's pings and
+``LOCALAI_WS_IDLE_TIMEOUT`` (``api/responses_socket.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +57,10 @@ class DeadlineProtocol(H11Protocol):
 
     def handle_events(self) -> None:
         super().handle_events()
+        if self.transport.get_protocol() is not self:  # upgraded to a WebSocket: no HTTP deadlines any more
+            self._stop_waiting()
+            self._body_received()
+            return
         if self.conn.their_state is not h11.IDLE:  # the request's headers are in (or the connection is done)
             self._stop_waiting()
         if self.conn.their_state is h11.SEND_BODY:

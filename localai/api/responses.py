@@ -511,7 +511,8 @@ async def start_response(body: ResponsesRequest, request: HTTPConnection,
         raise InvalidRequest("background responses are not supported", param="background")
     store = ResponseStore(request)
     conversation, items, messages = await read_conversation(store, body.input, body.previous_response_id, earlier)
-    if not any(m.role in ("user", "tool") for m in messages):
+    if body.generate and not any(m.role in ("user", "tool") for m in messages):
+        # a prewarm (generate: false) may come before the first message: its instructions and tools are warmed
         raise InvalidRequest("'input' needs at least one user message or tool output", param="input")
     messages = with_instructions(messages, body.instructions)
     tools = tools_of(body.tools)

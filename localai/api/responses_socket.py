@@ -12,6 +12,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from localai.api.body_check import BodyChecker
+from localai.api.common import runtime_of
 from localai.api.limits import BodyProblem
 from localai.api.responses import ResponseRun, ResponsesRequest, start_response
 from localai.api.security import checked_json
@@ -65,19 +66,35 @@ async def responses_socket(websocket: WebSocket) -> None:
     implicit) and receives each response's events on the same socket, one response at a time, as many turns as
     it likes. ``previous_response_id`` also finds the connection's own recent responses when ``store`` is false.
     A bad message gets an ``error`` event and the connection stays; a client idle for LOCALAI_WS_IDLE_TIMEOUT is
-    closed (1000); the Host/Origin/API-key guards ran before the handshake."""
+    closed (1000), and one that stops answering the protocol's pings (every 20 s, uvicorn's) is dropped; no HTTP
+    deadline applies once the socket is open (``api/connections.py``); the Host/Origin/API-key guards ran before
+    the handshake. ``generate: false`` (Codex's prewarm, ``input`` empty included) evaluates and caches the prompt
+    (the instructions and tools when there is no message yet) and completes with no output: its id continues."""
     settings: Settings = websocket.app.state.settings
+    metrics = runtime_of(websocket).scheduler.metrics
     await websocket.accept()
+    metrics.websockets.inc()
+    reason = "client"
+    try:
+        reason = await _serve(websocket, settings)
+    finally:
+        metrics.websocket_closes.labels(reason).inc()
+
+
+async def _serve(websocket: WebSocket, settings: Settings) -> str:
+    """The connection's turns until it ends; returns who ended it (client, idle)."""
     earlier: dict[str, list[dict[str, Any]]] = {}
     try:
         while True:
             try:
                 text = (await asyncio.wait_for(websocket.receive(), timeout=settings.ws_idle_timeout))
             except TimeoutError:
+                log.info("closing a /v1/responses WebSocket idle for %g s (LOCALAI_WS_IDLE_TIMEOUT)",
+                         settings.ws_idle_timeout)
                 await websocket.close(code=1000, reason="idle")
-                return
+                return "idle"
             if text["type"] == "websocket.disconnect":
-                return
+                return "client"
             run: ResponseRun | None = None
             body: ResponsesRequest | None = None
             made = False
@@ -110,4 +127,4 @@ async def responses_socket(websocket: WebSocket) -> None:
                 while len(earlier) > SOCKET_REMEMBERS:
                     earlier.pop(next(iter(earlier)))
     except WebSocketDisconnect:
-        return  # the client went away: its generation was closed above
+        return "client"  # the client went away: its generation was closed above

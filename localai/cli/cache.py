@@ -8,10 +8,14 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 
 from localai.cli import cli, fail_cleanly
+
+if TYPE_CHECKING:
+    from localai.promptcache.admin import EntryInfo
 
 
 @cli.group()
@@ -38,16 +42,19 @@ def ls(as_json: bool, partition: str | None) -> None:
     from localai.cli.models import _table, ago
     from localai.client import human_size
     from localai.promptcache import admin
+    from localai.schema import parent_session
 
-    entries = admin.list_entries(visible=_in_partition(partition))
+    entries = as_tree(admin.list_entries(visible=_in_partition(partition)))
     if as_json:
-        click.echo(json.dumps([asdict(e) for e in entries], indent=2))
+        click.echo(json.dumps([{**asdict(e), "parent_session": parent_session(e.session)} for e in entries],
+                              indent=2))
         return
     partitioned = any(e.partition for e in entries)
     _table(["ID", "KIND", "TOKENS", "BLOCKS", "SIZE", "SESSION", "LAST USED", "PINNED UNTIL",
             *(["PARTITION"] if partitioned else [])], [
-        [e.id[:12], e.kind, str(e.tokens), str(e.blocks), human_size(e.bytes), e.session or "", ago(_iso(e.last_used)),
-         _iso(e.pinned_until) if e.pinned_until else "", *([e.partition] if partitioned else [])] for e in entries
+        [e.id[:12], e.kind, str(e.tokens), str(e.blocks), human_size(e.bytes), _session_cell(e.session),
+         ago(_iso(e.last_used)), _iso(e.pinned_until) if e.pinned_until else "",
+         *([e.partition] if partitioned else [])] for e in entries
     ])
     from localai.promptcache import divergences
 
@@ -55,6 +62,36 @@ def ls(as_json: bool, partition: str | None) -> None:
     if recent:
         click.echo(f"\n{len(recent)} session(s) had prompts that stopped matching their cache in the last day: "
                    "see `localai cache diverged`")
+
+
+def as_tree(entries: list[EntryInfo]) -> list[EntryInfo]:
+    """Entries in session-tree order: each top session (the most recently used first) with its entries, then its
+    sub-agents' and side requests' (``schema.child_session``) under it, and so on down; entries of no session
+    last."""
+    from localai.schema import parent_session
+
+    def root(session: str) -> str:
+        while (parent := parent_session(session)) is not None:
+            session = parent
+        return session
+
+    newest: dict[str, float] = {}
+    for entry in entries:
+        if entry.session is not None:
+            top = root(entry.session)
+            newest[top] = max(newest.get(top, 0.0), entry.last_used)
+    return sorted(entries, key=lambda e: (e.session is None, -newest.get(root(e.session), 0.0) if e.session else 0.0,
+                                          root(e.session) if e.session else "", e.session or "", -e.last_used))
+
+
+def _session_cell(session: str | None) -> str:
+    """A session as `cache ls` shows it: a child session indented under its parent, by its own part."""
+    from localai.schema import SUBSESSION
+
+    if session is None:
+        return ""
+    parts = session.split(SUBSESSION)
+    return parts[0] if len(parts) == 1 else "  " * (len(parts) - 2) + "└ " + parts[-1]
 
 
 @cache.command()

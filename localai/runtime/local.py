@@ -8,7 +8,7 @@ import asyncio
 import base64
 import functools
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from localai.errors import InvalidRequest
@@ -111,6 +111,8 @@ class LocalTarget:
         that fails or overruns is a 400 naming the model."""
         if messages is None:
             return request.prompt or "", None
+        if request.prefill_only and not any(m.role in ("user", "tool") for m in messages):
+            return await self.warm_segment(request, messages), None
         calls = await asyncio.to_thread(self._render_calls, request, messages, system)
         try:
             outcomes = await asyncio.wrap_future(renderer.pool().submit(calls))
@@ -127,6 +129,16 @@ class LocalTarget:
             if text and main.text.startswith(text):
                 return main.text, text
         return main.text, None
+
+    async def warm_segment(self, request: GenerationRequest, messages: list[Message]) -> str:
+        """A prewarm with no user message yet (Codex's ``generate: false`` with ``input: []``): the instructions and
+        tools rendered up to where a first user message's content will start, the prefix every turn of the session
+        shares (some templates refuse a conversation without a user message, so one stands in and is cut off)."""
+        rendered, _ = await self.render(replace(request, prefill_only=False),
+                                        [*messages, Message(role="user", content=[TextBlock(NEXT_TURN)])],
+                                        system=False)
+        cut = rendered.find(NEXT_TURN)
+        return rendered[:cut] if cut > 0 else ""
 
     def _render_calls(self, request: GenerationRequest, messages: list[Message], system: bool) -> list[RenderCall]:
         """The prompt's render and, with ``system``, the system-and-tools segment's (called off the event loop:

@@ -20,7 +20,7 @@ from localai.runtime.fitting import FitMemory
 from localai.runtime.generation import Generation, Target, close_quietly
 from localai.runtime.local import LocalTarget, media_of, requested_sampling, template_of
 from localai.runtime.remote import RemoteTarget, remote_target
-from localai.runtime.sessions import Sessions, session_key
+from localai.runtime.sessions import Sessions, session_key, side_session
 from localai.schema import GenerationRequest
 from localai.settings import Settings
 from localai.upstreams.pool import Remotes
@@ -49,6 +49,7 @@ class Runtime:
         Errors that belong to the request (unknown model, prompt over the context) are raised here,
         before any response bytes are sent, so they get a proper HTTP status.
         """
+        request = replace(request, session_id=side_session(request))
         record = self.registry.get(request.model)
         if is_reranker(record):
             raise InvalidRequest(f"'{record.name}' is a reranker: it scores documents against a query (POST "

@@ -18,7 +18,7 @@ from localai.protocol import GenerateOp
 from localai.runtime import divergence
 from localai.runtime.generation import FollowUp
 from localai.runtime.local import LocalTarget
-from localai.schema import GenerationRequest, Message, ToolCallEnd
+from localai.schema import GenerationRequest, Message, TextBlock, ToolCallEnd, child_session, parent_session
 from localai.workers.handle import new_request_id
 
 log = logging.getLogger("localai.runtime")
@@ -34,6 +34,29 @@ def session_key(request: GenerationRequest) -> str | None:
     if request.session_id is None or not request.cache_partition:
         return request.session_id
     return f"{request.cache_partition}/{request.session_id}"
+
+
+# Side requests agents send under their main session's id, known by how their system prompt starts: each goes to a
+# child session of its own, so it neither takes the main conversation's slot nor reads as the conversation changing
+SIDE_REQUESTS = (
+    ("title", "You are a title generator"),  # OpenCode's session title (its system prompt, title.txt)
+)
+
+
+def side_session(request: GenerationRequest) -> str | None:
+    """The session a request belongs to: its own, or, for a side request recognised by ``SIDE_REQUESTS``, a child
+    session of it (``schema.child_session``)."""
+    session = request.session_id
+    if session is None or not request.messages or parent_session(session) is not None:
+        return session
+    first = request.messages[0]
+    if first.role not in ("system", "developer"):
+        return session
+    text = "".join(block.text for block in first.content if isinstance(block, TextBlock)).lstrip()[:200]
+    for name, start in SIDE_REQUESTS:
+        if text.startswith(start):
+            return child_session(session, name)
+    return session
 
 
 class Sessions:

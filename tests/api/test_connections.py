@@ -18,6 +18,15 @@ from tests.conftest import free_port, start_daemon
 
 
 async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
+    if scope["type"] == "websocket":  # an echo socket
+        while True:
+            message = await receive()  # type: ignore[operator]
+            if message["type"] == "websocket.connect":
+                await send({"type": "websocket.accept"})  # type: ignore[operator]
+            elif message["type"] == "websocket.receive":
+                await send({"type": "websocket.send", "text": message.get("text")})  # type: ignore[operator]
+            else:
+                return
     if scope["type"] != "http":
         return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})  # type: ignore[operator]
@@ -27,6 +36,7 @@ async def app(scope: dict, receive: object, send: object) -> None:  # type: igno
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     monkeypatch.setattr(DeadlineProtocol, "header_seconds", 1.0)
+    monkeypatch.setattr(DeadlineProtocol, "body_seconds", 1.0)
     monkeypatch.setattr(DeadlineProtocol, "max_waiting", 5)
     port = free_port()
     instance = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=DeadlineProtocol,
@@ -137,3 +147,14 @@ def test_a_request_with_both_content_length_and_transfer_encoding_is_refused_and
         sock.close()
     assert answer.startswith(b"HTTP/1.1 400 ") and b"Content-Length and Transfer-Encoding" in answer, answer
     assert answer.count(b"HTTP/1.1") == 1, answer  # the smuggled GET was not served
+
+
+def test_a_websocket_outlives_the_header_and_body_deadlines(server: int) -> None:
+    """The upgrade hands the connection to the WebSocket protocol while h11 still waits for the request's body: the
+    deadlines end there (they closed every Codex socket 60 s after its handshake)."""
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{server}/socket") as ws:
+        time.sleep(2.5)  # past both deadlines (1 s each here): what is asserted is that nothing closes it
+        ws.send("still here")
+        assert ws.recv(timeout=5) == "still here"
