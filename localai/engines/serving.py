@@ -173,7 +173,8 @@ class Serving:
                     block = False
                     if op is None:
                         stopping = True
-                        self.waiting = [item for item in self.waiting if item.get("warm")]
+                        for item in [item for item in self.waiting if not item.get("warm")]:
+                            self._drop_waiting(item["id"], emit)
                         for request in [r for r in self.requests.values() if not r.warm]:
                             self._finish(request, "cancelled", emit)
                         break
@@ -201,7 +202,8 @@ class Serving:
             request = self.requests.get(op["id"])
             if request is not None:
                 self._finish(request, "cancelled", emit)
-            self.waiting = [item for item in self.waiting if item["id"] != op["id"]]
+            else:
+                self._drop_waiting(op["id"], emit)
         elif op["op"] == "tokenize":
             tokens = self.engine.tokenize(op["text"])
             answer = TokensFrame(ev="tokens", id=op["id"], count=len(tokens))
@@ -235,6 +237,16 @@ class Serving:
             emit(ErrorFrame(ev="error", id=op["id"], kind=kind, message=str(exc)))
             return
         emit(EmbeddingsFrame(ev="embeddings", id=op["id"], vectors=vectors, prompt_tokens=counted))
+
+    def _drop_waiting(self, request_id: str, emit: Emit) -> None:
+        """A request cancelled before it started (waiting for a slot, held behind a warm prefill, or the worker
+        stopping): its done frame, like every op taken, so the daemon's handle stops waiting for one."""
+        if not any(item["id"] == request_id for item in self.waiting):
+            return  # ended already: its final frame is out
+        self.waiting = [item for item in self.waiting if item["id"] != request_id]
+        emit(DoneFrame(ev="done", id=request_id, finish_reason="cancelled", stop_sequence=None,
+                       usage=Usage(prompt_tokens=0, completion_tokens=0, cached_tokens=0, prompt_ms=0.0,
+                                   decode_ms=0.0)))
 
     # -- admission -------------------------------------------------------------------------------
 

@@ -159,6 +159,11 @@ class Worker:
                 owner.unlink(missing_ok=True)
 
     async def _send(self, message: Mapping[str, Any]) -> None:
+        self._write(message)
+        await self._drain()
+
+    def _write(self, message: Mapping[str, Any]) -> None:
+        """Queue ``message`` for the worker; once this returns, the worker gets it unless it dies."""
         if not self.alive or self._writer is None:
             raise WorkerCrashed(f"the worker for '{self.name}' is not running")
         try:
@@ -167,6 +172,13 @@ class Worker:
             raise RequestTooLarge(f"the request is too large for the model's worker: {exc}") from exc
         try:
             self._writer.write(frame)
+        except (ConnectionError, RuntimeError) as exc:
+            raise WorkerCrashed(f"the worker for '{self.name}' stopped: {exc}") from exc
+
+    async def _drain(self) -> None:
+        if self._writer is None:
+            raise WorkerCrashed(f"the worker for '{self.name}' is not running")
+        try:
             await self._writer.drain()
         except (ConnectionError, RuntimeError) as exc:
             raise WorkerCrashed(f"the worker for '{self.name}' stopped: {exc}") from exc
@@ -174,13 +186,17 @@ class Worker:
     async def generate(self, op: GenerateOp, *, idle: float = 0.0,
                        abandoned: Callable[[DoneFrame], None] | None = None) -> AsyncIterator[RequestFrame]:
         """Send a generate op and yield its frames until ``done`` or ``error``; cancels if abandoned, and then
-        ``abandoned`` is told its done frame when the worker sends it (what it generated still counts). With
-        ``idle``, an ``{"ev": "idle"}`` frame comes each time the worker sent nothing for that many seconds."""
+        ``abandoned`` is told its done frame when the worker sends it (what it generated still counts: the worker
+        ends every op it took with one, a queued one cancelled before it started included). With ``idle``, an
+        ``{"ev": "idle"}`` frame comes each time the worker sent nothing for that many seconds."""
         queue: asyncio.Queue[WorkerFrame | None] = asyncio.Queue()
         self._queues[op["id"]] = queue
         finished = False
+        written = False  # an op never written (too large, the worker gone) has nothing to cancel or wait for
         try:
-            await self._send(op)
+            self._write(op)
+            written = True
+            await self._drain()
             while True:
                 if idle > 0:
                     try:
@@ -205,7 +221,7 @@ class Worker:
             if not finished and ended is not None:  # it ended while its reader was going
                 if ended["ev"] == "done" and abandoned is not None:
                     abandoned(ended)
-            elif not finished and self.alive:
+            elif not finished and written and self.alive:
                 if abandoned is not None:
                     self._abandoned[op["id"]] = abandoned
                 cancel: CancelOp = {"op": "cancel", "id": op["id"]}
