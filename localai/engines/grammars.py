@@ -13,20 +13,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from localai.engines.schema_refs import ANNOTATIONS, REF_HOMES, check_refs, dereferenced, flattened, hoisted
+from localai.engines.schema_refs import GrammarError as GrammarError
+from localai.engines.schema_refs import RefError as RefError
 from localai.protocol import Constraint
 
 HERMES_TRIGGER = "<tool_call>"
-ANNOTATIONS = frozenset({"description", "title", "examples", "default", "$schema", "$comment", "deprecated",
-                         "readOnly", "writeOnly", "$id"})
 # Bounds the converter unrolls into one rule per step: Claude Code sends maxLength 524288, which becomes a
 # grammar nested half a million levels deep and overflows llama.cpp's parser stack.
 BOUNDS = {"maxLength": 512, "minLength": 64, "maxItems": 64, "minItems": 16, "maxProperties": 64,
           "minProperties": 16}
 MAX_GRAMMAR_CHARS = 256 * 1024
-
-
-class GrammarError(ValueError):
-    """The request's schema or tools cannot become a grammar: the request's fault, not the worker's."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +59,7 @@ def sanitized(schema: Any) -> Any:
 def schema_grammar(schema: dict[str, Any], prop_order: list[str] | None = None) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf  # only llama.cpp workers build GBNF
 
+    schema = flattened(schema)  # its references checked and made ones the converter reads right, allOf merged
     if isinstance(schema.get("$ref"), str):
         # the converter follows a root's $ref without reading its siblings, so the references inside the
         # definitions beside it were never resolved (a KeyError): the reference goes one level down
@@ -80,98 +78,15 @@ def schema_grammar(schema: dict[str, Any], prop_order: list[str] | None = None) 
     return text
 
 
-NAMED = ("properties", "$defs", "definitions", "patternProperties")  # keywords whose keys are names, not keywords
-LITERALS = frozenset({"const", "enum", "default", "examples"})  # values taken as they are: no $ref inside is one
-REF_HOMES = ("$defs", "definitions")
-RULE_UNSAFE = re.compile(r"[^A-Za-z0-9-]+")
-MAX_REF_HOPS = 32
-
-
-def _ref_tokens(ref: str) -> list[str]:
-    """The JSON pointer of a local ``$ref`` ("#/$defs/A~1B" -> ["$defs", "A/B"])."""
-    return [token.replace("~1", "/").replace("~0", "~") for token in ref[2:].split("/")] if ref.startswith("#/") \
-        else []
-
-
-def _pointer(tokens: list[str]) -> str:
-    return "#" + "".join("/" + token.replace("~", "~0").replace("/", "~1") for token in tokens)
-
-
-def hoisted(schema: dict[str, Any], tag: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A tool's parameters made ready to sit inside a larger schema (a call's, with the tool's name beside them).
-
-    Their local ``$ref``s point into their own root ("#/$defs/P"), which inside the call's schema is no longer the
-    root: the definitions move to the root's ``$defs`` under names of the tool's own (``tag``-P, so two tools'
-    P never meet) and the references follow them; a reference to anything else of the parameters ("#",
-    "#/properties/a") points into a copy of them stored as ``$defs``.``tag``. Returns the parameters without their
-    definitions and the definitions for the root. A reference outside the schema (a URL) is a GrammarError."""
-    homes = {home: schema[home] for home in REF_HOMES if isinstance(schema.get(home), dict)}
-    needs_root = False
-    names: dict[tuple[str, str], str] = {}
-    for home, defined in homes.items():
-        for key in defined:
-            # a name that is a grammar rule's as it is: the converter names a recursive reference's rule unescaped
-            plain = RULE_UNSAFE.sub("-", key if home == "$defs" else f"{home}-{key}")
-            unique = f"{tag}-{plain}"
-            while unique in names.values() or unique == tag:
-                unique += "-"
-            names[(home, key)] = unique
-
-    def name(home: str, key: str) -> str:
-        return names[(home, key)]
-
-    def rewritten(ref: Any) -> str:
-        nonlocal needs_root
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise GrammarError(f"$ref {str(ref)[:100]!r}: only references within the schema (#/$defs/...) are "
-                               "supported")
-        tokens = _ref_tokens(ref)
-        if len(tokens) >= 2 and tokens[0] in homes and tokens[1] in homes[tokens[0]]:
-            return _pointer(["$defs", name(tokens[0], tokens[1]), *tokens[2:]])
-        needs_root = True
-        return _pointer(["$defs", tag, *tokens])
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        result: dict[str, Any] = {}
-        for key, value in node.items():
-            if key == "$ref":
-                result[key] = rewritten(value)
-            elif key in NAMED and isinstance(value, dict):
-                result[key] = {item: walk(sub) for item, sub in value.items()}
-            else:
-                result[key] = value if key in LITERALS else walk(value)
-        return result
-
-    body = walk({key: value for key, value in schema.items() if key not in homes})
-    definitions = {name(home, key): walk(sub) for home, defined in homes.items() for key, sub in defined.items()}
-    if needs_root:
-        definitions[tag] = body
-    return body, definitions
-
-
-def _dereferenced(schema: Any, definitions: dict[str, Any]) -> Any:
-    """``schema`` with a ``$ref`` at its top followed into ``definitions`` (the root's, as ``hoisted`` made them):
-    what a tagged call needs to see whether a parameter is text or an object."""
-    for _ in range(MAX_REF_HOPS):
-        if not isinstance(schema, dict) or not isinstance(schema.get("$ref"), str):
-            return schema
-        tokens = _ref_tokens(schema["$ref"])
-        target: Any = {"$defs": definitions}
-        for token in tokens:
-            target = target.get(token) if isinstance(target, dict) else None
-        if target is None:
-            return schema
-        schema = target
-    raise GrammarError("$ref: a chain of references that never reaches a schema")
-
-
-def _arguments_schema(parameters: Any, check: Any) -> dict[str, Any]:
-    """A tool's parameters if they convert; otherwise any JSON object (an agent's call must not fail)."""
+def _arguments_schema(parameters: Any, check: Any, name: str = "") -> dict[str, Any]:
+    """A tool's parameters (tool ``name``'s) if they convert; otherwise any JSON object (an agent's call must not
+    fail). A reference in them that leaves them or points to nothing is a RefError all the same: that schema is
+    wrong whatever the engine can compile, and the request's client is told which reference."""
     if isinstance(parameters, dict) and parameters:
+        try:
+            check_refs(parameters)
+        except RefError as exc:
+            raise RefError(f"tool {name[:100]!r}: {exc}") from None
         try:
             check(parameters)
             return parameters
@@ -196,7 +111,8 @@ def call_schema(constraint: Constraint, check: Any = None) -> tuple[dict[str, An
     choices = []
     definitions: dict[str, Any] = {}
     for number, tool in enumerate(tools):
-        arguments, defined = _hoisted_arguments(_arguments_schema(tool.get("parameters"), check or schema_grammar),
+        arguments, defined = _hoisted_arguments(_arguments_schema(tool.get("parameters"), check or schema_grammar,
+                                                                  tool["name"]),
                                                 f"t{number}")
         definitions.update(defined)
         choices.append({
@@ -284,18 +200,18 @@ class TaggedParameter:
     required: bool
 
 
-def tagged_parameters(parameters: Any, tag: str, check: Any) -> list[TaggedParameter]:
-    """A tool's parameters for a tagged call, the required first; ``check(schema)`` raises GrammarError for
-    parameters the engine cannot compile (the tool then takes any object)."""
-    arguments = _arguments_schema(parameters, check)
+def tagged_parameters(parameters: Any, tag: str, check: Any, name: str = "") -> list[TaggedParameter]:
+    """A tool's parameters (tool ``name``'s) for a tagged call, the required first; ``check(schema)`` raises
+    GrammarError for parameters the engine cannot compile (the tool then takes any object)."""
+    arguments = _arguments_schema(parameters, check, name)
     arguments, definitions = _hoisted_arguments(arguments, tag)
-    arguments = _dereferenced(arguments, definitions)
+    arguments = dereferenced(arguments, definitions)
     listed = arguments.get("properties")
     properties: dict[str, Any] = listed if isinstance(listed, dict) else {}
     required = [name for name in arguments.get("required") or [] if name in properties]
     result = []
     for key in [*required, *(name for name in properties if name not in required)]:
-        seen = _dereferenced(properties[key], definitions)
+        seen = dereferenced(properties[key], definitions)
         choices = seen.get("enum") if isinstance(seen, dict) else None
         if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
             kind, schema = "enum", seen
@@ -319,13 +235,14 @@ def native_call_grammar(constraint: Constraint, style: str) -> Grammar:
         prefix = f"t{number}"
         if style in JSON_ARGUMENT_CALLS:
             before, between, after = JSON_ARGUMENT_CALLS[style]
-            rules.append(_prefixed(schema_grammar(_arguments_schema(tool.get("parameters"), schema_grammar)), prefix))
+            arguments = _arguments_schema(tool.get("parameters"), schema_grammar, tool["name"])
+            rules.append(_prefixed(schema_grammar(arguments), prefix))
             alternatives.append(" ".join(part for part in (
                 _literal(before + tool["name"] + between), f"{prefix}-root", _literal(after) if after else "") if part))
             continue
         call_open, name_open, name_close, key_open, key_close, value_close, call_close = TAGGED_CALLS[style]
         loose = style == "glm-4.5"
-        parameters = tagged_parameters(tool.get("parameters"), prefix, schema_grammar)
+        parameters = tagged_parameters(tool.get("parameters"), prefix, schema_grammar, tool["name"])
         params: list[str] = []
         for index, parameter in enumerate(parameters):
             value = f"{prefix}-v{index}"
@@ -423,6 +340,7 @@ def lark_for(constraint: Constraint | None, validate: Any) -> str | None:
     from llguidance import LLMatcher
 
     def compiled(schema: dict[str, Any]) -> str:
+        check_refs(schema)  # llguidance resolves references itself, but takes some that point to nothing
         grammar = str(LLMatcher.grammar_from_json_schema(json.dumps(llguidance_schema(schema))))
         error = validate(grammar)
         if error:

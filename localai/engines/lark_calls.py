@@ -77,7 +77,7 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
         prefix = f"t{number}"
         if style in JSON_ARGUMENT_CALLS:
             before, between, after = JSON_ARGUMENT_CALLS[style]
-            rules.append(f"{prefix}_args: {_schema(_arguments_schema(tool.get('parameters'), check))}")
+            rules.append(f"{prefix}_args: {_schema(_arguments_schema(tool.get('parameters'), check, tool['name']))}")
             alternatives.append(" ".join(item for item in (
                 marker(before + tool["name"] + between, specials), f"{prefix}_args", marker(after, specials))
                 if item))
@@ -90,7 +90,7 @@ def native_call_lark(constraint: Constraint, style: str, specials: SpecialIds,
         after_tag = value_close[value_close.index(close_tag) + len(close_tag):]
         closing = re.escape(close_tag).replace("/", "\\/")
         params = []
-        for index, parameter in enumerate(tagged_parameters(tool.get("parameters"), prefix, check)):
+        for index, parameter in enumerate(tagged_parameters(tool.get("parameters"), prefix, check, tool["name"])):
             value = f"{prefix}_v{index}"
             value_end = value_close  # what follows the value (a lexeme with a suffix has written its tag)
             if parameter.kind == "enum":  # written bare, unquoted
