@@ -147,7 +147,7 @@ class GuardMiddleware:
                 await receive()
                 await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
             else:
-                await _refuse(scope, send, status, kind, message)
+                await _refuse(scope, send, status, kind, message, close=has_body(headers))
 
         if self.loopback_only and not is_loopback_host(host):
             await refuse(403, "permission_error",
@@ -171,6 +171,13 @@ class GuardMiddleware:
                 return
             scope = {**scope, PRINCIPAL: principal}  # None on the open paths: a caller without a key
         await self.app(scope, receive, send)
+
+
+def has_body(headers: dict[str, str]) -> bool:
+    """Whether a request says a body follows its headers: a refusal that does not read it closes the connection,
+    so none of its bytes (nor, where its length is ambiguous, a request smuggled in them) is read as the next
+    request."""
+    return "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0")
 
 
 class JsonBodyMiddleware:
