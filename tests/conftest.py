@@ -162,6 +162,16 @@ def chat(daemon: Daemon, messages: list[dict[str, Any]], **extra: Any) -> dict[s
     return result
 
 
+def scripted_model(daemon: Daemon, name: str) -> str:
+    """Creates ``name`` on ``daemon``: smollm2's weights and template on the scripted engine (its replies are the
+    prompt's ``[[say:...]]``, ``[[echo]]``... directives, exactly); returns the name."""
+    with daemon.http() as http:
+        created = http.post("/api/create", json={"model": name,
+                                                 "modelfile": f"FROM {SMOLLM2}\nPARAMETER engine scripted\n"})
+    assert created.status_code == 200, created.text
+    return name
+
+
 def cached(result: dict[str, Any]) -> int:
     """The prompt tokens a reply's usage says came from the cache."""
     return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])

@@ -5,16 +5,23 @@ and a client that leaves mid-response."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
+from localai.settings import Settings
+from tests.api.conftest import scripted_settings
 from tests.api.test_spec_conformance import check_response
+from tests.observe import counted, wait_for
 
 SOCKET = "ws://localhost/v1/responses"
+
+
+@pytest.fixture(scope="module")
+def api_settings() -> Settings:
+    return scripted_settings(num_parallel=1)  # one slot: a reply that is not stopped holds it
 
 
 def turn(socket: Any, **fields: Any) -> list[dict[str, Any]]:
@@ -104,14 +111,19 @@ def test_an_idle_connection_is_closed(api: TestClient, monkeypatch: pytest.Monke
 
 
 def test_a_client_that_leaves_mid_response_stops_it(api: TestClient) -> None:
+    """The slow reply (2,000 tokens, 100 s) is counted as cancelled, not run to its end, and the one slot is free
+    for the next request. (A model of its own: its /metrics outcomes are this test's alone.)"""
+    model = "socket-leaver"
+    assert api.post("/api/create", json={"model": model, "modelfile": "FROM smollm2\n"}).status_code == 200
     with api.websocket_connect(SOCKET) as socket:
-        socket.send_text(json.dumps({"type": "response.create", "model": "smollm2", "input": "go [[slow]]"}))
+        socket.send_text(json.dumps({"type": "response.create", "model": model, "input": "go [[slow]]"}))
         while json.loads(socket.receive_text())["type"] != "response.output_text.delta":
             pass
-    started = time.monotonic()  # the slow reply would take 100 s: the worker is free again at once
-    answer = api.post("/v1/responses", json={"model": "smollm2", "input": "next [[say:free]]"}).json()
+    wait_for(lambda: counted(api, "localai_requests_total", model) == 1, "the slow reply's end")
+    assert counted(api, "localai_requests_total", model, "cancelled") == 1, "the slow reply ran on: never stopped"
+    # one slot (this module's settings): served only because the slow reply no longer holds it
+    answer = api.post("/v1/responses", json={"model": model, "input": "next [[say:free]]"}).json()
     assert answer["output"][0]["content"][0]["text"] == "free"
-    assert time.monotonic() - started < 30
 
 
 def test_a_failed_continuation_forgets_the_response_it_continued(api: TestClient) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from localai.cli.run import Chat
-from tests.conftest import Daemon
+from tests.conftest import Daemon, scripted_model
 
 
 def test_help_is_fast_and_imports_no_engine() -> None:
@@ -26,12 +26,17 @@ def test_help_is_fast_and_imports_no_engine() -> None:
 
 
 def test_run_one_shot_and_from_stdin(daemon: Daemon) -> None:
-    one_shot = daemon.cli("run", "smollm2", "Say", "hello")
+    """The words after the model are the prompt, joined by spaces; without them the prompt is read from stdin; the
+    reply is printed (the scripted engine on smollm2's weights: the prompt's ``[[say:...]]`` is its reply)."""
+    model = scripted_model(daemon, "scripted-run")
+    one_shot = daemon.cli("run", model, "Say [[say:hello", "from", "the", "words]]")
     assert one_shot.returncode == 0, one_shot.stderr
-    assert one_shot.stdout.strip()
-    piped = daemon.cli("run", "smollm2", "--verbose", input="What is 2+2?\n")
+    assert one_shot.stdout.strip() == "hello from the words"
+    piped = daemon.cli("run", model, "--verbose", input="What is 2+2? [[say:4, from stdin]]\n")
     assert piped.returncode == 0, piped.stderr
-    assert piped.stdout.strip() and "eval count" in piped.stderr
+    assert piped.stdout.strip() == "4, from stdin" and "eval count" in piped.stderr
+    real = daemon.cli("run", "smollm2", "Say", "hello")  # and the real model answers
+    assert real.returncode == 0 and real.stdout.strip(), real.stderr
 
 
 def test_run_unknown_model(daemon: Daemon) -> None:

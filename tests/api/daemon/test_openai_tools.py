@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from tests.api.daemon.streams import check_chat_stream, named_events
-from tests.conftest import Daemon
+from tests.conftest import Daemon, scripted_model
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
@@ -87,13 +87,28 @@ def test_tool_choice_none_answers_in_text(sdk: openai.OpenAI) -> None:
     assert response.choices[0].message.content
 
 
-def test_tool_results_continue_the_conversation(sdk: openai.OpenAI) -> None:
-    messages: list[Any] = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny and 21 degrees."}]
-    response = sdk.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER], max_tokens=32,  # type: ignore[list-item]
-                                           temperature=0, tool_choice="none")
-    assert response.choices[0].message.content
+def test_tool_results_continue_the_conversation(sdk: openai.OpenAI, daemon: Daemon) -> None:
+    """The call and its result reach the model after the question, in order, and the reply is the turn after them
+    (the scripted engine on smollm2's template: its reply is the last ``[[say:...]]`` in the prompt, here the tool
+    result's, and ``[[echo]]`` replies the prompt itself)."""
+    model = scripted_model(daemon, "scripted-tools")
+
+    def answer(result: str) -> openai.types.chat.ChatCompletion:
+        messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris? [[say:no tool result]]"},
+                               {"role": "assistant", "content": None, "tool_calls": [
+                                   {"id": "call_1", "type": "function",
+                                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                               {"role": "tool", "tool_call_id": "call_1", "content": result}]
+        return sdk.chat.completions.create(model=model, messages=messages, tools=[WEATHER],  # type: ignore[list-item]
+                                           max_tokens=3000, tool_choice="none")
+
+    reply = answer("Sunny and 21 degrees. [[say:Paris is sunny, 21 degrees.]]").choices[0]
+    assert reply.message.content == "Paris is sunny, 21 degrees." and not reply.message.tool_calls
+    assert reply.finish_reason == "stop"
+    prompt = answer("Sunny and 21 degrees. [[echo]]").choices[0].message.content or ""
+    asked, called, result = (prompt.find(s) for s in ("weather in Paris?", '"Paris"', "Sunny and 21 degrees."))
+    assert -1 < asked < called < result, prompt
+    assert prompt.rstrip().endswith("<|im_start|>assistant"), prompt  # the reply is the turn after the result
 
 
 def test_json_schema_output_validates(sdk: openai.OpenAI) -> None:

@@ -12,7 +12,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.api.daemon.streams import check_responses_stream, named_events
-from tests.conftest import Daemon
+from tests.conftest import Daemon, scripted_model
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather for a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
@@ -75,15 +75,28 @@ def test_sdk_stream_with_a_required_tool_and_codex_style_tools(sdk: openai.OpenA
     assert [t.name for t in final.tools] == ["get_weather", "agents.spawn"]  # type: ignore[union-attr]
 
 
-def test_function_call_output_round_trip(sdk: openai.OpenAI) -> None:
-    response = sdk.responses.create(model="smollm2", max_output_tokens=24, temperature=0, tools=[WEATHER],  # type: ignore[list-item]
+def test_function_call_output_round_trip(sdk: openai.OpenAI, daemon: Daemon) -> None:
+    """A function_call and its function_call_output in ``input`` reach the model in order, after the question, and
+    the reply is the turn after them (the scripted engine on smollm2's template: ``[[say:...]]``, the last one in
+    the prompt, is its reply; ``[[echo]]`` replies the prompt)."""
+    model = scripted_model(daemon, "scripted-responses-tools")
+
+    def answer(output: str) -> Any:
+        return sdk.responses.create(model=model, max_output_tokens=3000, tools=[WEATHER],  # type: ignore[list-item]
                                     tool_choice="none", input=[
-        {"role": "developer", "content": "You report weather."},
-        {"role": "user", "content": "Weather in Oslo?"},
-        {"type": "function_call", "call_id": "call_9", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
-        {"type": "function_call_output", "call_id": "call_9", "output": "Snow, -3C"},
-    ])
-    assert response.output_text
+            {"role": "developer", "content": "You report weather."},
+            {"role": "user", "content": "Weather in Oslo? [[say:no function output]]"},
+            {"type": "function_call", "call_id": "call_9", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+            {"type": "function_call_output", "call_id": "call_9", "output": output},
+        ])
+
+    response = answer("Snow, -3C [[say:Oslo has snow at -3C.]]")
+    assert response.output_text == "Oslo has snow at -3C." and response.status == "completed"
+    assert [item.type for item in response.output] == ["message"]  # an answer, not another call
+    prompt = answer("Snow, -3C [[echo]]").output_text
+    asked, called, output = (prompt.find(s) for s in ("Weather in Oslo?", '"Oslo"', "Snow, -3C"))
+    assert -1 < asked < called < output, prompt
+    assert prompt.rstrip().endswith("<|im_start|>assistant"), prompt
 
 
 def test_text_format_json_schema_validates(sdk: openai.OpenAI) -> None:
