@@ -19,6 +19,13 @@ from localai.errors import InvalidRequest
 from localai.promptcache.blocks import file_lock, write_atomic
 
 PINS_FILE = "pins.json"
+# Every evictor re-reads pins.json (a worker's engine thread on its saves), so what one caller may put in it is
+# bounded: names twice the session header's 1,024 characters (room for a sub-agent's session under its parent's),
+# so many session pins per owner (an API key, or the machine's owner), so many entry pins in all (a key can pin
+# only its own entries; the workers' cache_control pins are entries that exist).
+MAX_PIN_NAME = 2048
+MAX_SESSION_PINS = 256
+MAX_ENTRY_PINS = 4096
 
 
 @dataclass
@@ -83,11 +90,35 @@ def add_pin(*, session: str | None, entry: str | None, ttl: float, root: Path | 
     another key's)."""
     if bool(session) == bool(entry):
         raise InvalidRequest("pin either a session or an entry", param="session")
+    field, name = ("session", session) if session else ("entry", entry or "")
+    if len(name) > MAX_PIN_NAME:
+        raise InvalidRequest(f"a pinned {field} is at most {MAX_PIN_NAME} characters, not {len(name)}", param=field)
     if ttl <= 0:
         raise InvalidRequest("ttl must be positive", param="ttl")
     pin = Pin(session=session, entry=entry, expires_at=time.time() + ttl, owner=owner if session else "")
-    update_pins(lambda pins: [*(p for p in pins if not _same(p, session, entry, pin.owner)), pin], root)
+
+    def change(pins: list[Pin]) -> list[Pin]:
+        kept = [p for p in pins if not _same(p, session, entry, pin.owner)]
+        if len(kept) == len(pins):  # a new pin, not one renewed
+            _check_room(kept, pin)
+        return [*kept, pin]
+
+    update_pins(change, root)
     return pin
+
+
+def _check_room(pins: list[Pin], pin: Pin) -> None:
+    """InvalidRequest when ``pin``'s owner holds as many session pins as one may (or, for an entry, when there
+    are as many entry pins as there may be)."""
+    if pin.session:
+        held = sum(1 for p in pins if p.session and p.owner == pin.owner)
+        if held >= MAX_SESSION_PINS:
+            raise InvalidRequest(f"{MAX_SESSION_PINS} sessions are pinned already (the most one API key may pin); "
+                                 "unpin one first (`localai cache unpin --session`, DELETE /api/cache/pin)",
+                                 param="session")
+    elif sum(1 for p in pins if p.entry) >= MAX_ENTRY_PINS:
+        raise InvalidRequest(f"{MAX_ENTRY_PINS} entries are pinned already (the most there may be); unpin one first "
+                             "(`localai cache unpin --entry`, DELETE /api/cache/pin)", param="entry")
 
 
 def _same(pin: Pin, session: str | None, entry: str | None, owner: str | None) -> bool:
