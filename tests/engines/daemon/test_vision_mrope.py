@@ -20,7 +20,6 @@ import pytest
 
 from localai.engines.serving import CHECKPOINT_MARGIN
 from tests import media_files as files
-from tests.archfixtures import fixture_path
 from tests.conftest import Daemon, start_daemon
 from tests.mmproj import write_mmproj, write_qwen_mmproj
 
@@ -28,13 +27,6 @@ ARCHS = ["qwen35", "qwen35moe"]
 IMAGE = files.png(40, 24, (200, 30, 30))  # 10x6 patches of 4: 5x3 embeddings after the 2x2 merge, 5 positions
 OTHER = files.png(24, 24, (30, 30, 200))
 REPLY = 12
-
-
-def fixture_or_skip(name: str) -> Path:
-    path = fixture_path(name)
-    if not path.is_file():
-        pytest.skip(f"{path} is missing: make fixtures")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +80,15 @@ def reference(model_path: Path, projector: Path, text: str, image: bytes) -> tup
 
 
 @pytest.mark.parametrize("arch", [*ARCHS, "qwen3vl-deepstack"])
-def test_an_image_takes_the_positions_llama_cpp_gives_it_and_the_reply_is_llama_cpps(arch: str,
-                                                                                   tmp_path: Path) -> None:
+def test_an_image_takes_the_positions_llama_cpp_gives_it_and_the_reply_is_llama_cpps(arch: str, tmp_path: Path,
+                                                                                   arch_fixtures: Path) -> None:
     """On Qwen3-VL with a deepstack layer each embedding row is twice the model's width (the deepstack half added
     to its first layer's output); llama.cpp refuses a projector whose rows do not match."""
     from localai.engines.engine import BatchItem, LoadOptions
     from localai.engines.llama_cpp import LlamaCppEngine
     from localai.protocol import image_mark
 
-    model_path = fixture_or_skip(arch)
+    model_path = arch_fixtures / f"{arch}.gguf"  # the fixture fails, naming `make fixtures`, when one is missing
     projector = write_qwen_mmproj(tmp_path / "mmproj.gguf", deepstack=1 if "deepstack" in arch else 0)
     digest = hashlib.sha256(IMAGE).hexdigest()
     text = "describe {} please, and then some"
@@ -201,11 +193,11 @@ def tool_round(image: bytes) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=ARCHS)
-def walk(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-         projector: Path) -> Iterator[dict[str, Any]]:
+def walk(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, projector: Path,
+         arch_fixtures: Path) -> Iterator[dict[str, Any]]:
     """One session with an image, through a daemon, then the same home restarted; every request's messages and
     answer, for a cold daemon to repeat."""
-    model_path = fixture_or_skip(request.param)
+    model_path = arch_fixtures / f"{request.param}.gguf"
     home = tmp_path_factory.mktemp(f"mrope-{request.param}")
     modelfile = f"FROM {model_path}\nPROJECTOR {projector}\n"
     system = {"role": "system", "content": "You look at screenshots for a coding agent. " * 3}
@@ -261,9 +253,9 @@ def test_an_image_in_a_tool_result_reaches_the_model(walk: dict[str, Any]) -> No
     assert walk["encoded with the tool's"] == 2
 
 
-def test_a_projector_of_the_wrong_kind_is_refused_at_create(tmp_path: Path, projector: Path,
-                                                            smollm2_path: Path) -> None:
-    model_path = fixture_or_skip("qwen35")
+def test_a_projector_of_the_wrong_kind_is_refused_at_create(tmp_path: Path, projector: Path, smollm2_path: Path,
+                                                            arch_fixtures: Path) -> None:
+    model_path = arch_fixtures / "qwen35.gguf"
     with start_daemon(tmp_path / "home") as daemon:
         # the Qwen-VL projector feeds 256-wide embeddings; smollm2's are 576 wide (llama.cpp would refuse at load)
         refused = create(daemon, "bad", f"FROM {smollm2_path}\nPROJECTOR {projector}\n")
