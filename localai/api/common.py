@@ -18,7 +18,7 @@ from starlette.requests import HTTPConnection
 from localai.api.limits import PARSED
 from localai.errors import ClientDisconnected, InvalidRequest, LocalAIError
 from localai.models.registry import ModelRecord
-from localai.runtime import media
+from localai.runtime import admission, media
 from localai.runtime.generation import Generation
 from localai.runtime.runtime import Runtime
 from localai.schema import (
@@ -42,7 +42,8 @@ _MISSING = object()
 
 class ParsedBodyRoute(APIRoute):
     """A route that takes the JSON body the body guard already checked and parsed (off the event loop, for a
-    large one), instead of parsing it again here."""
+    large one), instead of parsing it again here; and watches for its client leaving while its handler runs
+    (``ClientWatch``), so that a request still waiting to be admitted stops waiting then."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -51,9 +52,41 @@ class ParsedBodyRoute(APIRoute):
             value = request.scope.get(PARSED, _MISSING)
             if value is not _MISSING:
                 request._json = value  # what Starlette's Request.json() returns once it has parsed
-            return await handler(request)
+            await request.body()  # read (replayed) and kept now: the watch's first message is then the disconnect
+            watch = request.scope[WATCH] = ClientWatch(request)
+            told = admission.client_left.set(watch.left)
+            try:
+                return await handler(request)
+            finally:
+                admission.client_left.reset(told)
+                watch.stop()  # a streamed response's body watches for itself (Starlette's StreamingResponse)
 
         return parsed
+
+
+WATCH = "localai.client_watch"  # the scope key of a request's ClientWatch
+
+
+class ClientWatch:
+    """Sets ``left`` when the request's client goes away. It alone reads the request's messages while its handler
+    runs (the body is read before, so the next message is the disconnect), and everything that must stop when the
+    client goes waits on ``left``: admission (``runtime/admission.client_left``), a collected reply
+    (``unless_disconnected``)."""
+
+    def __init__(self, request: Request) -> None:
+        self.left = asyncio.Event()
+        self._reading = asyncio.ensure_future(self._read(request))
+
+    async def _read(self, request: Request) -> None:
+        with contextlib.suppress(Exception):  # a server whose receive fails says nothing of its client
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    self.left.set()
+                    return
+
+    def stop(self) -> None:
+        self._reading.cancel()
 
 
 def runtime_of(request: HTTPConnection) -> Runtime:
@@ -84,6 +117,10 @@ def keep_alive_seconds(value: str | float | None) -> float | None:
 
 async def until_disconnected(request: Request) -> None:
     """Return when the client goes away (the body is already read, so the next ASGI message is the disconnect)."""
+    watch = request.scope.get(WATCH)
+    if isinstance(watch, ClientWatch):  # its route's watch reads the messages: one reader for the request
+        await watch.left.wait()
+        return
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
@@ -103,15 +140,22 @@ async def unless_disconnected(request: Request, work: Awaitable[T], generation: 
     watcher = asyncio.ensure_future(until_disconnected(request))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request cancelled: its generation stops too, not left running unread
+        await _stop(task, generation)
+        raise
     finally:
         watcher.cancel()
     if task not in done:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        await generation.aclose()
+        await _stop(task, generation)
         raise ClientDisconnected("the client disconnected; the generation was stopped")
     return task.result()
+
+
+async def _stop(task: asyncio.Future[Any], generation: Closable) -> None:
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    await generation.aclose()
 
 
 async def collect(generation: Generation, request: Request | None = None) -> Collected:

@@ -1,22 +1,59 @@
 """Admitting a request: send it to its target until the target takes it, fitting the conversation into the context
-(``fitting.py`` decides the cuts) and retrying once on a fresh worker when the first died before taking it."""
+(``fitting.py`` decides the cuts) and retrying once on a fresh worker when the first died before taking it; and
+giving up on it as soon as its client leaves (``unless_client_left``), however long it waited for its turn."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from localai.errors import ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
+from localai.errors import ClientDisconnected, ContextLengthExceeded, InvalidRequest, LocalAIError, WorkerCrashed
 from localai.protocol import ErrorFrame, PromptFrame, RequestFrame
 from localai.runtime.fitting import Fit, FitMemory, conversation_key, next_cut, slim_tools
 from localai.runtime.fitting import apply as fitting_apply
-from localai.runtime.generation import Target, close_quietly
+from localai.runtime.generation import Generation, Target, close_quietly
 from localai.schema import GenerationRequest, Message
 
 log = logging.getLogger("localai.runtime")
 MAX_FIT_ATTEMPTS = 12
+# Set when the client of the request being served has gone: the server sets one for each request it serves
+# (api/common.ParsedBodyRoute), so that a request waiting its turn (the scheduler's queue, a busy worker) stops
+# waiting then, not once admitted; with none (a caller that is no HTTP request), a request waits as long as it must.
+client_left: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("client_left", default=None)
+
+
+async def unless_client_left(admitting: Coroutine[Any, Any, Generation]) -> Generation:
+    """``admitting``'s generation, unless the request's client (``client_left``) goes first: then the admission is
+    cancelled (its place in the queue, its lease and its op in the worker go with it) and ClientDisconnected raised."""
+    left = client_left.get()
+    if left is None:
+        return await admitting
+    task = asyncio.ensure_future(admitting)
+    watch = asyncio.ensure_future(left.wait())
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request cancelled (the server stopping): its admission too
+        await _abandon(task)
+        raise
+    finally:
+        watch.cancel()
+    if task in done:
+        return task.result()
+    await _abandon(task)
+    raise ClientDisconnected("the client disconnected while its request waited to start; it was not run")
+
+
+async def _abandon(task: asyncio.Future[Generation]) -> None:
+    task.cancel()
+    try:
+        generation = await task
+    except BaseException:  # cancelled, or failed meanwhile: nobody is there to be told
+        return
+    await generation.aclose()  # admitted just as the client left
 
 
 @dataclass
@@ -80,6 +117,9 @@ async def admit(request: GenerationRequest, target: Target[Any], reopen: Callabl
             target = await reopen()
             at.previous_length = None
             continue
+        except BaseException:  # cancelled while it waited for the worker's slot: the worker drops the op
+            await close_quietly(frames)
+            raise
         if first["ev"] == "prompt":
             break
         await close_quietly(frames)

@@ -47,8 +47,12 @@ class Runtime:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
 
         Errors that belong to the request (unknown model, prompt over the context) are raised here,
-        before any response bytes are sent, so they get a proper HTTP status.
+        before any response bytes are sent, so they get a proper HTTP status. A request whose client leaves before
+        it is admitted stops waiting then (``admission.unless_client_left``): it frees its place in the queue.
         """
+        return await admission.unless_client_left(self._admit(request))
+
+    async def _admit(self, request: GenerationRequest) -> Generation:
         request = replace(request, session_id=side_session(request))
         record = self.registry.get(request.model)
         if is_reranker(record):
