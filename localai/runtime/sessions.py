@@ -12,6 +12,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from localai.errors import LocalAIError
 from localai.models.registry import Registry
 from localai.promptcache.divergences import Divergence
 from localai.protocol import GenerateOp
@@ -145,9 +146,17 @@ class Sessions:
             frames = target.loaded.worker.generate(op)
             if not sent.done():
                 sent.set_result(None)  # the op is written when the loop below starts, before the waiter resumes
-            with contextlib.suppress(Exception):  # the worker may be gone (unloaded, crashed): nothing to keep
-                async for _ in frames:
-                    pass
+            model, session = target.record.name, request.session_id or "(none)"
+            try:
+                async for frame in frames:
+                    if frame["ev"] == "error":
+                        log.warning("the follow-up prefill of session %s on %s was refused: %s", session, model,
+                                    frame["message"])
+            except LocalAIError as exc:  # the worker died, or the op could not be sent: the next turn recomputes
+                log.warning("the follow-up prefill of session %s on %s failed: %s", session, model, exc)
+            except Exception:  # a bug: costs the next turn its reuse, never the daemon
+                log.exception("the follow-up prefill of session %s on %s failed", session, model)
+            # a cancelled task (the daemon stopping) ends quietly: CancelledError is no Exception
 
         async def start(text: str, calls: list[ToolCallEnd], reasoning: str) -> None:
             sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
