@@ -1,10 +1,15 @@
 """The scheduler's load/unload/expire races, with a stand-in worker whose stop is held open by the test (a real
-worker's stop can take up to its timeout): the interleavings are forced, not hoped for."""
+worker's stop can take up to its timeout): the interleavings are forced, not hoped for. No test sleeps: the
+scheduler's own polls (``asyncio.sleep`` in its module) take no time and are counted, a stop's ``done`` event says
+when someone waits on it, and ``until`` lets the loop's other tasks run, a bounded number of turns, until what the
+test waits for has happened (a load that should wait and does not makes a condition false forever: it fails)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -49,10 +54,56 @@ class HeldWorker:
         self.alive = False
 
 
+class SeenEvent(asyncio.Event):
+    """An event that knows whether anyone waits on it (a load held back by a stop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = False
+
+    async def wait(self) -> bool:  # type: ignore[override]
+        self.waited = True
+        return await super().wait()
+
+
+@dataclass
+class SeenStopping(scheduling.Stopping):
+    done: asyncio.Event = field(default_factory=SeenEvent)
+
+
+class Polls:
+    """The scheduler module's ``asyncio.sleep``: counted, and a turn of the loop instead of 50 ms."""
+
+    count = 0
+    real = asyncio.sleep
+
+    @staticmethod
+    async def sleep(_: float) -> None:
+        Polls.count += 1
+        await Polls.real(0)
+
+
 @pytest.fixture(autouse=True)
 def held_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     HeldWorker.instances = []
+    Polls.count = 0
     monkeypatch.setattr(scheduling, "Worker", HeldWorker)
+    monkeypatch.setattr(scheduling, "Stopping", SeenStopping)
+    monkeypatch.setattr(scheduling, "asyncio", types.SimpleNamespace(**{**vars(asyncio), "sleep": Polls.sleep}))
+
+
+async def until(condition: Callable[[], Any], what: str) -> None:
+    """Let the other tasks run until ``condition()`` holds: turns of the loop, no clock."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never happened: {what}")
+
+
+def stop_awaited(schedule: Scheduler) -> bool:
+    """Whether a load waits for a worker's stop."""
+    return any(getattr(stop.done, "waited", False) for stop in schedule.stopping.values())
 
 
 def record(name: str, *, weights: str | None = None, **parameters: Any) -> ModelRecord:
@@ -82,10 +133,10 @@ def test_a_request_during_keep_alive_expiry_waits_for_the_stop_instead_of_loadin
         schedule = Scheduler(settings())
         model = record("m")
         await use(schedule, model, keep_alive=0)  # expires at once: its stop starts and is held
-        await asyncio.sleep(0.05)
-        assert stopping(schedule) == {"m"} and "m" not in schedule.loaded
+        await until(lambda: stopping(schedule) == {"m"}, "m's stop")
+        assert "m" not in schedule.loaded
         second = asyncio.create_task(use(schedule, model))
-        await asyncio.sleep(0.1)
+        await until(lambda: stop_awaited(schedule), "the second request waiting for the stop")
         assert len(HeldWorker.instances) == 1 and not second.done()  # waiting, not loading beside it
         HeldWorker.gate.set()
         await second
@@ -103,13 +154,16 @@ def test_stop_and_expiry_at_once_stop_the_worker_once() -> None:
         await use(schedule, model)
         loaded = schedule.loaded["m"]
         first = asyncio.create_task(schedule.unload("m"))
-        await asyncio.sleep(0.01)
+        await until(lambda: loaded.worker.stops == 1, "the unload's stop")
+        # while it is held: the expiry and a reload's detach find it going and return (a second stop would be
+        # held by the gate too, and fail the count below)
         second = asyncio.create_task(schedule._expire(loaded))
         third = asyncio.create_task(schedule._detach(loaded))
-        await asyncio.sleep(0.01)
+        await until(lambda: second.done() and third.done(), "the expiry and the detach to return")
+        assert loaded.worker.stops == 1 and not first.done()
         HeldWorker.gate.set()
         assert await first is True
-        await second
+        await second  # neither failed
         await third
         assert loaded.worker.stops == 1 and not schedule.stopping and not schedule.loaded
 
@@ -121,9 +175,9 @@ def test_a_model_still_stopping_counts_against_max_loaded_models() -> None:
         HeldWorker.gate = asyncio.Event()
         schedule = Scheduler(settings(max_loaded_models=1))
         await use(schedule, record("a"), keep_alive=0)
-        await asyncio.sleep(0.05)
+        await until(lambda: stopping(schedule) == {"a"}, "a's stop")
         other = asyncio.create_task(use(schedule, record("b")))
-        await asyncio.sleep(0.1)
+        await until(lambda: Polls.count >= 3, "b's load waiting for room")
         assert not other.done() and [w.name for w in HeldWorker.instances] == ["a"]  # a's memory is not free yet
         HeldWorker.gate.set()
         await other
@@ -200,7 +254,7 @@ def test_a_shared_worker_stops_only_when_its_last_model_goes() -> None:
         await use(schedule, base)
         await use(schedule, pirate, keep_alive=0)  # expires at once: the worker stays for the others
         await use(schedule, critic)
-        await asyncio.sleep(0.05)
+        await until(lambda: "pirate" not in schedule.loaded, "pirate's expiry")
         worker = HeldWorker.instances[0]
         assert set(schedule.loaded) == {"base", "critic"} and worker.alive and worker.stops == 0
         assert await schedule.unload("base") is True
@@ -227,8 +281,9 @@ def test_models_sharing_a_worker_share_its_slots() -> None:
 
         base, pirate, critic = personas()
         tasks = [asyncio.create_task(hold(m)) for m in (base, pirate, critic)]
-        await asyncio.sleep(0.1)
-        assert len(held) == 2 and schedule.queued == {"critic": 1}  # the worker has 2 sequences, not 2 per model
+        # the worker has 2 sequences, not 2 per model: critic waits for one (with slots per model it would hold one)
+        await until(lambda: len(held) == 2 and schedule.queued == {"critic": 1}, "two held and critic queued")
+        assert not tasks[2].done() and held == ["base", "pirate"]
         release.set()
         await asyncio.gather(*tasks)
         assert sorted(held) == ["base", "critic", "pirate"] and len(HeldWorker.instances) == 1
@@ -261,10 +316,9 @@ def test_a_persona_waits_for_its_shared_worker_to_stop_before_loading_it_again()
         schedule = Scheduler(settings())
         base, pirate, _ = personas()
         await use(schedule, base, keep_alive=0)  # its stop is held
-        await asyncio.sleep(0.05)
-        assert stopping(schedule) == {"base"}
+        await until(lambda: stopping(schedule) == {"base"}, "base's stop")
         second = asyncio.create_task(use(schedule, pirate))  # the same key: waits, never two copies in memory
-        await asyncio.sleep(0.1)
+        await until(lambda: stop_awaited(schedule), "pirate's load waiting for the stop")
         assert not second.done() and len(HeldWorker.instances) == 1
         HeldWorker.gate.set()
         await second
