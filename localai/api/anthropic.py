@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from localai.api.common import (
     SSE_HEADERS,
@@ -123,7 +123,7 @@ class AnthropicToolChoice(BaseModel):
 class ThinkingConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
     type: Literal["enabled", "disabled", "adaptive"]
-    budget_tokens: int | None = Field(default=None, ge=0)
+    budget_tokens: StrictInt | None = Field(default=None, ge=0)
 
 
 # Claude Code (2.1.36 and later) starts the system prompt with a billing line whose hash changes on every request
@@ -153,13 +153,13 @@ class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
     messages: list[AnthropicMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
     system: str | list[SystemBlock] | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = Field(default=None, ge=0, le=1)  # Anthropic's range
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0)
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: ThinkingConfig | None = None
@@ -458,7 +458,7 @@ async def messages(body: MessagesRequest, request: Request) -> JSONResponse | St
 
 
 class CountTokensRequest(MessagesRequest):
-    max_tokens: int | None = None
+    max_tokens: StrictInt | None = None
 
 
 @router.post("/v1/messages/count_tokens")

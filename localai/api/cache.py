@@ -12,7 +12,7 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictInt
 
 from localai.api.common import ParsedBodyRoute
 from localai.api.security import KeyRing, principal_of
@@ -32,7 +32,7 @@ class PinBody(BaseModel):
 
 class PruneBody(BaseModel):
     older_than: str | float | None = None
-    max_bytes: int | None = Field(default=None, ge=0)
+    max_bytes: StrictInt | None = Field(default=None, ge=0)
 
 
 def seconds(value: str | float, field: str) -> float:

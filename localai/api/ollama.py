@@ -496,6 +496,8 @@ async def ps(request: Request) -> dict[str, Any]:
             "engine": loaded.worker.backend, "queued": runtime_of(request).scheduler.queued.get(loaded.name, 0),
         })
     for name, pool in runtime_of(request).remotes.pools.items():  # remote models in use: no process here
+        if not pool.in_use:
+            continue  # only listed, or idle long enough that its health checks stopped
         models.append({
             "name": name, "model": name, "size": 0, "digest": pool.spec.digest(), "expires_at": None,
             "details": {"parent_model": "", "format": "remote", "family": "remote", "families": ["remote"],

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from localai import __version__
 from localai.api.choices import MAX_CHOICES, Choices, merged_usage
@@ -188,17 +188,18 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0, le=1)
-    seed: int | None = None
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: StrictInt | None = Field(default=None, ge=0)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=0)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repeat_penalty: float | None = Field(default=None, ge=0)
-    n: int = Field(default=1, ge=1, le=MAX_CHOICES, description=f"Choices to generate (1-{MAX_CHOICES}): parallel "
-                   "sequences that start from the first's evaluated prompt; the others sample with seed + index.")
+    n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES, description=f"Choices to generate (1-{MAX_CHOICES}): "
+                         "parallel sequences that start from the first's evaluated prompt; the others sample with "
+                         "seed + index.")
     prompt_cache_key: str | None = None
     cache_salt: str | None = cache_salt_field()
     ignore_eos: bool = False
@@ -208,9 +209,10 @@ class SamplingFields(BaseModel):
     speculative: Literal["auto", "on", "off"] | None = Field(
         default=None, description="Draft tokens from the context and verify them in one batch (default: the "
         "model's PARAMETER speculative, else auto: where that leaves the output bit-identical).")
-    logprobs: bool | int | None = Field(default=None, description="Each generated token's logprob: true (chat), or "
-                                        "how many alternatives per token, 0-20 (completions).")
-    top_logprobs: int | None = top_logprobs_field("Chat: alternatives per token (0-20), with logprobs: true.")
+    logprobs: StrictBool | StrictInt | None = Field(
+        default=None, description="Each generated token's logprob: true (chat), or how many alternatives per token, "
+        "0-20 (completions).")
+    top_logprobs: StrictInt | None = top_logprobs_field("Chat: alternatives per token (0-20), with logprobs: true.")
     lora: Any = Field(default=None, description="llama-server's per-request LoRA scales: refused (a 400 saying "
                       "why); a model's adapters and scales are its Modelfile's ADAPTER lines.")
 
@@ -537,7 +539,7 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str] | list[int] | list[list[int]] = Field(
         description="Text or texts, or token ids (one array, or one per input) of this model's own tokenizer.")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: StrictInt | None = Field(default=None, ge=1)
 
     @field_validator("input")
     @classmethod

@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from localai.api.common import keep_alive_seconds, runtime_of
 from localai.errors import InvalidRequest
@@ -37,7 +37,7 @@ class RerankRequest(BaseModel):
     query: str = Field(min_length=1)
     documents: list[str | DocumentObject] | None = Field(default=None, max_length=MAX_DOCUMENTS)
     texts: list[str] | None = Field(default=None, max_length=MAX_DOCUMENTS)  # TEI's name for the documents
-    top_n: int | None = Field(default=None, ge=1)
+    top_n: StrictInt | None = Field(default=None, ge=1)
     return_documents: bool = False  # Cohere and Jina
     return_text: bool = False  # TEI
     truncate: bool = True  # a document over the context is cut to fit (False: a 400)
