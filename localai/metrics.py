@@ -78,6 +78,12 @@ class Metrics:
             "localai_upstream_healthy", "1 while a replica is in rotation, 0 while it is taken out",
             ["model", "replica"], registry=self.registry)
 
+    def forget_model(self, model: str) -> None:
+        """Drop a remote model's per-replica series (it was deleted, replaced or changed its replicas)."""
+        for family in (self.upstream_requests, self.upstream_latency, self.upstream_ttfb, self.upstream_failovers,
+                       self.upstream_healthy):
+            family.remove_by_labels({"model": model})
+
     def worker_cache_stats(self, model: str, reported: dict[str, float], stats: dict[str, Any]) -> None:
         """Count a worker's cumulative stats; ``reported`` is that worker's previous report, updated here."""
         for name, counter in self.cache.items():

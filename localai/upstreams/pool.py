@@ -36,6 +36,13 @@ from localai.upstreams.translation import RemoteOp, context_error, error_message
 
 log = logging.getLogger("localai.remote")
 MODELS_TTL = 60.0  # seconds a /models answer is trusted for the model id and context length
+# A pool's health checks run while its model is used: they stop this many health intervals (at least a minute)
+# after its last request, and start again with the next. Merely listing a model starts none.
+IDLE_INTERVALS = 6
+MIN_IDLE = 60.0
+# The longest a listing (`/api/tags`, show) waits for a replica to say what it serves; past it, it lists what is
+# known and the question goes on in the background (one at a time a pool), so a hung upstream slows no listing
+LISTING_WAIT = 1.0
 MAX_ERROR_BODY = 64 << 10
 # Sent with localai's own GET /models: a localai upstream answering it does not probe its own remote models, so
 # models that point at each other (or at their own daemon) cannot make the listings wait on one another.
@@ -93,24 +100,37 @@ class RemotePool:
         self.models: list[dict[str, Any]] = []
         self.models_at = 0.0
         self.active = 0
+        self.last_used = 0.0  # when a request last used the pool (monotonic); 0: never, only listed
         self._health: asyncio.Task[None] | None = None
         self._refreshing: asyncio.Task[None] | None = None
-        for replica in self.replicas:
-            metrics.upstream_healthy.labels(name, replica.url).set(1)
+        self.refresh_started = 0.0  # when the question in flight was asked
+
+    @property
+    def in_use(self) -> bool:
+        """Whether its model is being used: its health checks run (``/api/ps`` lists it)."""
+        return self._health is not None
 
     def start(self) -> None:
+        """A request uses the pool: its health checks run until it has been idle a while."""
+        self.last_used = time.monotonic()
         if self._health is None:
+            for replica in self.replicas:
+                self.metrics.upstream_healthy.labels(self.name, replica.url).set(1 if replica.healthy else 0)
             self._health = asyncio.create_task(self._health_loop(), name=f"health-{self.name}")
 
     async def close(self, *, drain: bool = False) -> None:
-        """Stop health checks and close connections (``drain``: after the requests in flight, up to an hour)."""
+        """Stop health checks and close connections (``drain``: after the requests in flight, up to an hour), and
+        drop the model's metric series (a deleted model leaves none behind)."""
         deadline = time.monotonic() + 3600
         while drain and self.active and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
-        if self._health is not None:
-            self._health.cancel()
-            with contextlib.suppress(BaseException):
-                await self._health
+        for task in (self._health, self._refreshing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        self._health = None
+        self.metrics.forget_model(self.name)
         await self.client.aclose()
 
     # -- routing and health ------------------------------------------------------------------------
@@ -164,26 +184,48 @@ class RemotePool:
         return True
 
     async def _health_loop(self) -> None:
-        while True:
-            now = time.monotonic()
-            # A replica busy answering is alive; some servers (llama-cpp-python's) hold /models until they finish.
-            due = [r for r in self.replicas if r.next_check <= now and not (r.healthy and r.active)]
-            if due:
-                await asyncio.gather(*(self.check(r) for r in due), return_exceptions=True)
-            await asyncio.sleep(0.25)
+        idle_after = max(MIN_IDLE, IDLE_INTERVALS * self.interval)
+        try:
+            while self.active or time.monotonic() - self.last_used < idle_after:
+                now = time.monotonic()
+                # A replica busy answering is alive; some servers (llama-cpp-python's) hold /models until they
+                # finish.
+                due = [r for r in self.replicas if r.next_check <= now and not (r.healthy and r.active)]
+                if due:
+                    await asyncio.gather(*(self.check(r) for r in due), return_exceptions=True)
+                await asyncio.sleep(0.25)
+        finally:
+            self._health = None  # idle: the next request starts the checks again
+        log.info("%s has not been used for %g s: its health checks stop until its next request", self.name,
+                 idle_after)
 
     async def refresh(self) -> None:
         """Make sure the model list is known: ask the replicas in turn until one answers. A list that is merely
         old is refreshed in the background, so no request waits on a replica's ``/models``."""
         if self.models:
-            if time.monotonic() - self.models_at >= MODELS_TTL and self._refreshing is None:
-                self._refreshing = asyncio.create_task(self._refresh())
-                self._refreshing.add_done_callback(lambda _: setattr(self, "_refreshing", None))
+            if time.monotonic() - self.models_at >= MODELS_TTL:
+                self.refreshing()
             return
         await self._refresh()
 
-    async def _refresh(self) -> None:
+    def refreshing(self) -> asyncio.Task[None]:
+        """The model list being asked for in the background: one question at a time, however many wait on it."""
+        if self._refreshing is None:
+            self.refresh_started = time.monotonic()
+            self._refreshing = asyncio.create_task(self._refresh(listing=True), name=f"models-{self.name}")
+            self._refreshing.add_done_callback(self._refreshed)
+        return self._refreshing
+
+    def _refreshed(self, task: asyncio.Task[None]) -> None:
+        self._refreshing = None
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("could not ask %s's replicas what they serve", self.name, exc_info=task.exception())
+
+    async def _refresh(self, *, listing: bool = False) -> None:
+        now = time.monotonic()
         for replica in self.order(""):
+            if listing and not replica.healthy and replica.next_check > now:
+                continue  # taken out and not due: a listing does not wait on it again
             if await self.check(replica):
                 return
 
@@ -302,6 +344,7 @@ class RemotePool:
             finally:
                 replica.active -= 1
                 self.active -= 1
+                self.last_used = time.monotonic()
                 if response is not None:
                     await response.aclose()  # also what cancels the upstream request when the client went away
         error = UpstreamTimeout if failures and timeouts == len(failures) else UpstreamUnavailable
@@ -421,15 +464,16 @@ class Remotes:
         self.pools: dict[str, RemotePool] = {}
         self._retiring: set[asyncio.Future[None]] = set()
 
-    def pool(self, record: ModelRecord) -> RemotePool:
+    def pool(self, record: ModelRecord, *, use: bool = True) -> RemotePool:
+        """The model's pool; ``use``: a request is about to use it (its health checks run while it is used)."""
         spec = RemoteSpec.of(record.path, record.parameters)
         pool = self.pools.get(record.name)
-        if pool is not None and pool.spec == spec:
-            return pool
-        if pool is not None:  # its Modelfile changed: new replicas, new settings; its requests finish first
-            self.forget(record.name)
-        pool = self.pools[record.name] = RemotePool(record.name, spec, self.metrics, self.health_interval)
-        pool.start()
+        if pool is None or pool.spec != spec:
+            if pool is not None:  # its Modelfile changed: new replicas, new settings; its requests finish first
+                self.forget(record.name)
+            pool = self.pools[record.name] = RemotePool(record.name, spec, self.metrics, self.health_interval)
+        if use:
+            pool.start()
         return pool
 
     def forget(self, name: str) -> None:
@@ -443,10 +487,14 @@ class Remotes:
     async def describe(self, record: ModelRecord, *, probe: bool = True) -> dict[str, Any]:
         """What ``show``/``list`` report: context length, upstream model and kind, replicas (asking a replica
         first unless ``probe`` is False: a listing asked for by another daemon's probe, which could loop)."""
-        pool = self.pool(record)
-        if probe:
-            with contextlib.suppress(LocalAIError, TimeoutError):
-                await asyncio.wait_for(pool.refresh(), pool.spec.connect_timeout + 2)
+        pool = self.pool(record, use=False)
+        if probe and (not pool.models or time.monotonic() - pool.models_at >= MODELS_TTL):
+            # in the background, waited for a moment: a replica that accepts connections and never answers costs
+            # the listings LISTING_WAIT in all while the question is out, and nothing once it is taken out
+            question = pool.refreshing()
+            waited = time.monotonic() - pool.refresh_started  # by the listings before: no one waits longer in all
+            if waited < LISTING_WAIT:
+                await asyncio.wait({question}, timeout=LISTING_WAIT - waited)
         try:
             upstream: str | None = pool.model_id()
         except LocalAIError:  # not known yet: no replica answered

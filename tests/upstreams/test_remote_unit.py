@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -222,3 +223,71 @@ def test_a_refusal_that_may_be_about_images_is_recognised() -> None:
     assert refused_images("Qwen2 is not a multimodal model")
     assert refused_images("no replica could take the request: http://x/v1: HTTP 500: can only concatenate str")
     assert not refused_images("the upstream refused the API key (HTTP 401)")
+
+
+class HungUpstream:
+    """A replica that accepts connections and reads requests, and never answers (counts the requests it got)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.server: asyncio.Server | None = None
+        self.writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> str:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.writers.append(writer)
+            while await reader.readline() not in (b"\r\n", b""):
+                pass
+            self.requests += 1
+            await reader.read()  # until the client gives up
+
+        self.server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in self.writers:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        await self.server.wait_closed()
+
+
+def test_listing_a_remote_model_starts_no_health_checks_and_never_waits_on_a_hung_upstream(tmp_path: Path) -> None:
+    """Defects 7 and 12 of the third probe round: a model merely listed started a health loop that never stopped
+    (and metric series), and every listing waited the connect timeout + 2 s on an upstream that accepts connections
+    and never answers. Now a listing starts one background question a pool, waits for it only a moment, and the
+    health checks run while the model is used, stop when it is idle, and take their series with them."""
+    from localai.upstreams import pool as pools
+    from localai.upstreams.pool import Remotes
+
+    async def run() -> None:
+        async with (hung := HungUpstream()) as url:
+            record = registry(tmp_path).create("hung", parse(f"FROM {url}\nPARAMETER timeout 30"))
+            metrics = Metrics()
+            remotes = Remotes(metrics, health_interval=0.05)
+            for _ in range(5):
+                info = await remotes.describe(record)  # returns while the question is still unanswered
+                assert info["upstream_model"] is None and info["replicas"][0]["url"] == url
+            pool = remotes.pools[record.name]
+            assert pool._refreshing is not None and not pool._refreshing.done()
+            assert hung.requests == 1  # one question in flight, however many listings waited on it
+            series = f'model="{record.name}"'
+            assert not pool.in_use and series not in metrics.render(0, 0).decode()  # listed: no checks, no series
+            remotes.pool(record)  # a request uses it: the checks run
+            assert pool.in_use and series in metrics.render(0, 0).decode()
+            pool.last_used = -1e9  # idle for long (instead of waiting a minute)
+            health = pool._health
+            assert health is not None
+            await asyncio.wait_for(health, 10)
+            assert not pool.in_use
+            remotes.pool(record)
+            assert pool.in_use  # the next request starts them again
+            remotes.forget(record.name)
+            await asyncio.gather(*remotes._retiring)
+            assert not pool.in_use and series not in metrics.render(0, 0).decode()  # a deleted model leaves none
+            assert pools.LISTING_WAIT < 2  # the documented bound on a listing's wait
+
+    asyncio.run(run())
