@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from localai import __version__
 from localai.api.common import (
@@ -114,7 +114,7 @@ class LogprobsFields(BaseModel):
     """Ollama's logprobs fields, on /api/generate and /api/chat."""
 
     logprobs: bool | None = Field(default=None, description="Each generated token's logprob.")
-    top_logprobs: int | None = top_logprobs_field("Alternatives per token (0-20); over 0 implies logprobs.")
+    top_logprobs: StrictInt | None = top_logprobs_field("Alternatives per token (0-20); over 0 implies logprobs.")
 
     def logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs or self.top_logprobs else None
@@ -156,7 +156,7 @@ class EmbedBody(BaseModel):
     truncate: bool = True
     options: dict[str, Any] = Field(default_factory=dict)
     keep_alive: str | float | None = None
-    dimensions: int | None = Field(default=None, ge=1)
+    dimensions: StrictInt | None = Field(default=None, ge=1)
 
     _inputs = field_validator("input")(check_embedding_inputs)
 
