@@ -9,7 +9,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import httpx
 import pytest
 from starlette.testclient import TestClient
+
+from localai.api import response_store
 
 SMALL = "scripted-1k"  # num_ctx 1024 (scripted tokens are bytes): over-long conversations are cheap to build
 
@@ -159,22 +162,47 @@ def test_create_refuses_out_of_range_parameters(api: TestClient) -> None:
     assert response.status_code == 400 and "engine must be one of llama.cpp, mlx, scripted" in response.json()["error"]
 
 
-def test_stored_responses_are_bounded(api: TestClient) -> None:  # the app keeps 3 (LOCALAI_RESPONSES_MAX)
-    ids = []
-    for index in range(4):
-        created = api.post("/v1/responses", json={"model": "smollm2", "input": f"Hi {index}", "max_output_tokens": 1})
-        assert created.status_code == 200, created.text
-        ids.append(created.json()["id"])
-        time.sleep(1.1)  # created_at has one-second resolution
-    assert api.get(f"/v1/responses/{ids[0]}").status_code == 404
-    assert api.get(f"/v1/responses/{ids[-1]}").status_code == 200
+class StoreClock:
+    """The response store's clock (``time.time`` in localai/api/response_store.py), moved by the test: it starts
+    now, so the module's earlier responses are older than the test's."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = time.time()
+        monkeypatch.setattr(response_store, "time", types.SimpleNamespace(time=lambda: self.now))
 
 
-def test_the_newest_stored_responses_are_kept_within_one_second(api: TestClient) -> None:
-    """created_at has one-second resolution: among responses of the same second, the newest stay (the newest
-    had been dropped at random, so a previous_response_id just returned could be gone)."""
-    ids = [api.post("/v1/responses", json={"model": "smollm2", "input": f"Hi {n}", "max_output_tokens": 1}
-                    ).json()["id"] for n in range(6)]
+@pytest.fixture
+def store(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[int, float], list[str]]]:
+    """``store(count, step)``: ``count`` stored responses, the store's clock moved ``step`` seconds after each;
+    their ids. They are deleted after the test (their times are not the rest of the module's)."""
+    clock = StoreClock(monkeypatch)
+    ids: list[str] = []
+
+    def make(count: int, step: float) -> list[str]:
+        for n in range(count):
+            created = api.post("/v1/responses", json={"model": "smollm2", "input": f"Hi {n}",
+                                                      "max_output_tokens": 1})
+            assert created.status_code == 200, created.text
+            ids.append(created.json()["id"])
+            clock.now += step
+        return ids
+
+    yield make
+    for response_id in ids:
+        api.delete(f"/v1/responses/{response_id}")
+
+
+def test_stored_responses_are_bounded(api: TestClient, store: Callable[[int, float], list[str]]) -> None:
+    """The app keeps 3 (LOCALAI_RESPONSES_MAX): a fourth stored a second later drops the oldest."""
+    ids = store(4, 1.0)
+    assert [api.get(f"/v1/responses/{i}").status_code for i in ids] == [404, 200, 200, 200]
+
+
+def test_the_newest_stored_responses_are_kept_within_one_instant(api: TestClient,
+                                                                 store: Callable[[int, float], list[str]]) -> None:
+    """Responses stored at the same instant (the clock stands still): the newest stay (they had been dropped at
+    random when the order was created_at's second, so a previous_response_id just returned could be gone)."""
+    ids = store(6, 0.0)
     assert [api.get(f"/v1/responses/{i}").status_code for i in ids] == [404, 404, 404, 200, 200, 200]
 
 
