@@ -155,7 +155,12 @@ def hoisted(schema: dict[str, Any], tag: str) -> tuple[dict[str, Any], dict[str,
 def dereferenced(schema: Any, definitions: dict[str, Any]) -> Any:
     """``schema`` with a ``$ref`` or an ``allOf`` at its top followed into ``definitions`` (the root's, as
     ``hoisted`` made them) and merged: what a tagged call needs to see whether a parameter is text or an object."""
-    root = {"$defs": definitions}
+    return expanded(schema, {"$defs": definitions})
+
+
+def expanded(schema: Any, root: Any) -> Any:
+    """``schema`` (a part of ``root``) with a ``$ref`` at its top followed within ``root`` and an ``allOf`` there
+    merged, until neither is left: what it takes, as far as its own type goes."""
     return _expanded(schema, lambda ref: target(root, ref), set())
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from localai.engines.schema_refs import GrammarError, expanded
 from localai.schema import Event, ReasoningDelta, TextDelta
 from localai.text import partial_suffix
 
@@ -120,17 +121,14 @@ class Thinking:
 
 def _parameter(schema: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
     """Parameter ``key``'s schema, a local ``$ref`` followed (Pydantic writes a nested model as
-    ``{"$ref": "#/$defs/Model"}``)."""
+    ``{"$ref": "#/$defs/Model"}``) and an ``allOf`` merged (and a field with a description as ``{"allOf":
+    [{"$ref": ...}]}``), as the grammar that forced the call read them; None when it cannot be read."""
     properties = schema.get("properties") if isinstance(schema, Mapping) else None
     prop = properties.get(key) if isinstance(properties, Mapping) else None
-    for _ in range(8):
-        ref = prop.get("$ref") if isinstance(prop, Mapping) else None
-        if not isinstance(ref, str) or not ref.startswith("#/"):
-            break
-        target: Any = schema
-        for part in ref[2:].split("/"):
-            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, Mapping) else None
-        prop = target
+    try:
+        prop = expanded(prop, schema)
+    except GrammarError:
+        return None
     return prop if isinstance(prop, Mapping) else None
 
 
