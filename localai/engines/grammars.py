@@ -78,14 +78,17 @@ def schema_grammar(schema: dict[str, Any], prop_order: list[str] | None = None) 
     return text
 
 
-def _arguments_schema(parameters: Any, check: Any, name: str = "") -> dict[str, Any]:
+def _arguments_schema(parameters: Any, check: Any, name: str = "", forced: bool = True) -> dict[str, Any]:
     """A tool's parameters (tool ``name``'s) if they convert; otherwise any JSON object (an agent's call must not
-    fail). A reference in them that leaves them or points to nothing is a RefError all the same: that schema is
-    wrong whatever the engine can compile, and the request's client is told which reference."""
+    fail). In a ``forced`` call a reference in them that leaves them or points to nothing is a RefError all the
+    same: the client asked for a call of that schema, which is wrong whatever the engine can compile, and is told
+    which reference. A lazy grammar (``auto``) keeps the agent's other calls going: that tool takes any object."""
     if isinstance(parameters, dict) and parameters:
         try:
             check_refs(parameters)
         except RefError as exc:
+            if not forced:
+                return {"type": "object"}
             raise RefError(f"tool {name[:100]!r}: {exc}") from None
         try:
             check(parameters)
@@ -111,9 +114,9 @@ def call_schema(constraint: Constraint, check: Any = None) -> tuple[dict[str, An
     choices = []
     definitions: dict[str, Any] = {}
     for number, tool in enumerate(tools):
-        arguments, defined = _hoisted_arguments(_arguments_schema(tool.get("parameters"), check or schema_grammar,
-                                                                  tool["name"]),
-                                                f"t{number}")
+        parameters = _arguments_schema(tool.get("parameters"), check or schema_grammar, tool["name"],
+                                       forced=not constraint.get("lazy"))
+        arguments, defined = _hoisted_arguments(parameters, f"t{number}")
         definitions.update(defined)
         choices.append({
             "type": "object", "properties": {"name": {"const": tool["name"]}, key: arguments},
