@@ -15,6 +15,7 @@ import uvicorn
 
 from localai.api.connections import DeadlineProtocol
 from tests.conftest import free_port, start_daemon
+from tests.observe import wait_for
 
 
 async def app(scope: dict, receive: object, send: object) -> None:  # type: ignore[type-arg]
@@ -43,9 +44,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
                                              log_level="warning", lifespan="off"))
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not instance.started and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: instance.started, "the server to start", timeout=10)
     yield port
     instance.should_exit = True
     thread.join(10)
@@ -76,15 +75,20 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(server: int) -> 
     assert httpx.get(f"http://127.0.0.1:{server}/").text == "ok"
 
 
-def test_only_so_many_connections_wait_for_their_headers(server: int) -> None:
+def test_only_so_many_connections_wait_for_their_headers(server: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight slow clients, room for five: the sixth, seventh and eighth close the three waiting longest. The header
+    deadline is a minute here, so nothing else can close them during the test."""
+    monkeypatch.setattr(DeadlineProtocol, "header_seconds", 60.0)
     clients = [slow_client(server) for _ in range(8)]
-    time.sleep(0.3)
-    assert not DeadlineProtocol.waiting or len(DeadlineProtocol.waiting) <= 5
+    for sock in clients[:3]:
+        assert closed(sock)  # closed to make room (each recv returns once the server has taken a later client)
+    assert len(DeadlineProtocol.waiting) == 5  # all eight were taken: the five latest wait
+    for sock in clients[3:]:
+        sock.setblocking(False)
+        with pytest.raises(BlockingIOError):  # still open, nothing sent: waiting for its headers
+            sock.recv(1024)
     with httpx.Client() as http:  # a client that sends its request at once still gets in
         assert http.get(f"http://127.0.0.1:{server}/").text == "ok"
-    for sock in clients[:3]:
-        sock.settimeout(0.5)  # the longest waiting were closed to make room, well before the deadline
-        assert closed(sock)
     for sock in clients:
         sock.close()
 
