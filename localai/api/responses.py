@@ -23,7 +23,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from starlette.requests import HTTPConnection
 
 from localai.api.common import (
@@ -95,7 +95,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None  # effort (checked), summary (accepted, ignored)
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     stream: bool = False
@@ -105,8 +105,8 @@ class ResponsesRequest(BaseModel):
     cache_salt: str | None = cache_salt_field()
     background: bool = False
     parallel_tool_calls: bool = True
-    max_tool_calls: int | None = Field(default=None, ge=1)
-    top_logprobs: int | None = top_logprobs_field("Alternatives per token (0-20) in the output text's logprobs.")
+    max_tool_calls: StrictInt | None = Field(default=None, ge=1)
+    top_logprobs: StrictInt | None = top_logprobs_field("Alternatives per token (0-20) in the output text's logprobs.")
     include: list[Any] | None = Field(default=None, description="message.output_text.logprobs: each generated "
                                       "token's logprob in the output text; the other values are accepted and "
                                       "ignored.")

@@ -28,6 +28,9 @@ FIELDS: list[tuple[str, dict[str, Any], str]] = [
     ("/api/embed", {"model": "smollm2", "input": "x"}, "dimensions"),
     ("/v1/rerank", {"model": "smollm2", "query": "q", "documents": ["a", "b"]}, "top_n"),
     ("/api/cache/prune", {}, "max_bytes"),
+    ("/v1/responses", {"model": "smollm2", "input": "hi"}, "max_output_tokens"),
+    ("/v1/responses", {"model": "smollm2", "input": "hi"}, "max_tool_calls"),
+    ("/v1/responses", {"model": "smollm2", "input": "hi"}, "top_logprobs"),
 ]
 
 
