@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -27,19 +26,17 @@ from typing import Any, Protocol
 
 from localai.paths import process_alive
 from localai.promptcache import legacy
+from localai.promptcache._writer import Writer
 from localai.promptcache.blocks import (
     BLOCK_TOKENS,
-    STALE_TEMP_SECONDS,
     Block,
     CorruptEntry,
     Folder,
     Head,
-    block_file,
     chain_key,
     read_block,
     read_snapshot,
     root_key,
-    snapshot_file,
     write_atomic,
 )
 from localai.promptcache.pins import Pin, extend_pin, load_pins, pinned_until
@@ -133,17 +130,9 @@ class PromptStore:
         self.whole = False  # the engine's state cannot be cut: blocks carry tokens only, snapshots the state
         self._ram: OrderedDict[str, bytes] = OrderedDict()  # "b:<key>" / "s:<key>" -> payload
         self._ram_size = 0
-        self._pending: dict[str, bytes] = {}  # payloads queued for the disk
-        self._queue: list[tuple[str, Any]] = []
-        self._queued_bytes = 0
-        self._busy = False
-        self._closing = False  # close(): the writer ends once the queue is empty
-        self._failed_writes = 0  # write failures not logged yet (see _abandon)
-        self._tidy_due = False  # an entry was written: garbage and quota are due once the queue drains
         self._others_scan: tuple[float, int, list[tuple[float, int, Path]]] | None = None
-        self._failed_logged_at = -math.inf
         self._lock = threading.RLock()
-        self._wake = threading.Condition(self._lock)
+        self._writer = Writer(self, self._lock)
         self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
                       "evictions": 0, "corrupt": 0, "dropped_writes": 0, "blocks_written": 0,
                       "save_races": 0}
@@ -159,7 +148,6 @@ class PromptStore:
                 log.warning("dropping damaged cache file %s", complaint)
                 self.stats["corrupt"] += 1
         self._load_layout()
-        self._writer = threading.Thread(target=self._write_loop, name="cache-writer", daemon=True)
         self._writer.start()
         self._upgrade_legacy()
 
@@ -370,7 +358,7 @@ class PromptStore:
             if cached is not None:
                 self._ram.move_to_end("b:" + key)
                 return cached, False
-            pending = self._pending.get("b:" + key)
+            pending = self._writer.pending.get("b:" + key)
             if pending is not None:
                 return pending, False
             if key not in self.folder.blocks:
@@ -387,7 +375,7 @@ class PromptStore:
 
     def _snapshot_payload(self, key: str) -> tuple[bytes | None, bool]:
         with self._lock:
-            cached = self._ram.get("s:" + key) or self._pending.get("s:" + key)
+            cached = self._ram.get("s:" + key) or self._writer.pending.get("s:" + key)
             if cached is not None:
                 return cached, False
         payload = self._from_disk(f"snapshot {key}", self.folder.snapshot_path(key), read_snapshot,
@@ -529,7 +517,7 @@ class PromptStore:
             best: tuple[str, int, int] | None = None
             candidates = [(child, self.folder.blocks[child].tokens) for child in self.folder.children.get(parent, ())
                           if child in self.folder.blocks and (self.folder.blocks[child].on_disk
-                                                              or "b:" + child in self._pending)]
+                                                              or "b:" + child in self._writer.pending)]
             for child, child_tokens in candidates + made.get(parent, []):
                 n_tokens = len(child_tokens)
                 if child == key or n_tokens >= len(tokens) or (best is not None and n_tokens <= best[1]) \
@@ -554,7 +542,7 @@ class PromptStore:
             block = Block(tail.key, tail.parent, tail.tokens, len(payload), system=system, mine=True,
                           base=bases[tail.key][0] if tail.key in bases else None)
             self.folder.add_block(block)
-            self._enqueue("block", block, payload)
+            self._writer.enqueue("block", block, payload)
 
     def _index_checkpoints(self, tails: list[_Tail], session: str | None) -> None:
         """The checkpoints' snapshots and entries (their tail blocks are indexed: ``_index_tails``), under the lock;
@@ -569,13 +557,13 @@ class PromptStore:
         holds the lock."""
         if snapshot is not None and key not in self.folder.snapshots:
             self.folder.snapshots[key] = len(snapshot)
-            self._enqueue("snapshot", key, snapshot)
+            self._writer.enqueue("snapshot", key, snapshot)
         if any(h.key == key and h.kind == "checkpoint" for h in self.folder.heads.values()):
             return
         head = Head(uuid.uuid4().hex, key, n_tokens, session, "checkpoint", time.time(), os.getpid(),
                     snapshot=True, written=False)
         self.folder.heads[head.id] = head
-        self._enqueue("head", head, b"")
+        self._writer.enqueue("head", head, b"")
 
     def _bound_checkpoints(self, session: str | None) -> None:
         """The session's newest checkpoints stay: ``MIN_CHECKPOINTS_PER_SESSION`` always, then while they number
@@ -595,7 +583,7 @@ class PromptStore:
             del self.folder.heads[head.id]
             self.folder.head_path(head.id).unlink(missing_ok=True)
             if not any(h.key == head.key and h.snapshot for h in self.folder.heads.values()):
-                self._queued_bytes -= len(self._pending.pop("s:" + head.key, b""))
+                self._writer.queued_bytes -= len(self._writer.pending.pop("s:" + head.key, b""))
                 self.folder.drop_snapshot(head.key)
 
     def _notice_deletions(self) -> None:
@@ -606,8 +594,8 @@ class PromptStore:
             return
         with self._lock:
             self._seen_change = stamp
-            queued = {item.id for kind, item in self._queue if kind == "head"}
-            snapshots = {key[2:] for key in self._pending if key.startswith("s:")}  # queued or being written
+            queued = {item.id for kind, item in self._writer.queue if kind == "head"}
+            snapshots = {key[2:] for key in self._writer.pending if key.startswith("s:")}  # queued or being written
             forgotten = self.folder.forget_missing(keep_heads=queued, keep_snapshots=snapshots)
         if forgotten:
             log.info("forgot %d cache files another process deleted", forgotten)
@@ -647,7 +635,7 @@ class PromptStore:
                 block = Block(key, parent, tokens[start:end], len(payload), system=system, mine=True,
                               base=bases[key][0] if key in bases else None)
                 self.folder.add_block(block)
-                self._enqueue("block", block, payload)
+                self._writer.enqueue("block", block, payload)
             else:
                 block = self.folder.blocks[key]
                 block.last_used = time.time()
@@ -658,17 +646,17 @@ class PromptStore:
         if rest:
             if head.snapshot and head.key != last:
                 if self.whole or head.kind != "history":
-                    self._enqueue("drop_snapshot", head.key, b"")
+                    self._writer.enqueue("drop_snapshot", head.key, b"")
                 else:  # the turn before stays restorable: an agent that edits or retries a turn returns there
                     self._add_checkpoint(head.key, head.n_tokens, None, head.session)
                     self._bound_checkpoints(head.session)
             head.snapshot = True
             self.folder.snapshots[last] = len(rest)
-            self._enqueue("snapshot", last, rest)
+            self._writer.enqueue("snapshot", last, rest)
         head.key, head.n_tokens, head.last_used, head.owner = last, len(tokens), time.time(), os.getpid()
         self.folder.heads[head.id] = head
-        self._enqueue("head", head, b"")
-        self._wake.notify()
+        self._writer.enqueue("head", head, b"")
+        self._writer.wake.notify()
         return head
 
     def _head_for(self, tokens: list[int], session: str | None, kind: str, last: str, partition: str) -> Head:
@@ -699,163 +687,16 @@ class PromptStore:
     def _needs_snapshot(self) -> bool:
         return self.whole or bool((self.layout or {}).get("rest"))
 
-    # -- the writer ------------------------------------------------------------------------------
-
-    def _enqueue(self, kind: str, item: Any, payload: bytes | bytearray | memoryview) -> None:
-        """Queue a write (caller holds the lock); a queue larger than ``queue_bytes`` drops its oldest payloads,
-        blocks and snapshots alike (a recurrent state's snapshot is tens of MB: on a slow disk they pile up too). A
-        dropped write stays indexed without a file, as a failed one does (``_abandon``): a restore that needs it
-        finds it in RAM or missing."""
-        payload = bytes(payload)  # a snapshot cut from the engine's (mutable) state buffer: kept as its own copy
-        key = _pending_key(kind, item)
-        if key:
-            self._queued_bytes -= len(self._pending.get(key, b""))  # queued again before written: counted once
-            self._pending[key] = payload
-            self._remember(key, payload)
-        self._queue.append((kind, item))
-        self._queued_bytes += len(payload)
-        while self._queued_bytes > self.queue_bytes:
-            victim = next(((k, i) for k, i in self._queue if self._pending.get(_pending_key(k, i))), None)
-            if victim is None:
-                break
-            self._queue.remove(victim)
-            dropped_key = _pending_key(*victim)
-            self._queued_bytes -= len(self._pending.pop(dropped_key, b""))
-            self.stats["dropped_writes"] += 1
-            log.warning("cache writes are behind; not persisting %s %s", victim[0], dropped_key[2:])
+    # -- the writer (_writer.py) --------------------------------------------------------------------
 
     def flush(self, timeout: float = 55.0) -> None:
         """Wait until queued writes are on disk (used at shutdown and by tests)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                if not self._queue and not self._busy:
-                    return
-            time.sleep(0.01)
-        log.warning("cache writes still queued after %.0f s at shutdown; they are lost", timeout)
+        self._writer.flush(timeout)
 
     def close(self, timeout: float = 55.0) -> None:
         """Write what is queued, stop the writer thread and leave the folder (its owner file)."""
-        self.flush(timeout)
-        with self._wake:
-            self._closing = True
-            self._wake.notify()
-        if self._writer is not threading.current_thread():
-            self._writer.join(timeout)
+        self._writer.close(timeout)
         self._owner_file.unlink(missing_ok=True)
-
-    def _write_loop(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue and not self._closing:
-                    self._wake.wait()
-                if not self._queue:
-                    return  # closed, and everything queued was written
-                kind, item = self._queue.pop(0)
-                self._busy = True
-            try:
-                self._write(kind, item)
-                with self._lock:
-                    tidy = self._tidy_due and not self._queue
-                if tidy:
-                    self._tidy_due = False
-                    with self._lock:
-                        self.folder.collect_garbage(keep=self._queued_keys() | self._others_recent())
-                    self.enforce_quota(fresh=False)
-            except Exception as exc:
-                self._abandon(kind, item, exc)
-            finally:
-                with self._lock:
-                    self._busy = False
-
-    def _write(self, kind: str, item: Any) -> None:
-        if kind == "block":
-            with self._lock:
-                payload = self._pending.get("b:" + item.key)
-                if payload is not None and item.key not in self.folder.blocks:  # dropped while it waited
-                    del self._pending["b:" + item.key]
-                    self._queued_bytes -= len(payload)
-                    return
-            if payload is None:
-                return
-            written = write_atomic(self.folder.block_path(item.key),
-                                   block_file(item.parent, item.tokens, payload, item.base))
-            with self._lock:
-                self._pending.pop("b:" + item.key, None)
-                self._queued_bytes -= len(payload)
-                item.size, item.on_disk = written, True
-                if item.key not in self.folder.blocks:  # evicted or dropped while it was written
-                    self.folder.block_path(item.key).unlink(missing_ok=True)
-                    return
-                self.stats["bytes_written"] += written
-                self.stats["blocks_written"] += 1
-        elif kind == "snapshot":
-            with self._lock:
-                payload = self._pending.get("s:" + item)
-                if payload is not None and item not in self.folder.snapshots:  # dropped while it waited
-                    del self._pending["s:" + item]
-                    self._queued_bytes -= len(payload)
-                    return
-            if payload is None:
-                return
-            written = write_atomic(self.folder.snapshot_path(item), snapshot_file(payload))
-            with self._lock:
-                if self._pending.get("s:" + item) is payload:  # else dropped meanwhile: its bytes given back then
-                    del self._pending["s:" + item]
-                    self._queued_bytes -= len(payload)
-                if item not in self.folder.snapshots:  # dropped while it was written: its file would be an orphan
-                    self.folder.snapshot_path(item).unlink(missing_ok=True)
-                    return
-                self.folder.snapshots[item] = written
-                self.stats["bytes_written"] += written
-        elif kind == "drop_snapshot":
-            with self._lock:
-                if not any(h.key == item and h.snapshot for h in self.folder.heads.values()):
-                    self.folder.drop_snapshot(item)
-        elif kind == "head":
-            head: Head = item
-            with self.folder.locked(exclusive=False):  # no block of its chain is deleted until it is written
-                self._notice_deletions()  # blocks deleted while it waited: never write a head over missing blocks
-                with self._lock:
-                    needed = self.folder.reached([head.key]) if self.folder.heads.get(head.id) is head else set()
-                    # a block of the chain never written (the queue bound dropped it, or its write failed) would
-                    # make the entry's file name a missing block: it stays unwritten (its old file, if any, stays)
-                    if not needed or not all(self.folder.blocks[key].on_disk for key in needed):
-                        return
-                    data = json.dumps(head.as_json()).encode()
-                    key = head.key
-                write_atomic(self.folder.head_path(head.id), [data])
-                with self._lock:
-                    head.written, head.disk_key = True, key
-            self._tidy_due = True  # garbage and quota once the queue drains, not after every entry
-
-    def _abandon(self, kind: str, item: Any, exc: Exception) -> None:
-        """A write that failed (a full disk, a vanished folder): its payload is let go, so failed writes never pile
-        up in memory; the block stays known without a file, and a restore that needs it finds it missing and stops
-        before it (as for a block another worker evicted)."""
-        key = _pending_key(kind, item)
-        with self._lock:
-            payload = self._pending.pop(key, b"") if key else b""
-            self._queued_bytes -= len(payload)
-            self.stats["dropped_writes"] += 1
-        if isinstance(exc, OSError):  # a full disk fails every write: one line a minute, with the count
-            self._failed_writes += 1
-            now = time.monotonic()
-            if now - self._failed_logged_at >= 60.0:
-                log.warning("could not write %d cache file(s) (%s); replies are unaffected, the cache keeps less",
-                            self._failed_writes, exc)
-                self._failed_logged_at, self._failed_writes = now, 0
-        else:
-            log.error("cache %s write failed", kind, exc_info=exc)
-
-    def _others_recent(self) -> set[str]:
-        """Blocks another worker wrote lately (its entry may not be on disk yet): not garbage."""
-        limit = time.time() - STALE_TEMP_SECONDS
-        return {b.key for b in self.folder.blocks.values() if not b.mine and b.last_used > limit}
-
-    def _queued_keys(self) -> set[str]:
-        return {item.key for kind, item in self._queue if kind == "block"} | {
-            key[2:] for key in self._pending if key.startswith("b:")}
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -954,7 +795,7 @@ class PromptStore:
             for key, size in fresh.snapshots.items():
                 self.folder.snapshots.setdefault(key, size)
             heads = list(self.folder.heads.values())
-            protected: set[str] = self._queued_keys() | self.folder.reached(
+            protected: set[str] = self._writer.queued_keys() | self.folder.reached(
                 [h.key for h in heads if pinned_until(pins, h.id, h.session) is not None]
                 + [h.disk_key for h in heads  # a moved head's file names them until it is rewritten
                    if h.disk_key is not None and h.disk_key != h.key])
@@ -1023,11 +864,6 @@ def _cache_files(folder: Path) -> list[tuple[float, int, Path]]:
             stat = path.stat()
             found.append((stat.st_mtime, stat.st_size, path))
     return found
-
-
-def _pending_key(kind: str, item: Any) -> str:
-    """A queued write's key in ``_pending`` and the RAM tier ("" for writes without a payload)."""
-    return "b:" + item.key if kind == "block" else "s:" + item if kind == "snapshot" else ""
 
 
 def _chain_is_prefix(folder: Folder, head: Head, tokens: list[int]) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from localai.promptcache import admin
+from localai.promptcache import _writer, admin
 from localai.promptcache import store as store_module
 from localai.promptcache.blocks import BLOCK_TOKENS, Folder
 from localai.promptcache.store import PromptStore
@@ -54,12 +54,13 @@ def test_a_block_dropped_while_queued_gives_back_its_queue_bytes(tmp_path: Path)
     tokens = list(range(900, 900 + 2 * BLOCK_TOKENS))
     with cache._lock:  # the writer cannot take anything from the queue meanwhile
         cache.save(tokens, state_of(tokens), "s")
-        queued = cache._queued_bytes
+        queued = cache._writer.queued_bytes
         for key, _, _ in cache._keys(tokens):
             cache.folder.drop_block(key)
     assert queued > 0
     cache.flush()
-    assert cache._queued_bytes == 0 and not cache._pending  # before the fix: leaked, until every block was dropped
+    writer = cache._writer
+    assert writer.queued_bytes == 0 and not writer.pending  # before the fix: leaked, until every block was dropped
 
 
 def test_a_block_queued_twice_is_counted_once(tmp_path: Path) -> None:
@@ -71,7 +72,7 @@ def test_a_block_queued_twice_is_counted_once(tmp_path: Path) -> None:
             cache.folder.drop_block(key)
         cache.save(tokens, state_of(tokens), "s")  # the same blocks again before the writer got to them
     cache.flush()
-    assert cache._queued_bytes == 0 and not cache._pending
+    assert cache._writer.queued_bytes == 0 and not cache._writer.pending
     assert store(tmp_path).lookup(tokens) is not None
 
 
@@ -231,10 +232,10 @@ def test_a_moved_entrys_file_never_names_a_deleted_block_while_its_new_version_w
     new_tail = cache._keys(grown)[-1][0]
     with cache._lock:  # the writer waits: the moved entry's new version is queued, its old file is on disk
         assert cache.save(grown, state_of(grown), "grows") is head and head.key != old_tail
-        for kind, item in [entry for entry in cache._queue if entry[0] == "block"]:
-            cache._queue.remove((kind, item))  # the writer got as far as the new blocks, not the entry
-            cache._write(kind, item)
-        cache.folder.collect_garbage(keep=cache._queued_keys())  # what it runs after another entry's write
+        for kind, item in [entry for entry in cache._writer.queue if entry[0] == "block"]:
+            cache._writer.queue.remove((kind, item))  # the writer got as far as the new blocks, not the entry
+            cache._writer.write(kind, item)
+        cache.folder.collect_garbage(keep=cache._writer.queued_keys())  # what it runs after another entry's write
         assert old_tail in cache.folder.blocks  # kept: the file on disk names it
         pruned = Folder(tmp_path / FP)  # `localai cache prune` takes the new tail: no file names it yet
         with pruned.locked(exclusive=True):
@@ -260,7 +261,7 @@ class WriteGate:
         self.cache, self.path = cache, path
         self.inside, self.release = threading.Event(), threading.Event()
         self.after: tuple[bool, bool] | None = None  # (file exists, indexed) when the writer moved on
-        self.real = store_module.write_atomic
+        self.real = _writer.write_atomic
 
     def __call__(self, path: Path, parts: list[bytes]) -> int:
         if self.after is None and self.inside.is_set() and path != self.path:
@@ -288,7 +289,7 @@ def test_a_snapshot_dropped_while_it_is_written_is_counted_once_and_leaves_no_fi
     tokens = list(range(20_000, 20_000 + 12 * BLOCK_TOKENS))
     oldest = cache._checkpoint_tails(tokens, checkpoints(tokens, [40]))[0].key
     gate = WriteGate(cache, cache.folder.snapshot_path(oldest))
-    monkeypatch.setattr(store_module, "write_atomic", gate)
+    monkeypatch.setattr(_writer, "write_atomic", gate)
     first = tokens[:2 * BLOCK_TOKENS]
     cache.save(first, state_of(first, rest), "s", checkpoints=checkpoints(first, [40]))
     assert gate.inside.wait(30)  # the writer is writing the oldest checkpoint's snapshot
@@ -298,8 +299,8 @@ def test_a_snapshot_dropped_while_it_is_written_is_counted_once_and_leaves_no_fi
     gate.release.set()
     cache.flush()
     # ((file there, indexed) when the writer moved on, bytes queued once all is written)
-    assert (gate.after, cache._queued_bytes) == ((False, False), 0)
-    assert not cache._pending
+    assert (gate.after, cache._writer.queued_bytes) == ((False, False), 0)
+    assert not cache._writer.pending
     cache.close()
     assert not cache.folder.snapshot_path(oldest).exists()
 
@@ -313,10 +314,11 @@ def test_the_queue_bound_drops_queued_snapshots_too(tmp_path: Path) -> None:
         for n in range(8):
             tokens = list(range(n * 1000, n * 1000 + size // 8))
             cache.save(tokens, state_of(tokens), f"s{n}")
-            assert 0 <= cache._queued_bytes <= cache.queue_bytes, f"save {n}: {cache._queued_bytes} bytes queued"
-        assert sum(len(p) for p in cache._pending.values()) == cache._queued_bytes
+            queued = cache._writer.queued_bytes
+            assert 0 <= queued <= cache.queue_bytes, f"save {n}: {queued} bytes queued"
+        assert sum(len(p) for p in cache._writer.pending.values()) == cache._writer.queued_bytes
     cache.flush()
-    assert cache.stats_snapshot()["dropped_writes"] == 5 and cache._queued_bytes == 0
+    assert cache.stats_snapshot()["dropped_writes"] == 5 and cache._writer.queued_bytes == 0
     last = list(range(7000, 7000 + size // 8))
     match = store(tmp_path, BytesCodec(whole=True)).lookup(last)  # the newest were kept
     assert match is not None and match.common == len(last)
@@ -363,7 +365,7 @@ def test_close_stops_the_writer_thread(tmp_path: Path) -> None:
     tokens = list(range(50_000, 50_000 + 2 * BLOCK_TOKENS))
     cache.save(tokens, state_of(tokens), "s")
     cache.close()
-    assert not cache._writer.is_alive(), "the writer thread outlived close()"
+    assert not cache._writer.thread.is_alive(), "the writer thread outlived close()"
     assert store(tmp_path).lookup(tokens) is not None  # what was queued was written first
 
 

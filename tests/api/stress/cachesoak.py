@@ -160,12 +160,12 @@ def soak(root: Path, *, seed: int, steps: int | None = None, seconds: float | No
         if serial:
             for each in stores:
                 each.flush()
-        figures.lowest_queued = min(figures.lowest_queued, *(each._queued_bytes for each in stores))
+        figures.lowest_queued = min(figures.lowest_queued, *(each._writer.queued_bytes for each in stores))
         _check(root, stores, pinned, held, violation, settled=serial)
     for cache in stores:
         cache.close()
         figures.dropped_writes += cache.stats_snapshot()["dropped_writes"]
-        if cache._writer.is_alive():
+        if cache._writer.thread.is_alive():
             violation("a writer thread outlived close()")
     _check(root, stores, pinned, held, violation, settled=True)
     figures.orphans = _tidy_and_count_orphans(root, violation)
@@ -245,13 +245,14 @@ def _check(root: Path, stores: list[PromptStore], pinned: dict[str, float], held
            report: Callable[[str], None], *, settled: bool = False) -> None:
     for cache in stores:
         with cache._lock:  # the writer's accounting: the bytes of the payloads queued, never negative
-            queued, payloads = cache._queued_bytes, sum(len(p) for p in cache._pending.values())
+            queued, payloads = cache._writer.queued_bytes, sum(len(p) for p in cache._writer.pending.values())
         if queued < 0 or queued != payloads:
             report(f"{cache.fingerprint[:4]}: _queued_bytes {queued}, payloads queued {payloads}")
     if settled:
         for cache in stores:
-            if cache._queued_bytes != 0 or cache._pending or cache._queue:
-                report(f"queued bytes {cache._queued_bytes} and {len(cache._pending)} payloads left after close")
+            writer = cache._writer
+            if writer.queued_bytes != 0 or writer.pending or writer.queue:
+                report(f"queued bytes {writer.queued_bytes} and {len(writer.pending)} payloads left after close")
     live = {p.session for p in pins.load_pins(root) if p.session}
     for name, until in pinned.items():
         if until > time.time() + 60 and name not in live:
