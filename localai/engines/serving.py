@@ -44,7 +44,7 @@ from localai.protocol import (
     WorkerFrame,
     WorkOp,
 )
-from localai.schema import FinishReason
+from localai.schema import FinishReason, parent_session
 from localai.text import StopMatcher, common_prefix_length
 
 log = logging.getLogger("localai.worker")
@@ -303,7 +303,7 @@ class Serving:
         slot, common, restored = self._restore_if_better(prompt, slot, common, limit, partition)
         if restored is not None:
             source = restored.tier
-        forked = self._fork_if_better(prompt, slot, common, limit, partition)  # a busy sequence's, when longer
+        forked = self._fork_if_better(prompt, slot, common, limit, partition, session)  # a busy one's, when longer
         if forked > common:
             common, source, restored = forked, "live", None
         common = self._cut(slot, min(common, limit))
@@ -364,6 +364,12 @@ class Serving:
             keeping = [(slot, common) for slot, common in scored
                        if common == len(slot.tokens) or (session is not None and slot.session == session
                                                                and slot.partition == partition)]
+            parent = parent_session(session)
+            if parent is not None and len(free) > 1:
+                # a sub-agent or side request whose prompt extends its parent's never takes the parent's slot while
+                # another is free: it copies the shared prefix (_fork_if_better), the parent's next turn stays live
+                keeping = [(slot, common) for slot, common in keeping if slot.session != parent]
+                free = [slot for slot in free if slot.session != parent or slot.partition != partition]
             if keeping:
                 return max(keeping, key=lambda item: (item[1], -item[0].last_used))
             lru = min(free, key=lambda slot: slot.last_used)
@@ -452,15 +458,19 @@ class Serving:
         self.cache.count("tokens_restored", restored.common)
         return slot, restored.common, restored
 
-    def _fork_if_better(self, prompt: list[int], slot: Slot, common: int, limit: int, partition: str = "") -> int:
+    def _fork_if_better(self, prompt: list[int], slot: Slot, common: int, limit: int, partition: str = "",
+                        session: str | None = None) -> int:
         """Copy the prefix a busy slot of the same partition shares with the prompt into the chosen slot, when it
         beats what that slot holds: requests that run at once with the same start (a request's ``n`` choices,
-        sub-agents sent together) compute it once. Only where a state can be cut anywhere (the busy slot has gone
-        on past the shared part). Returns the tokens the slot now holds."""
+        sub-agents sent together) compute it once; a child session (a sub-agent, a side request) copies from its
+        parent's slot, busy or not, and leaves it as it was. Only where a state can be cut anywhere (the source has
+        gone on past the shared part). Returns the tokens the slot now holds."""
         if not self.engine.can_trim:
             return common
+        parent = parent_session(session)
         shared, source = max(((min(common_prefix_length(other.tokens, prompt), limit), other) for other in self.slots
-                              if other.busy and other is not slot and other.partition == partition),
+                              if (other.busy or (parent is not None and other.session == parent))
+                              and other is not slot and other.partition == partition),
                              key=lambda pair: pair[0], default=(0, None))
         if source is None or shared < MIN_TOKENS or shared <= common + 16:
             return common
