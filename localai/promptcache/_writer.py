@@ -51,10 +51,10 @@ class Writer:
         self.thread.start()
 
     def enqueue(self, kind: str, item: Any, payload: bytes | bytearray | memoryview) -> None:
-        """Queue a write (caller holds the lock); a queue larger than the store's ``queue_bytes`` drops its oldest payloads,
-        blocks and snapshots alike (a recurrent state's snapshot is tens of MB: on a slow disk they pile up too). A
-        dropped write stays indexed without a file, as a failed one does (``abandon``): a restore that needs it
-        finds it in RAM or missing."""
+        """Queue a write (caller holds the lock); a queue larger than the store's ``queue_bytes`` drops its oldest
+        payloads, blocks and snapshots alike (a recurrent state's snapshot is tens of MB: on a slow disk they pile up
+        too). A dropped write stays indexed without a file, as a failed one does (``abandon``): a restore that needs
+        it finds it in RAM or missing."""
         payload = bytes(payload)  # a snapshot cut from the engine's (mutable) state buffer: kept as its own copy
         key = pending_key(kind, item)
         if key:

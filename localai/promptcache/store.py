@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from localai.paths import process_alive
 from localai.promptcache import legacy
+from localai.promptcache._quota import Quota
 from localai.promptcache._writer import Writer
 from localai.promptcache.blocks import (
     BLOCK_TOKENS,
@@ -39,7 +40,7 @@ from localai.promptcache.blocks import (
     root_key,
     write_atomic,
 )
-from localai.promptcache.pins import Pin, extend_pin, load_pins, pinned_until
+from localai.promptcache.pins import extend_pin
 from localai.text import common_prefix_length
 
 log = logging.getLogger("localai.cache")
@@ -56,7 +57,6 @@ MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
 CHECKPOINTS_PER_SESSION = 8
 MIN_CHECKPOINTS_PER_SESSION = 2
 CHECKPOINT_BYTES_PER_SESSION = 512 << 20
-OTHERS_SECONDS = 30.0  # how old the writer's view of the other folders' bytes may be (enforce_quota)
 # A block is read from at most this many files, its bases' and its own: a block built on a chain this long is
 # written whole. Saves every ~10 tokens reach it within a 64-token block; an agent's turns (100+ tokens) never do.
 MAX_PIECES = 8
@@ -130,9 +130,9 @@ class PromptStore:
         self.whole = False  # the engine's state cannot be cut: blocks carry tokens only, snapshots the state
         self._ram: OrderedDict[str, bytes] = OrderedDict()  # "b:<key>" / "s:<key>" -> payload
         self._ram_size = 0
-        self._others_scan: tuple[float, int, list[tuple[float, int, Path]]] | None = None
         self._lock = threading.RLock()
         self._writer = Writer(self, self._lock)
+        self._quota = Quota(self)
         self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
                       "evictions": 0, "corrupt": 0, "dropped_writes": 0, "blocks_written": 0,
                       "save_races": 0}
@@ -698,115 +698,17 @@ class PromptStore:
         self._writer.close(timeout)
         self._owner_file.unlink(missing_ok=True)
 
-    # -- retention -------------------------------------------------------------------------------
+    # -- the quota (_quota.py) ----------------------------------------------------------------------
 
     def enforce_quota(self, *, fresh: bool = True) -> None:
-        """Evict until the whole cache folder is under quota: folders no live worker uses first (least recently
-        used files), then this one's least recently used leaf blocks; never a pinned chain, never another live
-        worker's entries. Not ``fresh`` (the writer, after each burst of writes): the other folders' bytes may
-        be up to ``OTHERS_SECONDS`` old unless they would put the cache over quota; reading every other model's
-        files after each turn cost a turn tens of milliseconds of the engine thread's time (the GIL) once the cache
-        held ~10,000 files."""
-        with self._lock:
-            total = self.folder.bytes_on_disk()
-        others_total, others = self._scan_others(fresh)
-        if not fresh and total + others_total > self.max_bytes:
-            others_total, others = self._scan_others(True)
-        total += others_total
-        if total <= self.max_bytes:
-            return
-        # The disk work (other folders' files, a rescan of this one, the pins) happens outside the lock: lookups and
-        # saves on the engine thread never wait for it. Only the index changes and this folder's eviction take it.
-        if others:
-            total = self._evict_others(total, others)
-            if total <= self.max_bytes:
-                return
-        self._others_scan = None
-        pins = load_pins(self.root)
-        with self.folder.locked(exclusive=True):
-            self._evict(total, pins)
+        """Evict until the whole cache folder is under quota (``Quota.enforce``)."""
+        self._quota.enforce(fresh=fresh)
 
-    def _evict_others(self, total: int, others: list[tuple[float, int, Path]]) -> int:
-        """Delete the least recently used files of the folders no live worker uses, until ``total`` is under quota;
-        returns the total left. Each of those folders is locked (exclusively, as its own workers' eviction does)
-        and read again under its lock: the scan may be ``OTHERS_SECONDS`` old, and a worker that started on the
-        folder since has indexed its files (it registers and scans under the lock shared: ``__init__``)."""
-        stale: dict[Path, int] = {}
-        for _, size, path in others:
-            where = self.root / path.relative_to(self.root).parts[0]
-            stale[where] = stale.get(where, 0) + size
-        with contextlib.ExitStack() as locks:
-            files: list[tuple[float, int, Path, Folder]] = []
-            for path in sorted(stale):  # in one order: two workers' quota passes never wait on each other in a cycle
-                if not path.is_dir():
-                    continue
-                folder = Folder(path)
-                locks.enter_context(folder.locked(exclusive=True))
-                if _used(path):
-                    continue  # a worker started on it since the scan: its files are its own to evict
-                found = _cache_files(path)
-                total += sum(size for _, size, _ in found) - stale[path]
-                files += [(mtime, size, file, folder) for mtime, size, file in found]
-            changed: dict[Path, Folder] = {}
-            for _, size, file, folder in sorted(files, key=lambda entry: entry[:3]):
-                if total <= self.max_bytes:
-                    break
-                with contextlib.suppress(OSError):
-                    file.unlink()
-                    total -= size
-                    self.count("evictions")
-                    changed[folder.path] = folder
-            for folder in changed.values():
-                folder.mark_changed()  # a worker that starts on it later reads it afresh anyway; `localai cache` too
-        self._others_scan = None
-        return total
-
-    def _scan_others(self, fresh: bool) -> tuple[int, list[tuple[float, int, Path]]]:
-        """The other fingerprint folders' bytes, and the files of those no live worker uses (mtime, size, path)."""
-        cached = self._others_scan
-        if not fresh and cached is not None and time.monotonic() - cached[0] < OTHERS_SECONDS:
-            return cached[1], cached[2]
-        others: list[tuple[float, int, Path]] = []
-        total = 0
-        for folder in self.root.iterdir() if self.root.exists() else []:
-            if not folder.is_dir() or folder == self.dir:
-                continue
-            live = _used(folder)
-            for mtime, size, path in _cache_files(folder):
-                total += size
-                if not live:
-                    others.append((mtime, size, path))
-        self._others_scan = (time.monotonic(), total, others)
-        return total, others
-
-    def _evict(self, total: int, pins: list[Pin]) -> None:
-        """This folder's eviction, under its exclusive lock (the caller's): nobody else deletes meanwhile."""
-        self._notice_deletions()  # others' deletions first: the mark this eviction leaves would hide them
-        with self._lock:
-            known = set(self.folder.blocks)
-        fresh = Folder(self.dir)
-        fresh.scan(known=known)  # blocks and entries another worker on this fingerprint added since (read-only)
-        with self._lock:
-            for key, block in fresh.blocks.items():
-                if key not in self.folder.blocks:
-                    self.folder.add_block(block)
-            for head_id, head in fresh.heads.items():
-                self.folder.heads.setdefault(head_id, head)
-            for key, size in fresh.snapshots.items():
-                self.folder.snapshots.setdefault(key, size)
-            heads = list(self.folder.heads.values())
-            protected: set[str] = self._writer.queued_keys() | self.folder.reached(
-                [h.key for h in heads if pinned_until(pins, h.id, h.session) is not None]
-                + [h.disk_key for h in heads  # a moved head's file names them until it is rewritten
-                   if h.disk_key is not None and h.disk_key != h.key])
-            others_live = {h.owner for h in self.folder.heads.values()
-                           if h.owner != os.getpid() and process_alive(h.owner)}
-            _, evicted = self.folder.evict(total - self.max_bytes, protected=protected, skip_owner=others_live)
-            self._seen_change = self.folder.changed_stamp()  # its own mark, and nothing else's is unseen (above)
-            self.stats["evictions"] += evicted
-            for key in [k for k in self._ram if k[2:] not in self.folder.blocks and k[2:] not in
-                        self.folder.snapshots]:
-                self._ram_size -= len(self._ram.pop(key))
+    def _forget_ram_of_dropped(self) -> None:
+        """RAM copies of blocks and snapshots the index no longer has (caller holds the lock)."""
+        for key in [k for k in self._ram if k[2:] not in self.folder.blocks and k[2:] not in
+                    self.folder.snapshots]:
+            self._ram_size -= len(self._ram.pop(key))
 
     def _remember(self, key: str, payload: bytes) -> None:
         with self._lock:
@@ -847,23 +749,6 @@ class PromptStore:
             log.warning("converted old cache entry %s (%d tokens) into blocks%s", path.name, len(tokens),
                         "" if head else " failed: dropped")
             path.unlink(missing_ok=True)
-
-
-def _used(folder: Path) -> bool:
-    """Whether a live worker uses a fingerprint folder (its ``owners/<pid>`` file)."""
-    return any(path.name.isdigit() and process_alive(int(path.name)) for path in (folder / "owners").glob("*"))
-
-
-def _cache_files(folder: Path) -> list[tuple[float, int, Path]]:
-    """A fingerprint folder's blocks, snapshots and old entries: (mtime, size, path), writes in progress left out."""
-    found = []
-    for path in [*folder.glob("blocks/*.blk"), *folder.glob("snaps/*.snp"), *folder.glob("*.kv")]:
-        if path.name.startswith("."):
-            continue  # another process's write in progress
-        with contextlib.suppress(OSError):
-            stat = path.stat()
-            found.append((stat.st_mtime, stat.st_size, path))
-    return found
 
 
 def _chain_is_prefix(folder: Folder, head: Head, tokens: list[int]) -> bool:

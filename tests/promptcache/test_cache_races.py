@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from localai.promptcache import _writer, admin
-from localai.promptcache import store as store_module
+from localai.promptcache import _quota, _writer, admin
 from localai.promptcache.blocks import BLOCK_TOKENS, Folder
 from localai.promptcache.store import PromptStore
 from tests.cachecodec import BytesCodec, EvictingCodec, state_of
@@ -174,14 +173,14 @@ def test_quota_enforcement_never_holds_the_lock_across_its_disk_work(tmp_path: P
     cache.flush()
     cache.max_bytes = 1  # over quota: the next enforcement evicts
     inside, release = threading.Event(), threading.Event()
-    real = store_module.load_pins
+    real = _quota.load_pins
 
     def slow_pins(root: Path | None = None, *, now: float | None = None) -> list[Any]:
         inside.set()
         release.wait(10)
         return real(root, now=now)
 
-    monkeypatch.setattr(store_module, "load_pins", slow_pins)
+    monkeypatch.setattr(_quota, "load_pins", slow_pins)
     enforcing = threading.Thread(target=cache.enforce_quota)
     enforcing.start()
     try:
@@ -339,7 +338,7 @@ def test_eviction_of_a_folder_nobody_used_spares_a_worker_that_started_on_it_aft
     a.save(mine, state_of(mine), "a")
     a.flush()
     started: list[PromptStore] = []
-    real = a._scan_others
+    real = a._quota.scan_others
 
     def scan_then_a_worker_starts_on_b(fresh: bool) -> tuple[int, list[tuple[float, int, Path]]]:
         found = real(fresh)
@@ -347,7 +346,7 @@ def test_eviction_of_a_folder_nobody_used_spares_a_worker_that_started_on_it_aft
             started.append(PromptStore(tmp_path, other, BytesCodec(), max_bytes=1 << 30))
         return found
 
-    monkeypatch.setattr(a, "_scan_others", scan_then_a_worker_starts_on_b)
+    monkeypatch.setattr(a._quota, "scan_others", scan_then_a_worker_starts_on_b)
     b_bytes = sum(p.stat().st_size for p in (tmp_path / other).glob("blocks/*.blk"))
     a.max_bytes = a.folder.bytes_on_disk() + b_bytes - 1  # one byte over: A's oldest file would do
     a.enforce_quota()
