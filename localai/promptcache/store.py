@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from localai.paths import process_alive
 from localai.promptcache import legacy
+from localai.promptcache._checkpoints import Checkpoints, Tail
 from localai.promptcache._quota import Quota
 from localai.promptcache._writer import Writer
 from localai.promptcache.blocks import (
@@ -49,14 +50,6 @@ log = logging.getLogger("localai.cache")
 # engine's reused buffer when saved (valid until the engine's next save: the store copies what it keeps).
 StateBytes = bytes | bytearray | memoryview
 MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
-# Checkpoints kept per session on disk (the states of engines with recurrent or sliding-window layers can only be
-# restored where one was taken): the newest, up to 8 (the turns an agent edits or retries) and up to 512 MiB of
-# states, but always 2 (a retry and a fork from the turn before). A recurrent state as llama.cpp keeps it is 48 MiB
-# on Nemotron-3-Nano (8 kept), 75 MiB on Qwen3-Next-80B-A3B (6), ~150 MiB on Qwen3.6-27B (3): a count alone let one
-# Qwen3.6 session hold 1.2 GiB of the 8 GiB default quota.
-CHECKPOINTS_PER_SESSION = 8
-MIN_CHECKPOINTS_PER_SESSION = 2
-CHECKPOINT_BYTES_PER_SESSION = 512 << 20
 # A block is read from at most this many files, its bases' and its own: a block built on a chain this long is
 # written whole. Saves every ~10 tokens reach it within a 64-token block; an agent's turns (100+ tokens) never do.
 MAX_PIECES = 8
@@ -82,18 +75,6 @@ class Match:
     lengths: list[int]
     common: int  # prompt tokens the restored state shares (the last block may be cut back to it)
     snapshot: str | None = None
-
-
-@dataclass
-class _Tail:
-    """Where a checkpoint is stored: the block ending at it, which may be a tail block beside the chain."""
-
-    key: str
-    parent: str
-    start: int
-    end: int
-    tokens: list[int]
-    snapshot: bytes
 
 
 @dataclass
@@ -133,6 +114,7 @@ class PromptStore:
         self._lock = threading.RLock()
         self._writer = Writer(self, self._lock)
         self._quota = Quota(self)
+        self._checkpoints = Checkpoints(self)
         self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
                       "evictions": 0, "corrupt": 0, "dropped_writes": 0, "blocks_written": 0,
                       "save_races": 0}
@@ -437,7 +419,7 @@ class PromptStore:
 
         ``checkpoints``: (tokens held, ``seq_checkpoint``'s bytes) taken earlier on the way to ``state``, for an
         engine whose state can only be restored where one was taken; each becomes an entry of kind "checkpoint"
-        (with a tail block when it falls inside a block), bounded a session (``_bound_checkpoints``).
+        (with a tail block when it falls inside a block), bounded a session (``Checkpoints.bound``).
         ``held``: the tokens ``state`` holds when it holds more than ``tokens`` (the entry then ends before the
         state does, and ``end``, the checkpoint taken at its last token, is its snapshot)."""
         held = len(tokens) if held is None else held
@@ -478,19 +460,19 @@ class PromptStore:
                         bases = {}  # nothing was cut: no block holds a part of another's KV
                     built_on = {base for base, _ in bases.values()}
                     # Tails first: a block of the chain may be built on one (they are written in this order too)
-                    self._index_tails([t for t in cut if checkpointed or t.key in built_on],
+                    self._checkpoints.index_tails([t for t in cut if checkpointed or t.key in built_on],
                                       dict(zip([t.key for t in cut], tail_pieces, strict=True)), bases,
                                       kind == "system")
                     head = self._index(tokens, chunks, missing, split, state, session, kind, partition, bases)
                     if head is not None and checkpointed:
-                        self._index_checkpoints(tails, session)
+                        self._checkpoints.index(tails, session)
                     return head
                 self.stats["save_races"] += 1
         log.info("not saving %d tokens: their blocks kept being evicted while the state was cut", len(tokens))
         return None
 
     def _checkpoint_tails(self, tokens: list[int], checkpoints: list[tuple[int, bytes]],
-                          partition: str = "") -> list[_Tail]:
+                          partition: str = "") -> list[Tail]:
         """Where each checkpoint goes: the block ending at it (a tail block of its own beside the chain when it
         falls inside a block) and its snapshot."""
         tails = []
@@ -500,7 +482,7 @@ class PromptStore:
             start = n_tokens - (n_tokens % BLOCK_TOKENS or BLOCK_TOKENS)
             parent = self._keys(tokens[:start], partition)[-1][0] if start else root_key(self.fingerprint, partition)
             piece = tokens[start:n_tokens]
-            tails.append(_Tail(chain_key(parent, piece), parent, start, n_tokens, piece, data[8:]))
+            tails.append(Tail(chain_key(parent, piece), parent, start, n_tokens, piece, data[8:]))
         return tails
 
     def _plan_bases(self, new: list[tuple[str, str, list[int]]]) -> dict[str, tuple[str, int]]:
@@ -531,60 +513,6 @@ class PromptStore:
             depth[key] = best[2] + 1 if best is not None else 1
             made.setdefault(parent, []).append((key, tokens))
         return plan
-
-    def _index_tails(self, tails: list[_Tail], payloads: dict[str, bytes], bases: dict[str, tuple[str, int]],
-                     system: bool) -> None:
-        """The checkpoints' tail blocks (a block of their own beside the chain), under the lock."""
-        for tail in tails:
-            payload = payloads.get(tail.key)
-            if tail.key in self.folder.blocks or payload is None:
-                continue
-            block = Block(tail.key, tail.parent, tail.tokens, len(payload), system=system, mine=True,
-                          base=bases[tail.key][0] if tail.key in bases else None)
-            self.folder.add_block(block)
-            self._writer.enqueue("block", block, payload)
-
-    def _index_checkpoints(self, tails: list[_Tail], session: str | None) -> None:
-        """The checkpoints' snapshots and entries (their tail blocks are indexed: ``_index_tails``), under the lock;
-        then the session's oldest checkpoints beyond its bound go (``_bound_checkpoints``)."""
-        for tail in tails:
-            if tail.key in self.folder.blocks:
-                self._add_checkpoint(tail.key, tail.end, tail.snapshot, session)
-        self._bound_checkpoints(session)
-
-    def _add_checkpoint(self, key: str, n_tokens: int, snapshot: bytes | None, session: str | None) -> None:
-        """An entry of kind "checkpoint" ending at block ``key`` with its snapshot (None: stored already); caller
-        holds the lock."""
-        if snapshot is not None and key not in self.folder.snapshots:
-            self.folder.snapshots[key] = len(snapshot)
-            self._writer.enqueue("snapshot", key, snapshot)
-        if any(h.key == key and h.kind == "checkpoint" for h in self.folder.heads.values()):
-            return
-        head = Head(uuid.uuid4().hex, key, n_tokens, session, "checkpoint", time.time(), os.getpid(),
-                    snapshot=True, written=False)
-        self.folder.heads[head.id] = head
-        self._writer.enqueue("head", head, b"")
-
-    def _bound_checkpoints(self, session: str | None) -> None:
-        """The session's newest checkpoints stay: ``MIN_CHECKPOINTS_PER_SESSION`` always, then while they number
-        under ``CHECKPOINTS_PER_SESSION`` and their states fit ``CHECKPOINT_BYTES_PER_SESSION``; the rest go."""
-        mine = sorted((h for h in self.folder.heads.values() if h.kind == "checkpoint" and h.session == session),
-                      key=lambda h: (h.last_used, h.n_tokens), reverse=True)
-        kept, used = 0, 0
-        going = []
-        for head in mine:
-            size = self.folder.snapshots.get(head.key, 0)
-            if kept < MIN_CHECKPOINTS_PER_SESSION or (
-                    kept < CHECKPOINTS_PER_SESSION and used + size <= CHECKPOINT_BYTES_PER_SESSION):
-                kept, used = kept + 1, used + size
-            else:
-                going.append(head)
-        for head in going:
-            del self.folder.heads[head.id]
-            self.folder.head_path(head.id).unlink(missing_ok=True)
-            if not any(h.key == head.key and h.snapshot for h in self.folder.heads.values()):
-                self._writer.queued_bytes -= len(self._writer.pending.pop("s:" + head.key, b""))
-                self.folder.drop_snapshot(head.key)
 
     def _notice_deletions(self) -> None:
         """Another process (``localai cache rm``/``prune``, a second worker's eviction) deleted files here: forget
@@ -648,8 +576,8 @@ class PromptStore:
                 if self.whole or head.kind != "history":
                     self._writer.enqueue("drop_snapshot", head.key, b"")
                 else:  # the turn before stays restorable: an agent that edits or retries a turn returns there
-                    self._add_checkpoint(head.key, head.n_tokens, None, head.session)
-                    self._bound_checkpoints(head.session)
+                    self._checkpoints.add(head.key, head.n_tokens, None, head.session)
+                    self._checkpoints.bound(head.session)
             head.snapshot = True
             self.folder.snapshots[last] = len(rest)
             self._writer.enqueue("snapshot", last, rest)

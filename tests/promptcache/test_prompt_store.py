@@ -288,9 +288,9 @@ def test_a_sessions_checkpoints_are_bounded_by_count_and_by_their_states_bytes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state_bytes: int, budget: int, kept: int) -> None:
     """Ten checkpoints in one session: the newest stay, at most CHECKPOINTS_PER_SESSION, no more than the byte
     budget holds, never fewer than two; the others' entries and snapshots go, disk files included."""
-    from localai.promptcache import store as store_module
+    from localai.promptcache import _checkpoints
 
-    monkeypatch.setattr(store_module, "CHECKPOINT_BYTES_PER_SESSION", budget)
+    monkeypatch.setattr(_checkpoints, "CHECKPOINT_BYTES_PER_SESSION", budget)
     cache = store(tmp_path, BytesCodec(rest=b"R" * 64))
     tokens = list(range(40_000, 40_000 + 12 * BLOCK_TOKENS))
     ends = [BLOCK_TOKENS * n + 10 for n in range(1, 11)]
