@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from localai.errors import ModelfileError, ServerBusy
 from localai.models import renderer
 from localai.models.chat_template import RenderCall
 from localai.models.renderer import Renderer, RenderFailed
+from tests.observe import wait_for
 
 # No call, attribute or output inside the loops: nothing a check inside the process could see.
 HANGS = "{% set r = range(99999) %}{% for a in r %}{% for b in r %}{% endfor %}{% endfor %}x"
@@ -38,6 +40,34 @@ def pool() -> Iterator[Renderer]:
     instance = Renderer(main=2, seconds=1.0)
     yield instance
     instance.close()
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set when a render process has been sent a request and its answer is being read: a render is under way."""
+    event = threading.Event()
+    read = renderer.HelperProcess._read
+
+    def reading(self: renderer.HelperProcess, size: int, deadline: float, demote_at: float | None = None) -> bytes:
+        event.set()
+        return read(self, size, deadline, demote_at)
+
+    monkeypatch.setattr(renderer.HelperProcess, "_read", reading)
+    return event
+
+
+@pytest.fixture
+def demoted(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set when a render process's priority has been lowered (a render on the main lane past DEMOTE_AFTER)."""
+    event = threading.Event()
+    demote = renderer.HelperProcess._demote
+
+    def demoting(self: renderer.HelperProcess) -> None:
+        demote(self)
+        event.set()
+
+    monkeypatch.setattr(renderer.HelperProcess, "_demote", demoting)
+    return event
 
 
 def pids(pool: Renderer) -> set[int]:
@@ -74,8 +104,7 @@ def test_a_loop_that_never_ends_is_killed_and_its_process_replaced(pool: Rendere
     before = pids(pool)
     with pytest.raises(RenderFailed, match="deadline"):
         pool.render([call(HANGS)])
-    time.sleep(0.2)
-    gone = before - pids(pool)
+    gone = before - pids(pool)  # killed and reaped before the render's answer
     assert len(gone) == 1 and not any(alive(pid) for pid in gone)
     assert not pool.trusted(HANGS)
     assert pool.render([call(None)])[0].text  # the others still render
@@ -114,9 +143,9 @@ def test_a_template_that_eats_memory_ends_its_process_not_the_pool(pool: Rendere
     assert pool.render([call(None)])[0].text
 
 
-def test_a_render_process_that_dies_mid_render_is_a_400_and_replaced(pool: Renderer) -> None:
+def test_a_render_process_that_dies_mid_render_is_a_400_and_replaced(pool: Renderer, sent: threading.Event) -> None:
     slow = pool.submit([call(HANGS)], seconds=30)
-    time.sleep(0.5)
+    assert sent.wait(30)  # its process has it
     for pid in pids(pool):
         os.kill(pid, signal.SIGKILL)  # whichever renders it: the others are replaced as they are used
     with pytest.raises(RenderFailed, match="died"):
@@ -133,17 +162,17 @@ def test_a_render_process_that_dies_mid_render_is_a_400_and_replaced(pool: Rende
         pytest.fail("the pool never recovered")
 
 
-def test_closing_refuses_what_waits_and_ends_the_processes(pool: Renderer) -> None:
+def test_closing_refuses_what_waits_and_ends_the_processes(pool: Renderer, sent: threading.Event) -> None:
     pool.render([call(None)])
     started = pids(pool)
-    waiting = [pool.submit([call(HANGS)], seconds=30) for _ in range(3)]
-    time.sleep(0.3)
+    sent.clear()
+    waiting = [pool.submit([call(HANGS)], seconds=30) for _ in range(3)]  # one runs (probation), two wait
+    assert sent.wait(30)
     pool.close()
     for future in waiting:
         with pytest.raises((ServerBusy, RenderFailed)):
             future.result(timeout=10)
-    time.sleep(0.2)
-    assert not any(alive(pid) for pid in started)
+    assert not any(alive(pid) for pid in started)  # close() killed and reaped them
     with pytest.raises(ServerBusy):
         pool.submit([call(None)])
 
@@ -161,19 +190,21 @@ def test_a_render_process_killed_while_its_answer_is_read_has_died_not_failed_wi
 
 
 def test_render_processes_end_with_the_process_that_started_them() -> None:
-    script = ("from localai.models.renderer import Renderer\nimport sys, time\npool = Renderer(main=2)\n"
+    script = ("import threading, time\nfrom localai.models import renderer\nsent = threading.Event()\n"
+              "read = renderer.HelperProcess._read\n"
+              "def reading(self, *args):\n    sent.set()\n    return read(self, *args)\n"
+              "renderer.HelperProcess._read = reading\npool = renderer.Renderer(main=2)\n"
               "pool.submit([{'source': " + repr(HANGS) + ", 'messages': [], 'bos_token': '', 'eos_token': '', "
-              "'add_generation_prompt': True, 'extra': {}}], seconds=60)\ntime.sleep(1)\n"
+              "'add_generation_prompt': True, 'extra': {}}], seconds=60)\nsent.wait(60)\n"
+              "while len(pool._processes) < 3:\n    time.sleep(0.01)\n"  # every lane's process started
               "print(' '.join(str(p.pid) for p in pool._processes), flush=True)\ntime.sleep(60)\n")
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as parent:
         assert parent.stdout is not None
         children = [int(pid) for pid in parent.stdout.readline().split()]
         parent.kill()
     assert len(children) == 3
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(alive(pid) for pid in children):
-        time.sleep(0.1)
-    assert not any(alive(pid) for pid in children)  # the one looping in a render included
+    # each notices its parent gone (limit_process's watch, every second); the one looping in a render included
+    wait_for(lambda: not any(alive(pid) for pid in children), "the render processes to end", timeout=10)
 
 
 def test_create_refuses_a_template_that_cannot_render_in_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,17 +240,17 @@ def test_a_template_stopped_by_its_own_deadline_check_is_quarantined_and_its_pro
     assert not pool.trusted(CALLS) and pids(pool) == before
 
 
-def test_a_slow_render_on_the_main_lane_is_demoted_and_its_process_replaced(pool: Renderer) -> None:
+def test_a_slow_render_on_the_main_lane_is_demoted_and_its_process_replaced(pool: Renderer,
+                                                                           demoted: threading.Event) -> None:
     assert pool.render([call("{{ 'x' }}")])[0].text == "x"  # trusted
     slow = "{% if messages | length > 2 %}" + CALLS + "{% endif %}x"
     assert pool.render([call(slow)])[0].text == "x"
     base = os.getpriority(os.PRIO_PROCESS, 0)
     running = pool.submit([call(slow, turns=3)])
-    time.sleep(0.6)  # past DEMOTE_AFTER: its process now yields the CPU to everything else
+    assert demoted.wait(30)  # past DEMOTE_AFTER: its process now yields the CPU to everything else
     niced = {pid for pid in pids(pool) if os.getpriority(os.PRIO_PROCESS, pid) == renderer.PROBATION_NICE}
     assert len(niced) == 2  # the probation process, and the demoted one
-    running.exception(timeout=30)
-    time.sleep(0.2)
+    running.exception(timeout=30)  # its lane retired the demoted process before answering
     assert len(niced & pids(pool)) == 1  # the demoted one is gone; the probation process stays
     assert pool.render([call(None)])[0].text  # a fresh one at full priority serves
     priorities = sorted(os.getpriority(os.PRIO_PROCESS, pid) for pid in pids(pool))
