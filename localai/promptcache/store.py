@@ -108,7 +108,9 @@ class PromptStore:
         self.queue_bytes = queue_bytes if queue_bytes is not None else max(4 * ram_bytes, 1 << 30)
         self.folder = Folder(self.dir)
         self.layout: Any = None
-        self.whole = False  # the engine's state cannot be cut: blocks carry tokens only, snapshots the state
+        # The engine's state cannot be cut (layout.json's "whole"): blocks carry tokens only, snapshots the state. Not
+        # to be confused with a block "written whole", one built on no base.
+        self.uncuttable = False
         self._ram: OrderedDict[str, bytes] = OrderedDict()  # "b:<key>" / "s:<key>" -> payload
         self._ram_size = 0
         self._lock = threading.RLock()
@@ -152,8 +154,8 @@ class PromptStore:
         self._notice_deletions()
         limit = len(prompt) if limit is None else min(limit, len(prompt))
         with self._lock:
-            if self.whole:
-                return self._lookup_whole(prompt, limit, partition)
+            if self.uncuttable:
+                return self._lookup_uncuttable(prompt, limit, partition)
             if self._needs_snapshot():
                 return self._lookup_checkpoint(prompt, limit, partition)
             folder = self.folder
@@ -219,7 +221,7 @@ class PromptStore:
             return None
         return Match(best[0], best[1], sum(best[1]), best[0][-1])
 
-    def _lookup_whole(self, prompt: list[int], limit: int, partition: str) -> Match | None:
+    def _lookup_uncuttable(self, prompt: list[int], limit: int, partition: str) -> Match | None:
         """For engines whose state cannot be cut: the entry sharing the longest prefix (caller holds the lock)."""
         best: Match | None = None
         matched: dict[str, int] = {}  # a block whose whole chain matches the prompt -> the tokens matched through it
@@ -262,7 +264,7 @@ class PromptStore:
         kept = 0  # the match's blocks restored
         read: list[str] = []  # the blocks whose payloads were read: the match's and their bases
         for key, length in zip(match.keys, match.lengths, strict=True):
-            if self.whole:
+            if self.uncuttable:
                 pieces.append(b"")
                 lengths.append(length)
                 kept += 1
@@ -290,7 +292,7 @@ class PromptStore:
             rest = rest_payload
             tier = "disk" if from_disk else tier
         state: StateBytes = rest
-        if not self.whole:
+        if not self.uncuttable:
             try:
                 state = self.codec.state_join((self.layout or {}).get("layout"), pieces, lengths, rest)
             except ValueError as exc:
@@ -389,7 +391,7 @@ class PromptStore:
 
     def has(self, tokens: list[int], partition: str = "") -> bool:
         """Whether this exact sequence is stored (its last block, and a snapshot where one is needed)."""
-        key = self._keys(tokens, partition)[-1][0] if tokens else None
+        key = self._spans(tokens, partition)[-1][0] if tokens else None
         with self._lock:
             if key is None or key not in self.folder.blocks:
                 return False
@@ -406,7 +408,7 @@ class PromptStore:
         """Pin the entry that ends exactly at ``tokens``, when one is stored."""
         if len(tokens) < MIN_TOKENS:
             return
-        key = self._keys(tokens, partition)[-1][0]
+        key = self._spans(tokens, partition)[-1][0]
         with self._lock:
             found = [head.id for head in self.folder.heads.values() if head.key == key and head.n_tokens == len(tokens)]
         for head_id in found:
@@ -427,17 +429,17 @@ class PromptStore:
             return None
         self._notice_deletions()
         tokens = list(tokens)
-        chunks = self._keys(tokens, partition)
+        spans = self._spans(tokens, partition)
         tails = self._checkpoint_tails(tokens, checkpoints or [], partition)
         for _ in range(3):
             with self._lock:
-                missing = [(index, key) for index, (key, _, _) in enumerate(chunks) if key not in self.folder.blocks]
+                missing = [(index, key) for index, (key, _, _) in enumerate(spans) if key not in self.folder.blocks]
                 cut = [tail for tail in tails if tail.key not in self.folder.blocks]
                 bases = self._plan_bases(
-                    [(key, chunks[index - 1][0] if index else root_key(self.fingerprint, partition),
-                      tokens[chunks[index][1]:chunks[index][2]]) for index, key in missing]
+                    [(key, spans[index - 1][0] if index else root_key(self.fingerprint, partition),
+                      tokens[spans[index][1]:spans[index][2]]) for index, key in missing]
                     + [(t.key, t.parent, t.tokens) for t in cut])
-            ranges = [(chunks[index][1] + bases.get(key, ("", 0))[1], chunks[index][2]) for index, key in missing] \
+            ranges = [(spans[index][1] + bases.get(key, ("", 0))[1], spans[index][2]) for index, key in missing] \
                 + [(t.start + bases.get(t.key, ("", 0))[1], t.end) for t in cut]
             split = self._split(state, held, ranges)
             with self._lock:
@@ -445,7 +447,7 @@ class PromptStore:
                 # stored meanwhile (its payload was not cut): cut again for the new set; after three tries, give up.
                 new = {index for index, _ in missing}
                 made = {key for _, key in missing} | {t.key for t in cut}
-                if all(key in self.folder.blocks for index, (key, _, _) in enumerate(chunks) if index not in new) \
+                if all(key in self.folder.blocks for index, (key, _, _) in enumerate(spans) if index not in new) \
                         and all(t.key in self.folder.blocks for t in tails if t not in cut) \
                         and all(base in made or base in self.folder.blocks for base, _ in bases.values()):
                     if held != len(tokens):  # the state's own tail is past the entry's end: ``end`` is its snapshot
@@ -463,7 +465,7 @@ class PromptStore:
                     self._checkpoints.index_tails([t for t in cut if checkpointed or t.key in built_on],
                                       dict(zip([t.key for t in cut], tail_pieces, strict=True)), bases,
                                       kind == "system")
-                    head = self._index(tokens, chunks, missing, split, state, session, kind, partition, bases)
+                    head = self._index_entry(tokens, spans, missing, split, state, session, kind, partition, bases)
                     if head is not None and checkpointed:
                         self._checkpoints.index(tails, session)
                     return head
@@ -480,7 +482,7 @@ class PromptStore:
             if not MIN_TOKENS <= n_tokens < len(tokens) or len(data) <= 8:
                 continue
             start = n_tokens - (n_tokens % BLOCK_TOKENS or BLOCK_TOKENS)
-            parent = self._keys(tokens[:start], partition)[-1][0] if start else root_key(self.fingerprint, partition)
+            parent = self._spans(tokens[:start], partition)[-1][0] if start else root_key(self.fingerprint, partition)
             piece = tokens[start:n_tokens]
             tails.append(Tail(chain_key(parent, piece), parent, start, n_tokens, piece, data[8:]))
         return tails
@@ -490,7 +492,7 @@ class PromptStore:
         tokens, where one exists: the longest stored block with the same parent whose tokens begin it (written or
         queued: one whose write was dropped holds no payload), or a shorter one of these new blocks; never past
         ``MAX_PIECES`` files. Caller holds the lock."""
-        if self.whole:
+        if self.uncuttable:
             return {}
         plan: dict[str, tuple[str, int]] = {}
         depth: dict[str, int] = {}  # a new block -> the files it is read from
@@ -530,7 +532,7 @@ class PromptStore:
 
     def _split(self, state: StateBytes, n_tokens: int,
                ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
-        if self.whole:
+        if self.uncuttable:
             return None
         try:
             return self.codec.state_split(state, n_tokens, ranges)
@@ -538,18 +540,19 @@ class PromptStore:
             log.warning("cannot cut this state into blocks (%s); keeping it whole", exc)
             return None
 
-    def _index(self, tokens: list[int], chunks: list[tuple[str, int, int]], missing: list[tuple[int, str]],
-               split: tuple[Any, list[bytes], bytes] | None, state: StateBytes, session: str | None,
-               kind: str, partition: str, bases: dict[str, tuple[str, int]]) -> Head | None:
-        """``save``'s second half, under the lock: the new blocks, snapshot and head into the index and the queue."""
+    def _index_entry(self, tokens: list[int], spans: list[tuple[str, int, int]], missing: list[tuple[int, str]],
+                     split: tuple[Any, list[bytes], bytes] | None, state: StateBytes, session: str | None,
+                     kind: str, partition: str, bases: dict[str, tuple[str, int]]) -> Head | None:
+        """``save``'s second half, under the lock: the entry (its new blocks, its snapshot, its head) into the index
+        and the write queue."""
         if split is None:
             layout, pieces, rest = None, [b""] * len(missing), state
         else:
             layout, pieces, rest = split
-        if split is None and not self.whole:
+        if split is None and not self.uncuttable:
             if self.layout is not None or self.folder.blocks:
                 return None  # blocks with payloads exist: do not mix layouts
-            self.whole = True
+            self.uncuttable = True
             self._save_layout({"whole": True})
         elif split is not None and json.loads(json.dumps(layout)) != (self.layout or {}).get("layout"):
             tail = bool(rest) or bool(isinstance(layout, dict) and layout.get("tail"))
@@ -557,7 +560,7 @@ class PromptStore:
         system = kind == "system"
         parent = root_key(self.fingerprint, partition)
         new_pieces = {index: piece for (index, _), piece in zip(missing, pieces, strict=True)}
-        for index, (key, start, end) in enumerate(chunks):
+        for index, (key, start, end) in enumerate(spans):
             payload = new_pieces.get(index)
             if payload is not None and key not in self.folder.blocks:  # (a checkpoint's tail may be this block)
                 block = Block(key, parent, tokens[start:end], len(payload), system=system, mine=True,
@@ -569,11 +572,11 @@ class PromptStore:
                 block.last_used = time.time()
                 block.system = block.system or system
             parent = key
-        last = chunks[-1][0]
+        last = spans[-1][0]
         head = self._head_for(tokens, session, kind, last, partition)
         if rest:
             if head.snapshot and head.key != last:
-                if self.whole or head.kind != "history":
+                if self.uncuttable or head.kind != "history":
                     self._writer.enqueue("drop_snapshot", head.key, b"")
                 else:  # the turn before stays restorable: an agent that edits or retries a turn returns there
                     self._checkpoints.add(head.key, head.n_tokens, None, head.session)
@@ -603,17 +606,18 @@ class PromptStore:
                     return head  # the same conversation, grown: its entry moves forward
         return Head(uuid.uuid4().hex, last, len(tokens), session, kind, time.time(), os.getpid(), written=False)
 
-    def _keys(self, tokens: list[int], partition: str = "") -> list[tuple[str, int, int]]:
-        keys = []
+    def _spans(self, tokens: list[int], partition: str = "") -> list[tuple[str, int, int]]:
+        """The blocks a sequence is cut into: (key, start, end) for each, the last one partial when it is short."""
+        spans = []
         parent = root_key(self.fingerprint, partition)
         for start in range(0, len(tokens), BLOCK_TOKENS):
             end = min(start + BLOCK_TOKENS, len(tokens))
             parent = chain_key(parent, tokens[start:end])
-            keys.append((parent, start, end))
-        return keys
+            spans.append((parent, start, end))
+        return spans
 
     def _needs_snapshot(self) -> bool:
-        return self.whole or bool((self.layout or {}).get("rest"))
+        return self.uncuttable or bool((self.layout or {}).get("rest"))
 
     # -- the writer (_writer.py) --------------------------------------------------------------------
 
@@ -658,7 +662,7 @@ class PromptStore:
             return
         if isinstance(raw, dict):
             self.layout = raw
-            self.whole = bool(raw.get("whole"))
+            self.uncuttable = bool(raw.get("whole"))
 
     def _save_layout(self, layout: dict[str, Any]) -> None:
         self.layout = layout

@@ -171,7 +171,7 @@ def test_cache_rm_keeps_the_bases_another_entry_is_built_on_and_leaves_no_garbag
     cache.save(fork, state_of(fork), "b")
     cache.flush()
     fork_head = next(h for h in cache.folder.heads.values() if h.session == "b")
-    assert cache.folder.blocks[fork_head.key].base == cache._keys(first)[-1][0]
+    assert cache.folder.blocks[fork_head.key].base == cache._spans(first)[-1][0]
     assert sum(payload_bytes(tmp_path).values()) == 8 * len(fork)  # the shared tokens' KV once
     cache.close()
     admin.remove_entries(session="a", root=tmp_path)
@@ -191,7 +191,7 @@ def test_a_base_evicted_while_the_state_is_cut_never_kills_the_save(tmp_path: Pa
     cache.save(first, state_of(first), "s")
     cache.flush()
     grown = [*first, *range(80_000, 80_030)]
-    victim = cache._keys(first)[-1][0]  # the partial block the grown one will be built on
+    victim = cache._spans(first)[-1][0]  # the partial block the grown one will be built on
 
     def evict() -> None:
         with cache._lock:

@@ -31,7 +31,7 @@ def test_a_block_evicted_while_the_state_is_cut_never_kills_the_save(tmp_path: P
     cache.save(first, state_of(first), "s")
     cache.flush()
     grown = first + list(range(100))
-    victim = cache._keys(first)[-1][0]  # stored, so the next save will not cut it again
+    victim = cache._spans(first)[-1][0]  # stored, so the next save will not cut it again
 
     def evict() -> None:
         with cache._lock:
@@ -54,7 +54,7 @@ def test_a_block_dropped_while_queued_gives_back_its_queue_bytes(tmp_path: Path)
     with cache._lock:  # the writer cannot take anything from the queue meanwhile
         cache.save(tokens, state_of(tokens), "s")
         queued = cache._writer.queued_bytes
-        for key, _, _ in cache._keys(tokens):
+        for key, _, _ in cache._spans(tokens):
             cache.folder.drop_block(key)
     assert queued > 0
     cache.flush()
@@ -67,7 +67,7 @@ def test_a_block_queued_twice_is_counted_once(tmp_path: Path) -> None:
     tokens = list(range(1300, 1300 + 2 * BLOCK_TOKENS))
     with cache._lock:
         cache.save(tokens, state_of(tokens), "s")
-        for key, _, _ in cache._keys(tokens):
+        for key, _, _ in cache._spans(tokens):
             cache.folder.drop_block(key)
         cache.save(tokens, state_of(tokens), "s")  # the same blocks again before the writer got to them
     cache.flush()
@@ -82,7 +82,7 @@ def test_the_queue_budget_keeps_persisting_after_many_dropped_blocks(tmp_path: P
         tokens = list(range(round_ * 1000, round_ * 1000 + 2 * BLOCK_TOKENS))
         with cache._lock:
             cache.save(tokens, state_of(tokens), f"s{round_}")
-            for key, _, _ in cache._keys(tokens):
+            for key, _, _ in cache._spans(tokens):
                 cache.folder.drop_block(key)
         cache.flush()
     last = list(range(50_000, 50_000 + 2 * BLOCK_TOKENS))
@@ -126,7 +126,7 @@ def test_a_second_workers_startup_repair_spares_a_live_workers_head(tmp_path: Pa
     cache.flush()
     head = next((tmp_path / FP / "heads").glob("*.json"))
     data = json.loads(head.read_text())
-    first_block = cache.folder.block_path(cache._keys(tokens)[0][0])
+    first_block = cache.folder.block_path(cache._spans(tokens)[0][0])
     first_block.rename(first_block.with_name(".tmp-1-" + first_block.name))  # "not written yet"
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -228,7 +228,7 @@ def test_a_moved_entrys_file_never_names_a_deleted_block_while_its_new_version_w
     assert head is not None
     old_tail = head.key
     grown = first + list(range(9000, 9030))  # the last block is now a different (longer) one
-    new_tail = cache._keys(grown)[-1][0]
+    new_tail = cache._spans(grown)[-1][0]
     with cache._lock:  # the writer waits: the moved entry's new version is queued, its old file is on disk
         assert cache.save(grown, state_of(grown), "grows") is head and head.key != old_tail
         for kind, item in [entry for entry in cache._writer.queue if entry[0] == "block"]:

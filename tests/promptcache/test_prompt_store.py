@@ -88,7 +88,7 @@ def test_a_damaged_block_mid_chain_is_never_served_and_restore_stops_before_it(
     cache = store(tmp_path)
     cache.save(tokens, state_of(tokens), "s")
     cache.flush()
-    keys = cache._keys(tokens)
+    keys = cache._spans(tokens)
     path = cache.folder.block_path(keys[2][0])
     data = bytearray(path.read_bytes())
     if damage == "flip":
@@ -141,7 +141,7 @@ def test_the_quota_evicts_least_recently_used_tails_first_and_never_a_pinned_cha
         tokens = prefix + [used + 1] * (2 * BLOCK_TOKENS)
         cache.save(tokens, state_of(tokens), session)
         cache.flush()
-        for key, start, _ in cache._keys(tokens):
+        for key, start, _ in cache._spans(tokens):
             if start >= len(prefix):
                 cache.folder.blocks[key].last_used = 1_000_000.0 + used  # the order, not the clock's resolution
     pins.add_pin(session="pinned", entry=None, ttl=600, root=tmp_path)
@@ -240,12 +240,12 @@ def test_two_workers_on_one_fingerprint_never_delete_each_others_blocks(tmp_path
         tokens = list(range(8000, 8200))
         mine.save(tokens, state_of(tokens), "mine")
         mine.flush()
-        theirs = {p.name for p in blocks_on_disk(tmp_path)} - {f"{k}.blk" for k, _, _ in mine._keys(tokens)}
+        theirs = {p.name for p in blocks_on_disk(tmp_path)} - {f"{k}.blk" for k, _, _ in mine._spans(tokens)}
         assert len(theirs) == 4
         mine.max_bytes = 0
         mine.enforce_quota()
         assert theirs <= {p.name for p in blocks_on_disk(tmp_path)}  # only my own blocks went
-        assert not any(p.name in {f"{k}.blk" for k, _, _ in mine._keys(tokens)} for p in blocks_on_disk(tmp_path))
+        assert not any(p.name in {f"{k}.blk" for k, _, _ in mine._spans(tokens)} for p in blocks_on_disk(tmp_path))
     finally:
         other.kill()
         other.wait()
