@@ -20,6 +20,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from localai.api import response_store
+from tests.observe import worker_pid
 
 SMALL = "scripted-1k"  # num_ctx 1024 (scripted tokens are bytes): over-long conversations are cheap to build
 
@@ -37,13 +38,21 @@ def raw(api: TestClient, path: str, text: str, method: str = "POST") -> httpx.Re
                        headers={"content-type": "application/json"})
 
 
-def chat(api: TestClient, **body: Any) -> httpx.Response:
-    return api.post("/api/chat", json={"model": "smollm2", "stream": False,
-                                       "messages": [{"role": "user", "content": "Say hi."}], **body})
+def chat(http: httpx.Client, **body: Any) -> httpx.Response:
+    """``Say hi.`` to smollm2 on /api/chat (``http``: the in-process app's TestClient, or a daemon's client)."""
+    return http.post("/api/chat", json={"model": "smollm2", "stream": False,
+                                        "messages": [{"role": "user", "content": "Say hi."}], **body})
 
 
-def worker_pid(api: TestClient, model: str = "smollm2:135m") -> int | None:
-    return next((m["pid"] for m in api.get("/api/ps").json()["models"] if m["name"] == model), None)
+def bad_options_never_touch_the_model(http: httpx.Client, options: dict[str, Any], needle: str) -> None:
+    """A request with bad ``options`` is a 400 naming the field, and the next request is served by the same worker
+    (not reloaded). Run here on the scripted engine and in tests/api/daemon/test_abuse.py on llama.cpp."""
+    assert chat(http, options={"num_predict": 1}).status_code == 200
+    pid = worker_pid(http)
+    response = chat(http, options=options)
+    assert response.status_code == 400 and needle in response.json()["error"], response.text
+    after = chat(http, options={"num_predict": 2})
+    assert after.status_code == 200 and worker_pid(http) == pid  # served by the same worker, not reloaded
 
 
 @pytest.mark.parametrize(("options", "needle"), [
@@ -58,12 +67,7 @@ def worker_pid(api: TestClient, model: str = "smollm2:135m") -> int | None:
     ({"num_batch": 10**9}, "num_batch must be between"),
 ])
 def test_bad_options_are_400s_and_never_touch_the_model(api: TestClient, options: dict[str, Any], needle: str) -> None:
-    assert chat(api, options={"num_predict": 1}).status_code == 200
-    pid = worker_pid(api)
-    response = chat(api, options=options)
-    assert response.status_code == 400 and needle in response.json()["error"], response.text
-    after = chat(api, options={"num_predict": 2})
-    assert after.status_code == 200 and worker_pid(api) == pid  # served by the same worker, not reloaded
+    bad_options_never_touch_the_model(api, options, needle)
 
 
 @pytest.mark.parametrize("body", [

@@ -9,10 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import ollama
 import pytest
@@ -28,23 +26,13 @@ from tests.conftest import Daemon, start_daemon
 from tests.hubserver import HubServer, split_gguf
 from tests.media_files import png
 from tests.mmproj import write_mmproj
+from tests.observe import wait_for
 
 MiB = 1 << 20
 SMOL_REPO = "test-org/SmolLM2-135M-Instruct-GGUF"
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOL_NAME = f"hf.co/{SMOL_REPO}:Q4_1"
 SMOL_REGISTERED = SMOL_NAME.lower()
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 90) -> Any:
-    """Poll until ``condition()`` is truthy (a deadline against hanging, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from localai import paths
 from localai.models.registry import Registry
 from localai.models.watcher import ModelfileWatcher
 from tests.conftest import Daemon, start_daemon
-from tests.models.test_pull import wait_for
+from tests.observe import wait_for
 
 
 @pytest.fixture

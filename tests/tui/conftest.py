@@ -4,7 +4,6 @@ clock, no agents detected from the machine), and helpers shared by the Pilot tes
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,17 +74,6 @@ def store_row(conversation_id: str, title: str, model: str, messages: Any, *, sy
         "messages": messages if isinstance(messages, str) else json.dumps(messages),
         "created_at": updated_at, "updated_at": updated_at}, pk="id")
     store.close()
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = 120) -> Any:
-    """Poll (a deadline against hanging, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 async def settle(pilot: Pilot[Any]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Daemon, start_daemon
-from tests.tui.conftest import wait_until
+from tests.observe import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -49,13 +49,13 @@ class Terminal:
 
     def wait_for(self, text: str, timeout: float = 120) -> str:
         try:
-            return str(wait_until(lambda: self.screen() if text in self.screen() else "", f"{text!r} on screen",
+            return str(wait_for(lambda: self.screen() if text in self.screen() else "", f"{text!r} on screen",
                                   timeout))
         except AssertionError as exc:
             raise AssertionError(f"{exc}; the screen:\n{self.screen()}") from None
 
     def exit_status(self, timeout: float = 30) -> int:
-        wait_until(lambda: self.status.exists() and self.status.read_text().strip(), "the exit status", timeout)
+        wait_for(lambda: self.status.exists() and self.status.read_text().strip(), "the exit status", timeout)
         return int(self.status.read_text())
 
     def close(self) -> None:

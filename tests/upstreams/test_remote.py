@@ -4,7 +4,6 @@ second localai daemon. Every dialect, routing, failover, timeouts, disconnects a
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from localai.bench.servers import LlamaCppPythonServer
 from tests.api.daemon.streams import check_anthropic_stream, check_chat_stream, check_responses_stream, named_events
 from tests.api.daemon.test_agent_replays import CLAUDE_CODE, CLAUDE_HEADERS
 from tests.conftest import Daemon, free_port, start_daemon
+from tests.observe import wait_for
 
 HI = [{"role": "user", "content": "Say hi."}]
 WEATHER_TOOL = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -190,13 +190,6 @@ def metric(daemon: Daemon, name: str, **labels: str) -> float:
     return total
 
 
-def wait_for(condition: Any, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.2)
-
-
 def test_a_dead_replica_fails_over_and_comes_back(remote_daemon: Daemon, smollm2_path: Path) -> None:
     servers = [LlamaCppPythonServer(str(smollm2_path), 2048, threads=1, alias="smol") for _ in range(2)]
     for server in servers:
@@ -226,7 +219,8 @@ def test_a_dead_replica_fails_over_and_comes_back(remote_daemon: Daemon, smollm2
         assert replica_of(third) == other.base_url
         # the first replica comes back on its port: the health checks put it back in rotation
         dead.start()
-        wait_for(lambda: metric(remote_daemon, "localai_upstream_healthy", model="ha:latest", replica=home) == 1)
+        wait_for(lambda: metric(remote_daemon, "localai_upstream_healthy", model="ha:latest", replica=home) == 1,
+                 "the replica to be healthy again", timeout=30)
         fourth = post(remote_daemon, "/v1/chat/completions", {"model": "ha", "messages": conversation,
                                                               "max_tokens": 2}, **session)
         assert replica_of(fourth) == home  # consistent hashing: the session returns to its own replica
@@ -292,7 +286,7 @@ def test_a_client_that_goes_away_closes_the_upstream_request(remote_daemon: Daem
                 return sum(m["active_requests"] for m in ps)
 
             assert active() == 1
-        wait_for(lambda: active() == 0, timeout=20)  # 3000 tokens would take minutes: it was cancelled
+        wait_for(lambda: active() == 0, "the slot to be free", timeout=20)  # 3000 tokens take minutes: cancelled
         # the upstream killed in the middle of a reply: the client gets an error naming it, in its own dialect
         with remote_daemon.http(timeout=300) as http, http.stream("POST", "/v1/chat/completions", json={
                 "model": "far", "messages": HI, "max_tokens": 3000, "ignore_eos": True, "stream": True}) as response:

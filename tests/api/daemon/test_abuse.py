@@ -17,7 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.api.test_limits import bad_options_never_touch_the_model, chat
 from tests.conftest import Daemon, start_daemon
+from tests.observe import counted
 
 
 @pytest.fixture(scope="module")
@@ -27,15 +29,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iter
     instance = start_daemon(home, keep_alive="-1")
     yield instance
     instance.stop()
-
-
-def chat(http: httpx.Client, **body: Any) -> httpx.Response:
-    return http.post("/api/chat", json={"model": "smollm2", "stream": False,
-                                        "messages": [{"role": "user", "content": "Say hi."}], **body})
-
-
-def worker_pid(http: httpx.Client, model: str = "smollm2:135m") -> int | None:
-    return next((m["pid"] for m in http.get("/api/ps").json()["models"] if m["name"] == model), None)
 
 
 def healthy(daemon: Daemon, timeout: float = 10.0) -> bool:
@@ -51,12 +44,7 @@ def healthy(daemon: Daemon, timeout: float = 10.0) -> bool:
 ])
 def test_bad_options_are_400s_and_never_touch_the_model(daemon: Daemon, options: dict[str, Any], needle: str) -> None:
     with daemon.http() as http:
-        assert chat(http, options={"num_predict": 1}).status_code == 200
-        pid = worker_pid(http)
-        response = chat(http, options=options)
-        assert response.status_code == 400 and needle in response.json()["error"], response.text
-        after = chat(http, options={"num_predict": 2})
-        assert after.status_code == 200 and worker_pid(http) == pid  # served by the same worker, not reloaded
+        bad_options_never_touch_the_model(http, options, needle)
 
 
 # -- 6. slow work off the event loop; stored responses are bounded -------------------------------------
@@ -144,13 +132,6 @@ def test_a_non_streamed_request_stops_when_its_client_goes_away(daemon: Daemon) 
         assert counted(http, "localai_requests_total", model, "length") == 1, \
             "the request ran to its limit: it was never stopped"
         assert counted(http, "localai_requests_total", model, "cancelled") == 1
-
-
-def counted(http: httpx.Client, name: str, model: str, outcome: str | None = None) -> float:
-    """The sum of a /metrics counter over the labels of ``model`` (and ``outcome``, when given)."""
-    return sum(float(line.rsplit(" ", 1)[1]) for line in http.get("/metrics").text.splitlines()
-               if line.startswith(name + "{") and f'model="{model}' in line
-               and (outcome is None or f'outcome="{outcome}"' in line))
 
 
 @pytest.mark.timeout(240)

@@ -10,10 +10,10 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import Daemon, start_daemon
+from tests.observe import worker_pid
 
 SLOW = "[[slow]]"
 USER = [{"role": "user", "content": SLOW}]
@@ -32,10 +32,6 @@ def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     instance = start_daemon(tmp_path_factory.mktemp("tail"), engine="scripted", keep_alive="-1")
     yield instance
     instance.stop()
-
-
-def worker_pid(http: httpx.Client) -> int:
-    return int(next(m["pid"] for m in http.get("/api/ps").json()["models"] if m["name"].startswith("smollm2")))
 
 
 def error_of(dialect: str, lines: list[str]) -> dict[str, Any] | str | None:
@@ -63,7 +59,9 @@ def test_a_worker_killed_mid_stream_ends_the_stream_with_the_dialects_error(scri
             seen += bool(line.strip())
             if seen == 30:
                 break
-        os.kill(worker_pid(http), signal.SIGKILL)
+        pid = worker_pid(http, "smollm2")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
         rest = [line for line in lines if line.strip()]
     error = error_of(dialect, rest)
     assert error, rest[-3:]

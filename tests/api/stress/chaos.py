@@ -13,8 +13,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.api.stress.common import PROMPT, Report, daemon, damaged_cache_files, greedy, wait_until, worker_pids
+from tests.api.stress.common import PROMPT, Report, daemon, damaged_cache_files, greedy, worker_pids
 from tests.conftest import Daemon
+from tests.observe import poll
 
 LONG = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
 
@@ -132,7 +133,7 @@ def _daemon_kills(report: Report, home: Path, kills: int, reference: str) -> Non
                     instance.process.send_signal(signal.SIGKILL)
                     outcomes["answer"] += 1
             instance.process.wait()
-            if not wait_until(lambda: not worker_pids(), 15):
+            if not poll(lambda: not worker_pids(), 15):
                 orphans += len(worker_pids())
                 report.finding(f"daemon kill {trial}: workers left running: {worker_pids()}")
             _, damaged = damaged_cache_files(home)

@@ -102,15 +102,6 @@ def damaged_cache_files(home: Path) -> tuple[int, int]:
     return checked, damaged
 
 
-def wait_until(predicate: Any, timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
-
-
 PROBE_SCRIPT = """
 import json, sys, time, httpx
 url, stop, out = sys.argv[1], sys.argv[2], sys.argv[3]
