@@ -362,6 +362,16 @@ class LlamaCppEngine:
             raise ValueError("this model has no vision projector: images reach it as text stand-ins")
         self.vision.remember(media)
 
+    def hold_media(self, op_id: str, digests: list[str]) -> None:
+        """Keep the images op ``op_id`` carries until ``release_media`` (the worker calls both, on the engine
+        thread: as the op is taken and at its final frame)."""
+        if self.vision is not None:
+            self.vision.hold(op_id, digests)
+
+    def release_media(self, op_id: str) -> None:
+        if self.vision is not None:
+            self.vision.release(op_id)
+
     def _tokenize_whole(self, text: str) -> list[int]:
         tokens = self._tokens(text, self.add_bos)
         if self.add_bos and len(tokens) > 1 and tokens[0] == tokens[1] == self.bos_id:

@@ -2,12 +2,13 @@
 llama.cpp model.
 
 The daemon renders an image into the prompt as a mark naming its sha256 (``protocol.image_mark``) and sends the
-bytes with the request; the worker keeps recent images by digest. Tokenizing a prompt with marks goes through
-``mtmd_tokenize``: text pieces become the model's tokens, and each image becomes the positions mtmd says it takes
-(with the model's own begin/end tokens around them), written into the token list as pseudo-tokens above any
-vocabulary, derived from the image's digest and the position within it. So the serving loop, the prefix reuse and
-the prompt cache work on token lists as ever: the same image in a later turn is the same tokens (its positions are
-reused from the cache), a different image at the same place is different tokens (recomputed).
+bytes with the request; the worker keeps them by digest while an op that carries them is in flight, and recent
+ones under a byte bound. Tokenizing a prompt with marks goes through ``mtmd_tokenize``: text pieces become the
+model's tokens, and each image becomes the positions mtmd says it takes (with the model's own begin/end tokens
+around them), written into the token list as pseudo-tokens above any vocabulary, derived from the image's digest
+and the position within it. So the serving loop, the prefix reuse and the prompt cache work on token lists as
+ever: the same image in a later turn is the same tokens (its positions are reused from the cache), a different
+image at the same place is different tokens (recomputed).
 
 Decoding a batch that holds image positions: the image's embeddings come from the projector (encoded once per
 image, kept while it is recent) and are decoded through an embedding batch, with causal attention off where the
@@ -41,7 +42,9 @@ from localai.protocol import IMAGE_MARK, IMAGE_MARK_START
 log = logging.getLogger("localai.engine")
 PSEUDO_BASE = 1 << 30  # pseudo-token ids of image positions: above every vocabulary, below int32's limit
 PSEUDO_SPAN = (1 << 31) - 1 - PSEUDO_BASE
-KEEP_IMAGES = 32  # images (bytes and embeddings) a worker keeps by digest
+# bytes (encoded files and embeddings) of images no op in flight carries that a worker keeps by digest, for a
+# later turn's cache restore; an op's own images stay however many it sends, until its final frame
+KEEP_IMAGE_BYTES = 256 << 20
 CHUNK_TEXT, CHUNK_IMAGE = 0, 1
 _LOG_CALLBACK: Any = None
 
@@ -66,6 +69,10 @@ class Image:
     n_tokens: int = 0  # its embeddings (one pseudo-token each)
     n_pos: int = 0  # the positions it advances a sequence by (fewer than its embeddings under M-RoPE)
     offsets: np.ndarray[Any, np.dtype[np.int32]] | None = None  # M-RoPE: each embedding's (time, row, column) offset
+
+    @property
+    def size(self) -> int:
+        return len(self.data) + (self.embeddings.nbytes if self.embeddings is not None else 0)
 
 
 class Spans:
@@ -130,6 +137,8 @@ class Vision:
         self.marker = M.mtmd_default_marker()
         self.images: OrderedDict[str, Image] = OrderedDict()
         self.pseudo: dict[int, tuple[str, int]] = {}  # pseudo-token -> (image digest, embedding in the image)
+        self.held: dict[str, list[str]] = {}  # op id -> the digests it carries, kept until the op ends
+        self.keep_bytes = KEEP_IMAGE_BYTES
         self.spans = Spans()  # M-RoPE only
         self.encoded = 0  # images the projector encoded (one whose positions came from the cache is not)
 
@@ -169,6 +178,16 @@ class Vision:
 
     # -- images ----------------------------------------------------------------------------------
 
+    def hold(self, op_id: str, digests: list[str]) -> None:
+        """Keep the images op ``op_id`` carries until ``release``: none is forgotten while its op may still
+        tokenize or decode it (a request with more images than the bound, or queued behind others that have)."""
+        self.held.setdefault(op_id, []).extend(digests)
+
+    def release(self, op_id: str) -> None:
+        """Op ``op_id`` ended (its final frame is out): its images become recent ones, forgotten oldest first."""
+        if self.held.pop(op_id, None) is not None:
+            self._forget_over_bound()
+
     def remember(self, media: dict[str, str]) -> None:
         """Keep the images a request sent (base64 by sha256 digest) for its prompt's marks."""
         for digest, data in media.items():
@@ -179,8 +198,18 @@ class Vision:
             if hashlib.sha256(raw).hexdigest() != digest:
                 raise ValueError(f"image {digest[:16]}: its bytes do not match its digest")
             self.images[digest] = Image(raw)
-        while len(self.images) > KEEP_IMAGES:
-            _, old = self.images.popitem(last=False)
+        self._forget_over_bound()
+
+    def _forget_over_bound(self) -> None:
+        """Forget the oldest images no op in flight holds while those exceed ``keep_bytes``."""
+        held = {digest for digests in self.held.values() for digest in digests}
+        free = [(digest, image) for digest, image in self.images.items() if digest not in held]
+        total = sum(image.size for _, image in free)
+        for digest, old in free:
+            if total <= self.keep_bytes:
+                break
+            total -= old.size
+            del self.images[digest]
             if old.chunk is not None:
                 M.mtmd_input_chunk_free(old.chunk)
             for token in old.tokens:
