@@ -96,6 +96,9 @@ class Scheduler:
         self.waiting = 0
         self.queued: dict[str, int] = {}  # requests waiting for a slot (or a load), per model
         self._load_lock = asyncio.Lock()
+        # Loads in progress: a load runs in a task of its own, so a request whose client leaves while its model loads
+        # stops waiting without killing the load (the next request finds the model loaded, not a new start)
+        self._loads: dict[tuple[str, LoadKey], asyncio.Task[LoadedModel]] = {}
         # Workers stopping (up to the stop's timeout): their memory is not free yet, so a load of the same key or of
         # a model they served waits for the stop, and they count against max_loaded_models.
         self.stopping: dict[LoadKey, Stopping] = {}
@@ -146,6 +149,19 @@ class Scheduler:
         current = self.loaded.get(record.name)
         if current is not None and current.worker.alive and current.load_key == key:
             return current
+        load = self._loads.get((record.name, key))
+        if load is None:
+            load = self._loads[(record.name, key)] = asyncio.ensure_future(self._load(record, key, overrides))
+            load.add_done_callback(lambda done: self._load_done((record.name, key), done))
+        return await asyncio.shield(load)
+
+    def _load_done(self, which: tuple[str, LoadKey], load: asyncio.Task[LoadedModel]) -> None:
+        if self._loads.get(which) is load:
+            del self._loads[which]
+        if not load.cancelled():
+            load.exception()  # a failed load's error went to the requests waiting; read, so none is left unread
+
+    async def _load(self, record: ModelRecord, key: LoadKey, overrides: dict[str, Any] | None) -> LoadedModel:
         async with self._load_lock:
             current = self.loaded.get(record.name)
             if current is not None and current.worker.alive and current.load_key == key:
@@ -261,6 +277,9 @@ class Scheduler:
         return True
 
     async def shutdown(self) -> None:
+        for load in list(self._loads.values()):
+            load.cancel()  # a load nobody waits for any more ends with the daemon
+        await asyncio.gather(*self._loads.values(), return_exceptions=True)
         await asyncio.gather(*(self._stop_worker(w) for w in list(self.workers.values())), return_exceptions=True)
 
 

@@ -325,3 +325,46 @@ def test_a_persona_waits_for_its_shared_worker_to_stop_before_loading_it_again()
         assert len(HeldWorker.instances) == 2 and list(schedule.loaded) == ["pirate"]
 
     asyncio.run(run())
+
+
+def test_a_request_that_leaves_while_its_model_loads_does_not_stop_the_load() -> None:
+    """A client whose request is cancelled while queued (issue 60, item 8) may be the one whose request started its
+    model's load: the load goes on without it (before, Worker.start was cancelled and the next request loaded the
+    model again from the start), and a load that fails still reaches the requests waiting for it."""
+    async def run() -> None:
+        opened = asyncio.Event()
+        starts: list[SlowStart] = []
+
+        class SlowStart(HeldWorker):
+            async def start(self, timeout: float) -> dict[str, Any]:
+                starts.append(self)
+                await opened.wait()
+                return await super().start(timeout)
+
+        scheduling.Worker = SlowStart  # type: ignore[misc]  # undone by the fixture's monkeypatch
+        HeldWorker.gate = asyncio.Event()
+        schedule = Scheduler(settings())
+        model = record("m")
+        first = asyncio.create_task(use(schedule, model))
+        await until(lambda: starts, "the load to start")
+        first.cancel()  # its client left
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        second = asyncio.create_task(use(schedule, model))
+        opened.set()
+        await second
+        assert len(starts) == 1 and schedule.loaded["m"].worker is starts[0]  # one load, carried on
+        assert not schedule._loads
+        # a load that fails: its waiters get the error, and nothing is left behind
+        other = record("n")
+        HeldWorker.fail_start = True
+        try:
+            from localai.errors import WorkerCrashed
+
+            with pytest.raises(WorkerCrashed):
+                await use(schedule, other)
+        finally:
+            HeldWorker.fail_start = False
+        assert not schedule._loads and "n" not in schedule.loaded
+
+    asyncio.run(run())
