@@ -115,7 +115,7 @@ async def info(request: Request, model: str | None = None, refresh: bool = False
     }
     if model:
         runtime = runtime_of(request)
-        record = runtime.registry.get(model)
+        record = await runtime.record(model)
         current = runtime.scheduler.loaded.get(record.name)
         loaded = dict(current.worker.info["placement"]) if current and current.worker.info else None
         result["model"] = await asyncio.to_thread(model_report, record, settings, llama, loaded)

@@ -36,6 +36,7 @@ from localai.api.media import from_base64
 from localai.api.sessions import cache_partition, cache_salt_field, session_id
 from localai.engines.descriptions import speculative_support, state_kind
 from localai.errors import InvalidRequest, LocalAIError, ModelNotFound
+from localai.models.gguf_meta import AttentionShape
 from localai.models.loading import attention_of, chosen_engine, gguf_metadata, is_reranker, kv_bytes, window
 from localai.models.modelfile import (
     LOAD_PARAMETERS,
@@ -299,7 +300,7 @@ async def _load_or_unload(request: Request, model: str, keep_alive: float | None
                           piece: dict[str, Any]) -> JSONResponse:
     """An empty prompt loads the model (or, with keep_alive 0, unloads it): Ollama's convention."""
     runtime = runtime_of(request)
-    record = runtime.registry.get(model)
+    record = await runtime.record(model)
     if keep_alive is not None and keep_alive == 0:
         await runtime.unload(record.name)
         done_reason = "unload"
@@ -455,7 +456,7 @@ def details(record: ModelRecord) -> dict[str, Any]:
 async def tags(request: Request) -> dict[str, Any]:
     settings: Settings = request.app.state.settings
     runtime = runtime_of(request)
-    records = runtime.registry.all()
+    records = await runtime.registry.off_loop(lambda registry: registry.all())
     remote = await remote_descriptions(request, records)
     models = []
     for record in records:
@@ -473,13 +474,16 @@ async def tags(request: Request) -> dict[str, Any]:
 @router.get("/api/ps")
 async def ps(request: Request) -> dict[str, Any]:
     models = []
-    for loaded in runtime_of(request).scheduler.loaded.values():
+    running = list(runtime_of(request).scheduler.loaded.values())
+    # each model's attention shape comes from its GGUF header (a stat, a parse when the file changed): off the loop
+    shapes = await asyncio.to_thread(lambda: [attention_of(loaded.record) for loaded in running])
+    for loaded, shape in zip(running, shapes, strict=True):
         record, info = loaded.record, loaded.worker.info
         expires = (dt.datetime.fromtimestamp(loaded.expires_at, dt.UTC).isoformat()
                    if loaded.expires_at is not None else None)
         options = loaded.worker.options
         placed = _placement_of(request, loaded.name) or {}
-        kv = kv_bytes(attention_of(record), int(options.get("num_ctx") or 0), int(options.get("n_parallel") or 1),
+        kv = kv_bytes(shape, int(options.get("num_ctx") or 0), int(options.get("n_parallel") or 1),
                       str(options.get("kv_type") or "f16"))
         models.append({
             "name": loaded.name, "model": loaded.name, "size": record.size + kv, "digest": record.sha256,
@@ -540,7 +544,7 @@ async def parser_of(record: ModelRecord) -> dict[str, str]:
 
 @router.post("/api/show")
 async def show(body: ModelRef, request: Request) -> dict[str, Any]:
-    record = runtime_of(request).registry.get(body.model_name())
+    record = await runtime_of(request).record(body.model_name())
     modelfile = record.modelfile()
     parameters = "\n".join(
         f"{name:<20} {json.dumps(item) if isinstance(item, str) else item}"
@@ -563,7 +567,7 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
         "num_ctx": num_ctx,
         "engine": chosen_engine(record, request.app.state.settings.engine),  # localai extension
         # localai extension: what the prompt cache keeps of a sequence, and whether speculative decoding runs
-        **_state_of(request, record),
+        **_state_of(request, record, await asyncio.to_thread(attention_of, record)),
         "parser": await parser_of(record),  # localai extension: the tool-call format and where it came from
         # localai extension: the memory the model takes at that window, and how the window was chosen
         **({"memory": {"num_ctx": fitted.num_ctx, "kv_type": fitted.kv_type, "weights_bytes": fitted.weights_bytes,
@@ -575,13 +579,13 @@ async def show(body: ModelRef, request: Request) -> dict[str, Any]:
     }
 
 
-def _state_of(request: Request, record: ModelRecord) -> dict[str, str]:
-    """``state`` and ``speculative`` as the loaded worker reports them, else as the GGUF header says."""
+def _state_of(request: Request, record: ModelRecord, shape: AttentionShape | None) -> dict[str, str]:
+    """``state`` and ``speculative`` as the loaded worker reports them, else as the GGUF header says (``shape``,
+    read off the loop)."""
     loaded = runtime_of(request).scheduler.loaded.get(record.name)
     info = loaded.worker.info if loaded is not None else None
     if info and info.get("speculative"):
         return {"state": str(info.get("state", "")), "speculative": str(info["speculative"])}
-    shape = attention_of(record)
     if shape is None or chosen_engine(record, request.app.state.settings.engine) != "llama.cpp":
         return {}
     recurrent, window = shape.recurrent_bytes > 0, shape.sliding_window if shape.sliding_share else 0
@@ -600,7 +604,7 @@ def _placement_of(request: Request, name: str) -> dict[str, Any] | None:
 async def delete(body: ModelRef, request: Request) -> JSONResponse:
     runtime = runtime_of(request)
     name = body.model_name()
-    record = runtime.registry.get(name)
+    record = await runtime.record(name)
     removed = await runtime.registry.off_loop(lambda registry: registry.remove(name))  # deletes GB-sized blobs
     if record.name in removed:  # removing only an alias leaves the model loaded
         await runtime.unload(record.name)
@@ -609,7 +613,8 @@ async def delete(body: ModelRef, request: Request) -> JSONResponse:
 
 @router.post("/api/copy")
 async def copy(body: CopyBody, request: Request) -> JSONResponse:
-    runtime_of(request).registry.copy(body.source, body.destination)
+    source, destination = body.source, body.destination
+    await runtime_of(request).registry.off_loop(lambda registry: registry.copy(source, destination))
     return JSONResponse({})
 
 

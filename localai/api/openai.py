@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import struct
@@ -515,22 +516,24 @@ def model_json(name: str, record: ModelRecord, settings: Settings, remote: dict[
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     runtime = runtime_of(request)
-    records = runtime.registry.all()
+    records = await runtime.registry.off_loop(lambda registry: registry.all())
     remote = await remote_descriptions(request, records)
     settings = request.app.state.settings
-    return {"object": "list", "data": [model_json(r.name, r, settings, remote.get(r.name)) for r in records]}
+    # each local model's window reads its GGUF header and the free memory: off the loop
+    data = await asyncio.to_thread(lambda: [model_json(r.name, r, settings, remote.get(r.name)) for r in records])
+    return {"object": "list", "data": data}
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     runtime = runtime_of(request)
     try:
-        record = runtime.registry.get(model_id)
+        record = await runtime.record(model_id)
     except ModelNotFound as exc:
         exc.param = "model_id"
         raise
     remote = (await remote_descriptions(request, [record])).get(record.name)
-    return model_json(model_id, record, request.app.state.settings, remote)
+    return await asyncio.to_thread(model_json, model_id, record, request.app.state.settings, remote)
 
 
 class EmbeddingRequest(BaseModel):

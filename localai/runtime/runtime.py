@@ -43,6 +43,11 @@ class Runtime:
         self.documents = media.DocumentReader()
         self._warmed: set[tuple[str, int | None]] = set()  # (model, worker pid) whose template the renderers compiled
 
+    async def record(self, name: str) -> ModelRecord:
+        """The model called ``name`` (``Registry.get``), read on a worker thread: a query that waits for a write
+        another thread or process holds (up to the database's busy timeout) must not stall the event loop."""
+        return await self.registry.off_loop(lambda registry: registry.get(name))
+
     async def start(self, request: GenerationRequest) -> Generation:
         """Admit a request: load the model if needed, render and send the prompt, await its acceptance.
 
@@ -54,8 +59,8 @@ class Runtime:
 
     async def _admit(self, request: GenerationRequest) -> Generation:
         request = replace(request, session_id=side_session(request))
-        record = self.registry.get(request.model)
-        if is_reranker(record):
+        record = await self.record(request.model)
+        if await asyncio.to_thread(is_reranker, record):  # reads the GGUF header's facts (a stat, at first a parse)
             raise InvalidRequest(f"'{record.name}' is a reranker: it scores documents against a query (POST "
                                  "/v1/rerank) and does not generate text; chat with a chat model", param="model")
         if record.remote and request.logprobs is not None:
@@ -147,7 +152,7 @@ class Runtime:
 
     async def count_tokens(self, request: GenerationRequest) -> int:
         """How many tokens the request's prompt is, as the model tokenizes it."""
-        record = self.registry.get(request.model)
+        record = await self.record(request.model)
         prepared = await media.prepare(request.messages, self.documents, model=record.name,
                                        sees_images=self.sees_images(record))
         request = replace(request, messages=prepared.messages)
@@ -167,7 +172,7 @@ class Runtime:
                     tokens: list[list[int]] | None = None) -> tuple[list[list[float]], int]:
         """L2-normalised embeddings of ``texts`` (or of ``tokens``, ids of the model's own tokenizer) and the tokens
         evaluated (a separate context in the worker)."""
-        record = self.registry.get(model)
+        record = await self.record(model)
         if record.remote:
             if tokens is not None:
                 raise InvalidRequest("token ids cannot go to a remote model (its tokenizer is not here); send the "
@@ -180,11 +185,11 @@ class Runtime:
                      keep_alive: float | None = None) -> tuple[list[float], int]:
         """Each document's relevance to ``query`` from a reranker model (its classifier head, in a context of its own
         in the worker), in the order sent, and the tokens evaluated."""
-        record = self.registry.get(model)
+        record = await self.record(model)
         if record.remote:
             raise InvalidRequest(f"'{model}' is a remote model: reranking is not passed on to remote models yet; "
                                  "rerank with a local reranker GGUF", param="model")
-        if not is_reranker(record):
+        if not await asyncio.to_thread(is_reranker, record):
             found = library.rerankers()
             suggestion = f"`localai pull {found[0]}`" if found else "a reranker GGUF"
             raise InvalidRequest(f"'{model}' is not a reranker (its weights have no rank pooling head); rerank with "
@@ -201,7 +206,7 @@ class Runtime:
 
     async def load(self, model: str, keep_alive: float | None) -> None:
         """Load a model now (Ollama's empty prompt); for a remote model, check that a replica answers."""
-        record = self.registry.get(model)
+        record = await self.record(model)
         if record.remote:
             await self._remote_target(record)  # raises when no replica answered
             return
