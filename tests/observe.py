@@ -1,10 +1,14 @@
 """Watching a daemon or an in-process app from outside: waiting for something it does, the pid of a model's worker,
-a /metrics counter. The clients are ``httpx.Client``s (a Starlette ``TestClient`` is one)."""
+a /metrics counter, the CPU time a process has used (the sign that it is working on what it was sent). The clients
+are ``httpx.Client``s (a Starlette ``TestClient`` is one)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,3 +43,26 @@ def counted(http: httpx.Client, name: str, model: str, outcome: str | None = Non
     return sum(float(line.rsplit(" ", 1)[1]) for line in http.get("/metrics").text.splitlines()
                if line.startswith(name + "{") and f'model="{model}' in line
                and (outcome is None or f'outcome="{outcome}"' in line))
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process ``pid`` has used (user and system): work it did, whatever the machine's speed. /proc
+    where there is one (ticks), else ``ps`` (whole seconds)."""
+    if Path("/proc/self/stat").exists():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # it has ended
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    text = subprocess.run(["ps", "-o", "time=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+    seconds = 0.0
+    for part in text.replace("-", ":").split(":"):
+        seconds = seconds * 60 + float(part or 0)
+    return seconds
+
+
+def helper_processes(parent: int, module: str) -> list[int]:
+    """The pids of ``python -m MODULE`` processes started by ``parent`` (a daemon's render processes)."""
+    listing = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,command="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in listing.splitlines()]
+    return [int(row[0]) for row in rows if len(row) == 3 and int(row[1]) == parent and f"-m {module}" in row[2]]

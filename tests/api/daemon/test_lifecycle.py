@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import Daemon, free_port, start_daemon
+from tests.observe import cpu_seconds, helper_processes, wait_for
 
 PROMPT = [{"role": "user", "content": "Count slowly from one to one thousand."}]
 LONG = {"model": "smollm2", "messages": PROMPT, "max_tokens": 4000, "ignore_eos": True, "temperature": 0}
@@ -24,15 +24,6 @@ def loaded(daemon: Daemon) -> list[dict[str, object]]:
     with daemon.http() as http:
         models: list[dict[str, object]] = http.get("/api/ps").json()["models"]
         return models
-
-
-def wait_for(condition, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_worker_killed_mid_stream_ends_the_stream_with_an_error(fresh_daemon: Daemon) -> None:
@@ -64,9 +55,13 @@ def test_worker_killed_during_a_plain_request_gives_a_json_error(fresh_daemon: D
         http.post("/api/generate", json={"model": "smollm2"})  # load it
         pid = int(loaded(fresh_daemon)[0]["pid"])  # type: ignore[call-overload]
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            idle = cpu_seconds(pid)
             future = pool.submit(http.post, "/v1/chat/completions", json=LONG)
-            assert wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 1)
-            time.sleep(1.0)  # let the worker take it (4000 tokens to go): a request it never took is retried
+            wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 1, "the request to hold a slot")
+            # the worker has taken it (a request it never took is retried, test below): it is computing, half a
+            # second of CPU time of its 4000 tokens (an idle worker uses next to none)
+            wait_for(lambda: cpu_seconds(pid) > idle + 0.5, "the worker to work on the request")
+            assert not future.done()
             os.kill(pid, signal.SIGKILL)
             response = future.result(timeout=60)
     assert response.status_code == 500
@@ -83,7 +78,7 @@ def test_a_request_the_dead_worker_never_took_goes_to_a_new_one(fresh_daemon: Da
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             future = pool.submit(http.post, "/v1/chat/completions",
                                  json={"model": "smollm2", "messages": PROMPT, "max_tokens": 3})
-            assert wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 1)
+            wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 1, "the request to hold a slot")
             os.kill(pid, signal.SIGKILL)
             response = future.result(timeout=60)
     assert response.status_code == 200, response.text
@@ -100,7 +95,7 @@ def test_client_disconnect_stops_the_generation(fresh_daemon: Daemon) -> None:
         assert loaded(fresh_daemon)[0]["active_requests"] == 1
         r.close()
     # 4000 tokens would take minutes; the slot is free again almost at once
-    assert wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 0, timeout=10)
+    wait_for(lambda: loaded(fresh_daemon)[0]["active_requests"] == 0, "the slot to be free", timeout=10)
 
 
 def test_full_queue_answers_503_with_retry_after(tmp_path: Path, smollm2_path: Path) -> None:
@@ -129,14 +124,14 @@ def test_keep_alive_zero_unloads_and_max_loaded_models_evicts(tmp_path: Path, sm
         reply = http.post("/api/generate", json={"model": "other", "prompt": "Hi", "stream": False,
                                                   "options": {"num_predict": 2}, "keep_alive": 0})
         assert reply.status_code == 200 and reply.json()["done"] is True
-        assert wait_for(lambda: loaded(daemon) == [])
+        wait_for(lambda: loaded(daemon) == [], "other to be unloaded", timeout=30)
 
 
 def test_keep_alive_expires(tmp_path: Path, smollm2_path: Path) -> None:
     with start_daemon(tmp_path / "d", keep_alive="1s") as daemon:
         with daemon.http() as http:
             http.post("/api/generate", json={"model": "smollm2"})
-        assert wait_for(lambda: loaded(daemon) == [], timeout=20)
+        wait_for(lambda: loaded(daemon) == [], "smollm2 to expire", timeout=20)
 
 
 def test_foreign_host_header_is_403(daemon: Daemon) -> None:
@@ -233,10 +228,14 @@ def test_sigterm_stops_the_daemon_while_templates_hang(tmp_path: Path) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         asking = [pool.submit(ask) for _ in range(12)]
-        time.sleep(1.5)
+        # a render process is looping in the template (a tenth of a second of CPU time in it): the signal comes
+        # while a template hangs, not before any has started
+        wait_for(lambda: any(cpu_seconds(pid) > 0.1 for pid in
+                             helper_processes(daemon.process.pid, "localai.models.renderer")), "a hanging render")
         daemon.process.send_signal(signal.SIGTERM)
-        code = daemon.process.wait(timeout=40)  # the documented grace is 25 s; this must be far under it
-        assert code == 0, daemon.log()[-2000:]
+        # 0, not 1: it stopped by itself, not cut at the 25 s grace (the wait's 60 s only keeps a hang from lasting)
+        code = daemon.process.wait(timeout=60)
+        assert code == 0 and "did not stop within" not in daemon.log(), daemon.log()[-2000:]
         # 400: the template was stopped; 500/503/none: cut off by the shutdown (uvicorn's, for requests it cancels)
         assert {future.result(timeout=60) for future in asking} <= {0, 400, 500, 503}
     assert not daemon.socket_path.exists() and not (daemon.home / "localai.pid").exists()
@@ -254,7 +253,7 @@ def test_a_shutdown_that_never_finishes_is_cut_at_the_grace_period(tmp_path: Pat
     env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{port}", "LOCALAI_DISCOVER": "",
                 "LOCALAI_ENGINE": "scripted"})
     with subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True) as process:
-        assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/health"), 60)
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/health"), "the daemon to start", timeout=60)
         assert httpx.post(f"http://127.0.0.1:{port}/api/chat", timeout=60, json={
             "model": "smollm2", "stream": False, "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
         process.send_signal(signal.SIGTERM)
