@@ -494,6 +494,8 @@ class LlamaCppEngine:
 
     def decode(self, batch: list[BatchItem]) -> None:
         self._rows = {}
+        if self.vision is not None:
+            self.vision.decoded(batch)
         if self.mrope:
             assert self.vision is not None
             batch = self.vision.positioned(batch)
@@ -538,6 +540,7 @@ class LlamaCppEngine:
             if not L.llama_memory_seq_rm(self.memory, seq, self._position(seq, n_tokens), -1):
                 return False
             self.vision.spans.cut(seq, n_tokens)
+            self.vision.seq_cut(seq, n_tokens)
             return True
         if self.n_swa and n_tokens > 0:
             # Sliding-window layers may have dropped every position older than the window: cut back further
@@ -545,12 +548,17 @@ class LlamaCppEngine:
             length = int(L.llama_memory_seq_pos_max(self.memory, seq)) + 1
             if length > self.n_swa and n_tokens < length - 1:
                 return False
-        return bool(L.llama_memory_seq_rm(self.memory, seq, n_tokens, -1))
+        if not L.llama_memory_seq_rm(self.memory, seq, n_tokens, -1):
+            return False
+        if self.vision is not None:
+            self.vision.seq_cut(seq, n_tokens)
+        return True
 
     def seq_clear(self, seq: int) -> None:
         L.llama_memory_seq_rm(self.memory, seq, -1, -1)
         if self.vision is not None:
             self.vision.spans.cut(seq, 0)
+            self.vision.seq_cut(seq, 0)
 
     def seq_state(self, seq: int) -> StateBytes:
         """The sequence's state, valid until the next call: written into a buffer kept between saves (up to
@@ -574,6 +582,8 @@ class LlamaCppEngine:
         if self.mrope and self.vision is not None and not self.vision.track(seq, list(tokens or [])):
             self.seq_clear(seq)  # an image it holds is not known here: its positions cannot be mapped
             return False
+        if self.vision is not None:
+            self.vision.seq_holds(seq, list(tokens or []))
         return True
 
     def seq_checkpoint(self, seq: int) -> bytes:
@@ -602,6 +612,7 @@ class LlamaCppEngine:
             return False
         if self.vision is not None:
             self.vision.spans.cut(seq, n_tokens)
+            self.vision.seq_cut(seq, n_tokens)
         return True
 
     def _tail_bytes(self, state: StateBytes) -> int:

@@ -139,6 +139,7 @@ class Vision:
         self.pseudo: dict[int, tuple[str, int]] = {}  # pseudo-token -> (image digest, embedding in the image)
         self.held: dict[str, list[str]] = {}  # op id -> the digests it carries, kept until the op ends
         self.keep_bytes = KEEP_IMAGE_BYTES
+        self.in_seq: dict[int, dict[int, str]] = {}  # seq -> {first token index: digest} of images its state holds
         self.spans = Spans()  # M-RoPE only
         self.encoded = 0  # images the projector encoded (one whose positions came from the cache is not)
 
@@ -203,6 +204,7 @@ class Vision:
     def _forget_over_bound(self) -> None:
         """Forget the oldest images no op in flight holds while those exceed ``keep_bytes``."""
         held = {digest for digests in self.held.values() for digest in digests}
+        held.update(digest for images in self.in_seq.values() for digest in images.values())
         free = [(digest, image) for digest, image in self.images.items() if digest not in held]
         total = sum(image.size for _, image in free)
         for digest, old in free:
@@ -214,6 +216,31 @@ class Vision:
                 M.mtmd_input_chunk_free(old.chunk)
             for token in old.tokens:
                 self.pseudo.pop(token, None)
+
+    def decoded(self, batch: list[BatchItem]) -> None:
+        """Note the images whose positions a batch (by token index) puts into its sequences: kept while a sequence
+        holds them, whatever the bound."""
+        for item in batch:
+            found = self.pseudo.get(item.token) if item.token >= PSEUDO_BASE else None
+            if found is not None:
+                self.in_seq.setdefault(item.seq, {})[item.pos - found[1]] = found[0]
+
+    def seq_cut(self, seq: int, n_tokens: int) -> None:
+        """A sequence now holds its first ``n_tokens`` tokens: the images past them may be forgotten."""
+        images = self.in_seq.get(seq, {})
+        self.in_seq[seq] = {start: digest for start, digest in images.items() if start < n_tokens}
+        if len(self.in_seq[seq]) < len(images):
+            self._forget_over_bound()
+
+    def seq_holds(self, seq: int, tokens: list[int]) -> None:
+        """A sequence's state was replaced by one holding ``tokens`` (restored from the cache)."""
+        images = {}
+        for index, token in enumerate(tokens):
+            found = self.pseudo.get(token) if token >= PSEUDO_BASE else None
+            if found is not None and found[1] == 0:
+                images[index] = found[0]
+        self.in_seq[seq] = images
+        self._forget_over_bound()
 
     @staticmethod
     def marked(text: str) -> bool:

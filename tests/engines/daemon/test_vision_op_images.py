@@ -3,7 +3,7 @@ worker kept the 32 most recent images as ops arrived, so a request with 33 or mo
 more than 32 between them, got "image ... is not known to this worker" although it had sent the bytes. Real
 llama.cpp (smollm2 with the tiny projector of tests/mmproj.py) behind the real serving loop and the worker's inbox;
 the queued case is ordered by putting both ops in the inbox before the loop runs (both are taken, and their images
-remembered, before either is admitted with one slot)."""
+remembered, before either is admitted with one slot). Images no op holds are kept while a sequence holds them."""
 
 from __future__ import annotations
 
@@ -84,9 +84,16 @@ def test_queued_requests_keep_their_images_whatever_the_bound(loop: Serving) -> 
     vision = loop.engine.vision  # type: ignore[attr-defined]
     vision.keep_bytes = 0  # no image outlives its op: only the ops' own hold keeps them
     try:
-        finals = run(loop, [generate("first", images(100, 20)), generate("second", images(120, 20))])
+        second = images(120, 20)
+        finals = run(loop, [generate("first", images(100, 20)), generate("second", second)])
         assert finals["first"]["ev"] == "done", finals["first"]
         assert finals["second"]["ev"] == "done", finals["second"]
-        assert not vision.images and not vision.held  # released at their final frames, then over the bound
+        assert not vision.held  # released at their final frames
+        # the first's images went when the second took the slot (cut past their common text); the second's stay
+        # while its slot's sequence holds them, and go with it
+        assert set(vision.images) == set(second)
+        for seq in range(loop.engine.n_seq):  # type: ignore[attr-defined]
+            loop.engine.seq_clear(seq)
+        assert not vision.images
     finally:
         vision.keep_bytes = KEEP_IMAGE_BYTES
