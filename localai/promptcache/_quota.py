@@ -151,10 +151,15 @@ class Quota:
                    if h.disk_key is not None and h.disk_key != h.key])
             others_live = {h.owner for h in folder.heads.values()
                            if h.owner != os.getpid() and process_alive(h.owner)}
-            _, evicted = folder.evict(total - store.max_bytes, protected=protected, skip_owner=others_live)
-            store._seen_change = folder.changed_stamp()  # its own mark, and nothing else's is unseen (above)
-            store.stats["evictions"] += evicted
+            removal = folder.plan_eviction(total - store.max_bytes, protected=protected, skip_owner=others_live)
+            store.stats["evictions"] += removal.evicted
             store._forget_ram_of_dropped()
+        # The victims are out of the index: their files go (and the moved entries' files are rewritten, fsynced)
+        # without the lock, so the engine thread's lookups and saves go on meanwhile. Nobody else deletes here
+        # until the folder's lock (the caller's) is let go.
+        removal.apply()
+        with store._lock:
+            store._seen_change = folder.changed_stamp()  # its own mark, and nothing else's is unseen (above)
 
 
 def used(folder: Path) -> bool:

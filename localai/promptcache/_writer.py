@@ -9,9 +9,18 @@ import logging
 import math
 import threading
 import time
+from collections import Counter, OrderedDict
 from typing import Any, Protocol
 
-from localai.promptcache.blocks import STALE_TEMP_SECONDS, Folder, Head, block_file, snapshot_file, write_atomic
+from localai.promptcache.blocks import (
+    STALE_TEMP_SECONDS,
+    Folder,
+    Head,
+    Removal,
+    block_file,
+    snapshot_file,
+    write_atomic,
+)
 
 log = logging.getLogger("localai.cache")
 
@@ -36,7 +45,12 @@ class Writer:
     def __init__(self, store: Store, lock: threading.RLock) -> None:
         self.store = store
         self.pending: dict[str, bytes] = {}  # payloads queued for the disk
-        self.queue: list[tuple[str, Any]] = []
+        # The writes in order, by a serial number: taken from the front, and dropped from anywhere by the queue
+        # bound, in O(1) (a list's pop(0) and remove() were O(n) under the lock).
+        self.queue: OrderedDict[int, tuple[str, Any]] = OrderedDict()
+        self.weighty: OrderedDict[int, str] = OrderedDict()  # the queued writes with a payload: their pending key
+        self.queued_blocks: Counter[str] = Counter()  # the keys of the blocks in the queue
+        self.serial = 0
         self.queued_bytes = 0
         self.busy = False
         self.closing = False  # close(): the writer ends once the queue is empty
@@ -61,17 +75,41 @@ class Writer:
             self.queued_bytes -= len(self.pending.get(key, b""))  # queued again before written: counted once
             self.pending[key] = payload
             self.store._remember(key, payload)
-        self.queue.append((kind, item))
+        self.serial += 1
+        self.queue[self.serial] = (kind, item)
+        if payload:
+            self.weighty[self.serial] = key
+        if kind == "block":
+            self.queued_blocks[item.key] += 1
         self.queued_bytes += len(payload)
         while self.queued_bytes > self.store.queue_bytes:
-            victim = next(((k, i) for k, i in self.queue if self.pending.get(pending_key(k, i))), None)
+            victim = None
+            while self.weighty:  # the oldest queued write whose payload is still pending
+                serial, dropped_key = next(iter(self.weighty.items()))
+                if self.pending.get(dropped_key):
+                    victim = serial
+                    break
+                del self.weighty[serial]  # its payload went meanwhile (a checkpoint bounded away, a duplicate)
             if victim is None:
                 break
-            self.queue.remove(victim)
-            dropped_key = pending_key(*victim)
+            dropped_kind, _ = self.take(victim)
             self.queued_bytes -= len(self.pending.pop(dropped_key, b""))
             self.store.stats["dropped_writes"] += 1
-            log.warning("cache writes are behind; not persisting %s %s", victim[0], dropped_key[2:])
+            log.warning("cache writes are behind; not persisting %s %s", dropped_kind, dropped_key[2:])
+
+    def take(self, serial: int | None = None) -> tuple[str, Any]:
+        """Take a write off the queue: the oldest, or the one numbered ``serial`` (caller holds the lock)."""
+        if serial is None:
+            serial, entry = self.queue.popitem(last=False)
+        else:
+            entry = self.queue.pop(serial)
+        self.weighty.pop(serial, None)
+        kind, item = entry
+        if kind == "block":
+            self.queued_blocks[item.key] -= 1
+            if not self.queued_blocks[item.key]:
+                del self.queued_blocks[item.key]
+        return entry
 
     def flush(self, timeout: float = 55.0) -> None:
         """Wait until queued writes are on disk (used at shutdown and by tests)."""
@@ -100,7 +138,7 @@ class Writer:
                     self.wake.wait()
                 if not self.queue:
                     return  # closed, and everything queued was written
-                kind, item = self.queue.pop(0)
+                kind, item = self.take()
                 self.busy = True
             try:
                 self.write(kind, item)
@@ -108,8 +146,10 @@ class Writer:
                     tidy = self.tidy_due and not self.queue
                 if tidy:
                     self.tidy_due = False
+                    removal = Removal(store.folder)
                     with self.lock:
-                        store.folder.collect_garbage(keep=self.queued_keys() | self.others_recent())
+                        store.folder.collect_garbage(keep=self.queued_keys() | self.others_recent(), removal=removal)
+                    removal.apply()  # the unlinks without the lock: the engine thread's lookups and saves go on
                     store.enforce_quota(fresh=False)
             except Exception as exc:
                 self.abandon(kind, item, exc)
@@ -204,8 +244,11 @@ class Writer:
         return {b.key for b in self.store.folder.blocks.values() if not b.mine and b.last_used > limit}
 
     def queued_keys(self) -> set[str]:
-        return {item.key for kind, item in self.queue if kind == "block"} | {
-            key[2:] for key in self.pending if key.startswith("b:")}
+        """The blocks queued or being written."""
+        return set(self.queued_blocks) | {key[2:] for key in self.pending if key.startswith("b:")}
+
+    def queued_heads(self) -> set[str]:
+        return {item.id for kind, item in self.queue.values() if kind == "head"}
 
 
 def pending_key(kind: str, item: Any) -> str:

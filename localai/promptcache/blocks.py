@@ -30,6 +30,7 @@ import array
 import contextlib
 import fcntl
 import hashlib
+import heapq
 import json
 import logging
 import os
@@ -484,26 +485,45 @@ class Folder:
 
     # -- removal ---------------------------------------------------------------------------------
 
-    def drop_block(self, key: str) -> list[Head]:
+    def drop_block(self, key: str, *, removal: Removal | None = None,
+                   heads_at: dict[str, list[Head]] | None = None) -> list[Head]:
         """Forget a block and delete its file (and its snapshot); heads ending at it move to its parent (or go
-        when it was the first). Returns the heads that changed, for the caller to rewrite or delete."""
+        when it was the first). Returns the heads that changed, for the caller to rewrite or delete. ``removal``:
+        the files are left for it to delete (after the store's lock is let go); ``heads_at``: the heads by the block
+        they end at (``heads_by_key``), for a pass that drops many blocks, kept current here."""
         block = self.blocks.pop(key, None)
         if block is None:
             return []
         self._unlink(block)
-        self.block_path(key).unlink(missing_ok=True)
-        self.drop_snapshot(key)
+        if removal is None:
+            self.block_path(key).unlink(missing_ok=True)
+        else:
+            removal.files.append(self.block_path(key))
+        self.drop_snapshot(key, removal=removal)
         changed = []
-        for head in list(self.heads.values()):
-            if head.key != key:
+        ending = heads_at.pop(key, []) if heads_at is not None else [h for h in self.heads.values() if h.key == key]
+        for head in ending:
+            if head.key != key or self.heads.get(head.id) is not head:
                 continue
             changed.append(head)
             if self.is_root(block.parent) or head.kind == "checkpoint":  # a checkpoint is only its snapshot
                 del self.heads[head.id]
-                self.head_path(head.id).unlink(missing_ok=True)
+                if removal is None:
+                    self.head_path(head.id).unlink(missing_ok=True)
+                else:
+                    removal.heads[self.head_path(head.id)] = None
             else:
                 head.key, head.n_tokens, head.snapshot = block.parent, head.n_tokens - len(block.tokens), False
+                if heads_at is not None:
+                    heads_at.setdefault(head.key, []).append(head)
         return changed
+
+    def heads_by_key(self) -> dict[str, list[Head]]:
+        """The heads by the block they end at (one pass over them, for ``drop_block`` in a loop)."""
+        found: dict[str, list[Head]] = {}
+        for head in self.heads.values():
+            found.setdefault(head.key, []).append(head)
+        return found
 
     def drop_subtree(self, key: str) -> None:
         """A block and everything chained after it or built on it (a corrupt block: what follows can never be
@@ -513,9 +533,12 @@ class Folder:
         for head in self.drop_block(key):
             self.write_head(head)
 
-    def drop_snapshot(self, key: str) -> None:
+    def drop_snapshot(self, key: str, *, removal: Removal | None = None) -> None:
         if self.snapshots.pop(key, None) is not None:
-            self.snapshot_path(key).unlink(missing_ok=True)
+            if removal is None:
+                self.snapshot_path(key).unlink(missing_ok=True)
+            else:
+                removal.files.append(self.snapshot_path(key))
 
     def drop_head(self, head_id: str) -> None:
         head = self.heads.pop(head_id, None)
@@ -524,18 +547,27 @@ class Folder:
             if head.snapshot and not any(h.key == head.key and h.snapshot for h in self.heads.values()):
                 self.drop_snapshot(head.key)
 
-    def write_head(self, head: Head) -> None:
+    def write_head(self, head: Head, *, removal: Removal | None = None) -> None:
         """Rewrite a moved entry's file. Where its chain now holds a block never written (a worker's write the queue
         bound dropped, or that failed), the file it has stays if that one's chain is whole (eviction keeps it:
-        ``disk_key``), else it goes: no entry on disk names a missing block."""
+        ``disk_key``), else it goes: no entry on disk names a missing block. ``removal``: the file is written (or
+        deleted) by it, later."""
         if head.id not in self.heads:
             return
+        path, data = self.head_path(head.id), None
         if self._on_disk(head.key):
-            write_atomic(self.head_path(head.id), [json.dumps(head.as_json()).encode()])
+            data = json.dumps(head.as_json()).encode()
             head.disk_key = head.key
         elif head.disk_key is None or head.disk_key == head.key or not self._on_disk(head.disk_key):
-            self.head_path(head.id).unlink(missing_ok=True)
             head.disk_key = None
+        else:
+            return
+        if removal is not None:
+            removal.heads[path] = data
+        elif data is not None:
+            write_atomic(path, [data])
+        else:
+            path.unlink(missing_ok=True)
 
     def _on_disk(self, key: str) -> bool:
         """Whether the chain ending at ``key`` is whole and every block of it (and of their bases) written."""
@@ -549,17 +581,19 @@ class Folder:
                    if head.disk_key is not None and head.disk_key != head.key]
         return self.reached(starts)
 
-    def collect_garbage(self, *, keep: set[str] | None = None) -> int:
-        """Delete blocks no head reaches (left by moved heads or removed entries); returns bytes freed."""
+    def collect_garbage(self, *, keep: set[str] | None = None, removal: Removal | None = None) -> int:
+        """Delete blocks no head reaches (left by moved heads or removed entries); returns bytes freed.
+        ``removal``: the files are left for it to delete."""
         reached = self.referenced() | {piece for key in keep or () for piece in self.pieces(key) or [key]}
         freed = 0
+        heads_at = self.heads_by_key()
         for key in [k for k in self.blocks if k not in reached]:
             freed += self.blocks[key].size if self.blocks[key].on_disk else 0
-            self.drop_block(key)
+            self.drop_block(key, removal=removal, heads_at=heads_at)
         snapshotted = {head.key for head in self.heads.values() if head.snapshot}  # once, not per snapshot
         for key in [k for k in self.snapshots if k not in snapshotted]:
             freed += self.snapshots.get(key, 0)
-            self.drop_snapshot(key)
+            self.drop_snapshot(key, removal=removal)
         return freed
 
     def evict(self, excess: int, *, protected: set[str], skip_owner: set[int]) -> tuple[int, int]:
@@ -567,18 +601,60 @@ class Folder:
         a chain loses its tail before its prefix, and a block others chain from is never evicted under them.
         ``protected``: blocks on pinned chains; ``skip_owner``: live workers whose heads' chains are theirs to
         evict. Returns (bytes freed, blocks evicted)."""
+        removal = self.plan_eviction(excess, protected=protected, skip_owner=skip_owner)
+        removal.apply()
+        return removal.freed, removal.evicted
+
+    def plan_eviction(self, excess: int, *, protected: set[str], skip_owner: set[int]) -> Removal:
+        """``evict``'s choice and its index changes: the files go when the caller applies the returned ``Removal``
+        (the store: after its lock is let go, under this folder's exclusive lock still). The leaves are kept in a
+        heap: a block becomes one when its last child or dependent goes, so no victim rescans every block."""
         guarded = set(protected) | self.reached([head.key for head in self.heads.values() if head.owner in skip_owner])
-        freed = evicted = 0
-        while freed < excess:
-            leaves = [b for b in self.blocks.values()
-                      if b.on_disk and self.is_leaf(b.key) and b.key not in guarded]
-            if not leaves:
-                break
-            victim = min(leaves, key=lambda b: (b.system, b.last_used))
-            freed += victim.size + self.snapshots.get(victim.key, 0)
-            evicted += 1
-            for head in self.drop_block(victim.key):
-                self.write_head(head)
-        if evicted:
-            self.mark_changed()
-        return freed, evicted
+        order = {key: position for position, key in enumerate(self.blocks)}  # ties go as min() over the dict would
+
+        def evictable(block: Block) -> bool:
+            return block.on_disk and self.is_leaf(block.key) and block.key not in guarded
+
+        leaves = [(block.system, block.last_used, order[block.key], block.key)
+                  for block in self.blocks.values() if evictable(block)]
+        heapq.heapify(leaves)
+        heads_at = self.heads_by_key()
+        removal = Removal(self)
+        while removal.freed < excess and leaves:
+            *_, key = heapq.heappop(leaves)
+            victim = self.blocks.get(key)
+            if victim is None or not evictable(victim):
+                continue
+            removal.freed += victim.size + self.snapshots.get(victim.key, 0)
+            removal.evicted += 1
+            for head in self.drop_block(victim.key, removal=removal, heads_at=heads_at):
+                self.write_head(head, removal=removal)
+            for freed in (victim.parent, victim.base):  # its parent and its base may be leaves now
+                block = self.blocks.get(freed) if freed is not None else None
+                if block is not None and evictable(block):
+                    heapq.heappush(leaves, (block.system, block.last_used, order[block.key], block.key))
+        return removal
+
+
+@dataclass
+class Removal:
+    """Files whose blocks, snapshots and heads are gone from the index already, still to delete (and moved heads'
+    files to rewrite): a pass over many blocks picks them under the store's lock and ``apply`` does the disk work
+    after it, so the engine thread's lookups and saves never wait on unlinks and fsyncs."""
+
+    folder: Folder
+    files: list[Path] = field(default_factory=list)  # blocks and snapshots
+    heads: dict[Path, bytes | None] = field(default_factory=dict)  # a head's file: its new content, or None to delete
+    freed: int = 0
+    evicted: int = 0
+
+    def apply(self) -> None:
+        """The moved heads first (they name blocks that stay), then the deletions; then the mark that tells the
+        other processes on the folder (only once the files are gone: one that looks must not find them)."""
+        for path, data in self.heads.items():
+            if data is not None:
+                write_atomic(path, [data])
+        for path in [path for path, data in self.heads.items() if data is None] + self.files:
+            path.unlink(missing_ok=True)
+        if self.evicted:
+            self.folder.mark_changed()

@@ -524,7 +524,7 @@ class PromptStore:
             return
         with self._lock:
             self._seen_change = stamp
-            queued = {item.id for kind, item in self._writer.queue if kind == "head"}
+            queued = self._writer.queued_heads()
             snapshots = {key[2:] for key in self._writer.pending if key.startswith("s:")}  # queued or being written
             forgotten = self.folder.forget_missing(keep_heads=queued, keep_snapshots=snapshots)
         if forgotten:

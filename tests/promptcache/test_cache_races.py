@@ -195,6 +195,48 @@ def test_quota_enforcement_never_holds_the_lock_across_its_disk_work(tmp_path: P
         enforcing.join(10)
 
 
+def test_eviction_deletes_its_files_without_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eviction dropped each victim (its file, its snapshot, a moved entry's rewrite and fsync) holding the store's
+    lock, so the engine thread's lookups and saves waited on the disk. Held inside the eviction's first unlink of a
+    block, a lookup and a save on another thread complete."""
+    cache = store(tmp_path)
+    old = list(range(50_000, 50_000 + 4 * BLOCK_TOKENS))
+    kept = list(range(60_000, 60_000 + 4 * BLOCK_TOKENS))
+    for session, tokens in (("old", old), ("kept", kept)):
+        cache.save(tokens, state_of(tokens), session)
+        cache.flush()
+    blocks = cache.folder.path / "blocks"
+    evicting = threading.get_ident()
+    during: list[bool] = []  # whether the other thread had finished
+    found: list[Any] = []  # its lookup's match and its save's head
+    threads: list[threading.Thread] = []
+    real_unlink = Path.unlink
+
+    def unlink(path: Path, missing_ok: bool = False) -> None:
+        if threading.get_ident() == evicting and not during and path.parent == blocks and path.suffix == ".blk":
+            fresh = list(range(70_000, 70_000 + 2 * BLOCK_TOKENS))
+            other = threading.Thread(target=lambda: found.extend(
+                [cache.lookup(kept), cache.save(fresh, state_of(fresh), "new")]))
+            threads.append(other)
+            other.start()
+            other.join(10)  # bounded: before the fix it waits for the lock this thread holds
+            during.append(not other.is_alive())
+        real_unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    cache.max_bytes = cache.folder.bytes_on_disk() - 1  # one block over: the old session's tail goes
+    cache.enforce_quota()
+    monkeypatch.undo()
+    for thread in threads:
+        thread.join()
+    assert during == [True], "a lookup and a save waited for the eviction's file deletions"
+    match, head = found
+    assert match is not None and match.common == len(kept) and head is not None
+    assert cache.stats_snapshot()["evictions"] == 1
+    cache.flush()
+    assert entries_on_disk_are_whole(tmp_path)
+
+
 def test_a_workers_own_eviction_never_hides_a_cache_rm_it_has_not_noticed(tmp_path: Path) -> None:
     """cache rm marks the folder changed; if the worker's quota eviction marks it again before the worker looked,
     the worker must still notice the rm (else it trusts blocks that are gone and never writes them again)."""
@@ -231,9 +273,9 @@ def test_a_moved_entrys_file_never_names_a_deleted_block_while_its_new_version_w
     new_tail = cache._spans(grown)[-1][0]
     with cache._lock:  # the writer waits: the moved entry's new version is queued, its old file is on disk
         assert cache.save(grown, state_of(grown), "grows") is head and head.key != old_tail
-        for kind, item in [entry for entry in cache._writer.queue if entry[0] == "block"]:
-            cache._writer.queue.remove((kind, item))  # the writer got as far as the new blocks, not the entry
-            cache._writer.write(kind, item)
+        writer = cache._writer
+        for serial in [serial for serial, (kind, _) in writer.queue.items() if kind == "block"]:
+            writer.write(*writer.take(serial))  # the writer got as far as the new blocks, not the entry
         cache.folder.collect_garbage(keep=cache._writer.queued_keys())  # what it runs after another entry's write
         assert old_tail in cache.folder.blocks  # kept: the file on disk names it
         pruned = Folder(tmp_path / FP)  # `localai cache prune` takes the new tail: no file names it yet
