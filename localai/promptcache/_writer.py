@@ -57,6 +57,7 @@ class Writer:
         self.failed_writes = 0  # write failures not logged yet (see abandon)
         self.tidy_due = False  # an entry was written: garbage and quota are due once the queue drains
         self.failed_logged_at = -math.inf
+        self.tidy_failed_logged_at = -math.inf
         self.lock = lock
         self.wake = threading.Condition(lock)
         self.thread = threading.Thread(target=self.write_loop, name="cache-writer", daemon=True)
@@ -131,7 +132,6 @@ class Writer:
             self.thread.join(timeout)
 
     def write_loop(self) -> None:
-        store = self.store
         while True:
             with self.wake:
                 while not self.queue and not self.closing:
@@ -141,21 +141,39 @@ class Writer:
                 kind, item = self.take()
                 self.busy = True
             try:
-                self.write(kind, item)
-                with self.lock:
-                    tidy = self.tidy_due and not self.queue
-                if tidy:
-                    self.tidy_due = False
-                    removal = Removal(store.folder)
-                    with self.lock:
-                        store.folder.collect_garbage(keep=self.queued_keys() | self.others_recent(), removal=removal)
-                    removal.apply()  # the unlinks without the lock: the engine thread's lookups and saves go on
-                    store.enforce_quota(fresh=False)
-            except Exception as exc:
-                self.abandon(kind, item, exc)
+                try:
+                    self.write(kind, item)
+                except Exception as exc:
+                    self.abandon(kind, item, exc)
+                else:
+                    self.tidy()
             finally:
                 with self.lock:
                     self.busy = False
+
+    def tidy(self) -> None:
+        """Garbage and quota, once the queue drains after an entry was written. A failure here is the cache's upkeep
+        failing, not the write before it (which is on disk): logged as what it is, and not counted as dropped."""
+        with self.lock:
+            due = self.tidy_due and not self.queue
+        if not due:
+            return
+        self.tidy_due = False
+        store = self.store
+        try:
+            removal = Removal(store.folder)
+            with self.lock:
+                store.folder.collect_garbage(keep=self.queued_keys() | self.others_recent(), removal=removal)
+            removal.apply()  # the unlinks without the lock: the engine thread's lookups and saves go on
+            store.enforce_quota(fresh=False)
+        except OSError as exc:  # a full or vanished disk: one line a minute, as for writes
+            now = time.monotonic()
+            if now - self.tidy_failed_logged_at >= 60.0:
+                log.warning("cache garbage collection or quota enforcement failed (%s); the cache may hold more "
+                            "than its quota until a later pass succeeds", exc)
+                self.tidy_failed_logged_at = now
+        except Exception as exc:
+            log.error("cache garbage collection or quota enforcement failed", exc_info=exc)
 
     def write(self, kind: str, item: Any) -> None:
         store, folder = self.store, self.store.folder

@@ -4,6 +4,7 @@ interleaving is forced with the store's own lock or a codec hook), so each test 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -235,6 +236,33 @@ def test_eviction_deletes_its_files_without_the_lock(tmp_path: Path, monkeypatch
     assert cache.stats_snapshot()["evictions"] == 1
     cache.flush()
     assert entries_on_disk_are_whole(tmp_path)
+
+
+@pytest.mark.parametrize("failing", ["garbage", "quota"])
+def test_a_tidy_failure_after_a_write_is_not_counted_as_a_dropped_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, failing: str) -> None:
+    """The writer's garbage collection and quota pass ran in the write's own try: their failure after the entry was
+    written was counted as a dropped write and logged as "could not write". The write counts as written; the
+    failure is logged as the upkeep's."""
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    if failing == "garbage":
+        monkeypatch.setattr(Folder, "collect_garbage", fail)
+    cache = store(tmp_path)
+    if failing == "quota":
+        monkeypatch.setattr(cache._quota, "enforce", fail)
+    tokens = list(range(80_000, 80_000 + 3 * BLOCK_TOKENS))
+    with caplog.at_level(logging.WARNING, "localai.cache"):
+        cache.save(tokens, state_of(tokens), "s")
+        cache.flush()
+    stats = cache.stats_snapshot()
+    assert (stats["dropped_writes"], stats["blocks_written"]) == (0, 3)
+    assert "garbage collection or quota enforcement failed" in caplog.text
+    assert "could not write" not in caplog.text
+    cache.close()
+    match = store(tmp_path).lookup(tokens)  # the entry is on disk
+    assert match is not None and match.common == len(tokens)
 
 
 def test_a_workers_own_eviction_never_hides_a_cache_rm_it_has_not_noticed(tmp_path: Path) -> None:
