@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures lint typecheck docs unit install install-test install-agents install-clients install-tmux bench stress clean
+.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures lint typecheck docs unit install install-test install-agents agents-latest install-clients install-tmux bench stress clean
 
 # pip install that says what it does: each step with how long it usually takes, download and compile progress, a
 # line at least every 20 s; pip's whole output (warnings included) goes to the log named on the first line.
@@ -45,12 +45,13 @@ demo: install
 	@echo "Stop it with: $(BIN)/localai daemon stop    (\`localai status\` shows it; \`localai tui\` opens the terminal UI)"
 
 # Real coding agents for the `localai launch` end-to-end tests, at the versions pinned in localai/agents/,
-# installed once into .agents/ (npm prefix, plus a virtualenv for Aider). Needs npm (Node.js >= 18).
+# installed once into .agents/ (npm prefix with a Node.js 24 from npm for OpenClaw, plus virtualenvs for Aider
+# and Hermes). Needs npm (Node.js >= 18).
 AGENTS_DIR := $(CURDIR)/.agents
-E2E_AGENTS := claude codex opencode aider
+E2E_AGENTS := claude codex opencode aider qwen cline hermes openclaw pi droid continue
 
 $(AGENTS_DIR)/.installed: $(wildcard localai/agents/*.py) | $(VENV)/.installed-test
-	@echo "==> Installing the coding agents the launch tests run ($(E2E_AGENTS)) into .agents/: about 1.7 GB and 3-5 minutes the first time"
+	@echo "==> Installing the coding agents the launch tests run ($(E2E_AGENTS)) into .agents/: about 3.3 GB and 5-8 minutes the first time"
 	LOCALAI_AGENTS_DIR=$(AGENTS_DIR) $(BIN)/python -m localai.agents.install $(E2E_AGENTS)
 	@touch $@
 
@@ -60,6 +61,12 @@ install-agents:
 else
 install-agents: $(AGENTS_DIR)/.installed
 endif
+
+## agents-latest: the agents' end-to-end tests against the newest releases npm and PyPI serve today (installed
+## into .agents-latest/, not the pinned .agents/), so the release that breaks something is found here first
+agents-latest: $(VENV)/.installed-test
+	LOCALAI_AGENTS_DIR=$(CURDIR)/.agents-latest LOCALAI_AGENTS_LATEST=1 $(BIN)/python -m localai.agents.install $(E2E_AGENTS)
+	LOCALAI_AGENTS_LATEST=1 $(BIN)/python -m pytest -q --durations=0 -p no:cacheprovider tests/agents/test_agents_e2e.py
 
 # The client tier's clients (tests/api/daemon/clients): LangChain, the OpenAI Agents SDK, pydantic-ai, litellm, the llm CLI in
 # .clients/python, llama-index (which needs openai<3) in .clients/llama-index, the npm openai and ollama packages in
@@ -214,4 +221,4 @@ stress: $(VENV)/.installed-stress
 	$(BIN)/python -m tests.api.stress
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR) $(CLIENTS_DIR) tests/api/daemon/clients/node/node_modules
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(AGENTS_DIR) $(AGENTS_DIR)-latest $(CLIENTS_DIR) tests/api/daemon/clients/node/node_modules

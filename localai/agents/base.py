@@ -64,10 +64,20 @@ class Package:
     spec: str
     """The package with the version localai is tested against, e.g. ``@openai/codex@0.169.0``; for
     ``manual``, the command or page that installs the agent."""
-    node: int = 0
-    """The oldest Node.js major version the agent runs on (0 for programs that need no Node.js)."""
+    node: tuple[int, int] = (0, 0)
+    """The oldest Node.js version (major, minor) the agent runs on ((0, 0) for programs that need no Node.js)."""
     python_below: tuple[int, int] | None = None
     """For pip packages: the first Python version the package does not support."""
+    downloads_from: str = ""
+    """A host outside npm and PyPI that the install downloads the agent's program from (e.g. ``github.com``), or
+    ''; where it cannot be reached, ``launch --yes`` says so before installing anything."""
+
+    @property
+    def name(self) -> str:
+        """The package without its version: ``@openai/codex`` from ``@openai/codex@0.169.0``."""
+        if "==" in self.spec:
+            return self.spec.split("==", 1)[0]
+        return self.spec.rsplit("@", 1)[0] if self.spec.rfind("@") > 0 else self.spec
 
 
 @dataclass

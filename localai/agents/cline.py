@@ -23,7 +23,7 @@ class Cline(Integration):
     binary = "cline"
     protocol = OPENAI_CHAT
     wiring = "--data-dir <dir localai owns> holding an openai-compatible provider; ~/.cline untouched"
-    package = Package("npm", "cline@3.0.65", node=22)
+    package = Package("npm", "cline@3.0.65", node=(22, 0))
 
     def data_dir(self) -> Path:
         return self.files().root / "data"

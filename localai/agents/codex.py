@@ -26,7 +26,7 @@ class Codex(Integration):
     binary = "codex"
     protocol = OPENAI_RESPONSES
     wiring = "-c overrides (provider, base URL, context window) and a generated model catalog; no ~/.codex edits"
-    package = Package("npm", "@openai/codex@0.169.0")
+    package = Package("npm", "@openai/codex@0.171.0")
 
     def catalog_path(self) -> Path:
         return self.files().root / "models.json"

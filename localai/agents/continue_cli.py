@@ -16,7 +16,7 @@ class ContinueCLI(Integration):
     binary = "cn"
     protocol = OPENAI_CHAT
     wiring = "cn --config <config.yaml localai owns>; ~/.continue untouched"
-    package = Package("npm", "@continuedev/cli@1.5.47", node=22)
+    package = Package("npm", "@continuedev/cli@1.5.47", node=(22, 0))
 
     def config(self, target: Target) -> dict[str, Any]:
         return {"name": "localai", "version": "1.0.0", "schema": "v1", "models": [{

@@ -31,8 +31,8 @@ class Crush(Integration):
     binary = "crush"
     protocol = OPENAI_CHAT
     wiring = "providers.localai and models.large/small in ~/.config/crush/crush.json (backed up)"
-    # The npm package downloads Crush's binary from GitHub when it installs.
-    package = Package("npm", "@charmland/crush@0.96.1")
+    # The npm package's postinstall downloads Crush's binary from GitHub's releases.
+    package = Package("npm", "@charmland/crush@0.96.1", downloads_from="github.com")
 
     def configure(self, target: Target) -> list[Path]:
         def change(data: dict[str, Any]) -> dict[str, Any]:

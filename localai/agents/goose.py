@@ -17,7 +17,7 @@ class Goose(Integration):
     binary = "goose"
     protocol = OPENAI_CHAT
     wiring = "environment: GOOSE_PROVIDER=openai, OPENAI_HOST, GOOSE_MODEL, GOOSE_CONTEXT_LIMIT"
-    package = Package("manual", INSTALLER)  # a binary from GitHub releases: not on npm or PyPI
+    package = Package("manual", INSTALLER, downloads_from="github.com")  # a release binary: not on npm or PyPI
     extra_locations: ClassVar[tuple[str, ...]] = (".local/bin/goose",)
 
     def command(self, target: Target, program: str, extra: Sequence[str]) -> Launch:

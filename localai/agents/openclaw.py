@@ -22,7 +22,8 @@ class OpenClaw(Integration):
     binary = "openclaw"
     protocol = OPENAI_CHAT
     wiring = "models.providers.localai and the default agent model in ~/.openclaw/openclaw.json (backed up)"
-    package = Package("npm", "openclaw@2026.9.6", node=24)
+    # its engines field says >=24.16 <25 (or >=26.1), and its preinstall script checks it
+    package = Package("npm", "openclaw@2026.9.6", node=(24, 16))
 
     def configure(self, target: Target) -> list[Path]:
         def change(data: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ class Pi(Integration):
     binary = "pi"
     protocol = OPENAI_CHAT
     wiring = "provider 'localai' added to ~/.pi/agent/models.json (backed up); --provider/--model per run"
-    package = Package("npm", "@earendil-works/pi-coding-agent@0.74.2", node=22)
+    package = Package("npm", "@earendil-works/pi-coding-agent@1.6.0", node=(22, 0))
 
     def provider(self, target: Target) -> dict[str, Any]:
         return {

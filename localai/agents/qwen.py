@@ -20,7 +20,7 @@ class QwenCode(Integration):
     binary = "qwen"
     protocol = OPENAI_CHAT
     wiring = "environment (OPENAI_BASE_URL, ...) and --auth-type openai; defaults file for context and session"
-    package = Package("npm", "@qwen-code/qwen-code@0.24.4", node=22)
+    package = Package("npm", "@qwen-code/qwen-code@0.24.4", node=(22, 0))
 
     def defaults(self, target: Target) -> dict[str, Any]:
         return {

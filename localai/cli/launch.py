@@ -263,7 +263,7 @@ def _print_list() -> None:
     from localai.agents import INTEGRATIONS
 
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for header in ("AGENT", "INSTALLED", "PROTOCOL", "WIRING"):
+    for header in ("AGENT", "INSTALLED", "INSTALLS FROM", "PROTOCOL", "WIRING"):
         table.add_column(header, no_wrap=header != "WIRING")
     # Each detect() runs the agent's --version (Node agents take a second or more): ask them all at once.
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -271,8 +271,16 @@ def _print_list() -> None:
     for integration, installed in zip(INTEGRATIONS.values(), found, strict=True):
         state = "no" if installed is None else (installed.version or "yes") + (" (localai)" if installed.managed
                                                                                 else "")
-        table.add_row(integration.name, state, integration.protocol, integration.wiring)
+        table.add_row(integration.name, state, installs_from(integration), integration.protocol, integration.wiring)
     Console(width=200).print(table)
+
+
+def installs_from(integration: Integration) -> str:
+    """Where ``launch --yes`` gets the agent: npm or PyPI, and any other host its install downloads from (where
+    only the registries are reachable, such an agent cannot be installed)."""
+    package = integration.package
+    registry = {"npm": "npm", "pip": "PyPI", "manual": "manual"}[package.manager]
+    return f"{registry} + {package.downloads_from}" if package.downloads_from else registry
 
 
 def _print_config(integration: Integration, target: Target, written: list[Path], plan: Launch) -> None:

@@ -20,11 +20,14 @@ import pytest
 
 from localai.agents import get
 from localai.bench.servers import LlamaCppPythonServer
+from localai.engines.scripted import DEFAULT_REPLY
 from tests.conftest import Daemon, start_daemon
 from tests.metagguf import metadata_gguf
 from tests.runtime.formats.test_formats_roundtrip import qwen3_coder
 
-AGENTS_DIR = Path(__file__).resolve().parents[2] / ".agents"
+# `make agents-latest` runs these tests on the newest releases, installed beside the pinned ones
+AGENTS_DIR = Path(__file__).resolve().parents[2] / (".agents-latest" if os.environ.get("LOCALAI_AGENTS_LATEST") == "1"
+                                                   else ".agents")
 PROMPT = "Reply with a short friendly greeting."
 
 pytestmark = [
@@ -190,13 +193,13 @@ def test_claude_code_on_a_remote_model(agent_daemon: Daemon, tmp_path: Path) -> 
 GREET = 'def greet(name: str) -> str:\n    return f"<b>{name}</b> & \'co\'"  # <tool_call> in a string\n'
 
 
-def scripted_model(daemon: Daemon, tmp_path: Path, name: str, parser: str) -> str:
+def scripted_model(daemon: Daemon, tmp_path: Path, name: str, parser: str, num_ctx: int = 131072) -> str:
     """A model whose replies come from the prompt's ``[[turns:...]]`` (the scripted engine), with a 262k-token
-    trained context (a metadata-only GGUF: agents' prompts are long) and the family's PARSER."""
+    trained context (a metadata-only GGUF: agents' prompts are long), the family's PARSER and a 128k window."""
     weights = metadata_gguf(tmp_path / f"{name}.gguf", arch="qwen3moe", context_length=262144)
     with daemon.http() as http:
         created = http.post("/api/create", json={"model": name, "modelfile": (
-            f"FROM {weights}\nPARAMETER engine scripted\nPARSER {parser}\nPARAMETER num_ctx 131072\n")})
+            f"FROM {weights}\nPARAMETER engine scripted\nPARSER {parser}\nPARAMETER num_ctx {num_ctx}\n")})
         assert created.status_code == 200, created.text
     return name
 
@@ -235,3 +238,114 @@ def test_codex_applies_a_patch_a_harmony_model_called_for(agent_daemon: Daemon, 
     assert (tmp_path / "work" / "greet.py").read_text() == GREET
     assert last_message.read_text().strip() == "greet.py is written."
     assert [line for line in log.splitlines() if '"WebSocket /v1/responses" [accepted]' in line], log[-3000:]
+
+
+# -- the Chat Completions agents, a tool round trip each: the scripted model calls the agent's own write tool in
+# Qwen3-Coder's XML, the agent writes the file and sends the result back, the model's second turn ends the run ----
+
+WRITTEN = "greet.py is written."
+
+
+def write_prompt(tool: str, arguments: dict[str, str]) -> str:
+    return f"Write greet.py. [[turns:{qwen3_coder((tool, arguments))}|||{WRITTEN}]]"
+
+
+def check_round_trip(result: subprocess.CompletedProcess[str], log: str, target: Path) -> None:
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert target.read_text() == GREET
+    assert WRITTEN in result.stdout, result.stdout[-3000:]
+    assert len(served(log, "POST /v1/chat/completions")) >= 2, log[-3000:]
+
+
+def test_qwen_code_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
+    target = tmp_path / "work" / "greet.py"
+    prompt = write_prompt("write_file", {"file_path": str(target), "content": GREET})
+    result, log = run_agent(agent_daemon, tmp_path, "qwen", "-p", prompt, "--yolo", model=model)
+    check_round_trip(result, log, target)
+
+
+def test_cline_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+    """Cline's file tool is ``editor``: a ``new_text`` without ``old_text`` creates the file (its tools are
+    approved by default in a headless run)."""
+    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
+    target = tmp_path / "work" / "greet.py"
+    prompt = write_prompt("editor", {"path": str(target), "new_text": GREET})
+    result, log = run_agent(agent_daemon, tmp_path, "cline", "--json", prompt, model=model)
+    check_round_trip(result, log, target)
+
+
+def test_hermes_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+    """Hermes refuses windows under 64K tokens: the scripted model has 128K."""
+    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
+    target = tmp_path / "work" / "greet.py"
+    prompt = write_prompt("write_file", {"path": str(target), "content": GREET})
+    result, log = run_agent(agent_daemon, tmp_path, "hermes", "chat", "-Q", "--yolo", "-q", prompt, model=model)
+    check_round_trip(result, log, target)
+
+
+def test_openclaw_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+    """OpenClaw's embedded agent (``agent --local``), on the Node.js 24 installed beside it."""
+    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
+    target = tmp_path / "work" / "greet.py"
+    prompt = write_prompt("write", {"path": str(target), "content": GREET})
+    result, log = run_agent(agent_daemon, tmp_path, "openclaw", "agent", "--local", "--json", "-m", prompt,
+                            model=model)
+    check_round_trip(result, log, target)
+
+
+# -- a small window: every agent that is told the model's window sends its request anyway, and the daemon fits it --
+
+SMALL_WINDOW_RUNS = {  # the headless run of each agent with a plain prompt, and the window it gets
+    "claude": (8192, "-p", PROMPT, "--output-format", "json"),
+    "codex": (8192, "exec", "--skip-git-repo-check", "--ephemeral", PROMPT),
+    "cline": (8192, "--json", PROMPT),
+    "qwen": (16384, "-p", PROMPT),
+    "openclaw": (16384, "agent", "--local", "--json", "-m", PROMPT),
+}
+
+
+@pytest.mark.parametrize("agent", list(SMALL_WINDOW_RUNS))
+def test_an_agent_on_a_small_window_sends_its_request_and_the_daemon_fits_it(agent_daemon: Daemon, tmp_path: Path,
+                                                                            agent: str) -> None:
+    """A window smaller than the agent's first request: on 8,192 tokens Claude Code 2.1.332 refuses its request
+    itself ("Prompt is too long", terminal_reason blocking_limit) unless launch lifts its limit (on 16,384 it
+    does not refuse). The scripted engine's tokens are bytes, so a window is a quarter of what it is on a real
+    tokenizer: Qwen Code's and OpenClaw's system prompts alone are more bytes than 8,192 (the daemon cannot fit
+    those; they get 16,384), and OpenCode's are more than 16,384 once its reply is reserved (it is answered
+    context_length_exceeded and compacts again and again; test_opencode runs it on smollm2's 8k window, where its
+    prompt fits). Hermes refuses windows under 64K by design (launch says so). The scripted engine answers at
+    once: the cost is the agent's own start."""
+    num_ctx, *args = SMALL_WINDOW_RUNS[agent]
+    name = f"scripted-{num_ctx // 1024}k"
+    model = scripted_model(agent_daemon, tmp_path, name, "qwen3-coder", num_ctx=int(num_ctx))
+    result, log = run_agent(agent_daemon, tmp_path, agent, *map(str, args), model=model)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert DEFAULT_REPLY in result.stdout, result.stdout[-3000:]
+    assert f"fitted a conversation for {name}" in log, log[-3000:]
+
+
+def test_pi_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
+    target = tmp_path / "work" / "greet.py"
+    prompt = write_prompt("write", {"path": str(target), "content": GREET})
+    result, log = run_agent(agent_daemon, tmp_path, "pi", "-p", prompt, model=model)
+    check_round_trip(result, log, target)
+
+
+def test_droid_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+    """``droid exec`` offers its file tools from ``--auto low`` on (read-only without it)."""
+    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
+    target = tmp_path / "work" / "greet.py"
+    prompt = write_prompt("Create", {"file_path": str(target), "content": GREET})
+    result, log = run_agent(agent_daemon, tmp_path, "droid", "exec", "--auto", "low", prompt, model=model)
+    check_round_trip(result, log, target)
+
+
+def test_continue_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+    """``cn -p`` offers its Write tool with ``--auto`` (all tools allowed)."""
+    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
+    target = tmp_path / "work" / "greet.py"
+    prompt = write_prompt("Write", {"filepath": str(target), "content": GREET})
+    result, log = run_agent(agent_daemon, tmp_path, "continue", "-p", "--auto", prompt, model=model)
+    check_round_trip(result, log, target)

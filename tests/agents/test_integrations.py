@@ -66,6 +66,25 @@ def test_claude_is_configured_by_environment_only(user_home: Path) -> None:
     assert files_under(user_home) == set()
 
 
+@pytest.mark.parametrize(("context", "output", "its_own"), [
+    (8192, 2048, False),  # smollm2: Claude Code's first request alone is over its own limit of 3,144 tokens
+    (49152, 12288, False),  # 24k of room before it compacts: it would compact every few turns
+    (65536, 16384, True),
+    (131072, 32768, True),
+])
+def test_claude_is_told_the_real_window_and_sends_on_any(context: int, output: int, its_own: bool) -> None:
+    """Claude Code refuses a request of window - min(reply, 20000) - 3000 tokens itself and compacts 10,000
+    earlier; where that leaves too little room, its limit is lifted and its auto-compaction is off (the daemon
+    fits each request), elsewhere its own checks stay."""
+    target = Target(base_url="http://127.0.0.1:5555", model="m", context_length=context, max_output_tokens=output)
+    env = run(get("claude"), target)[1]
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == str(context)
+    assert ("CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE" not in env) is its_own
+    assert ("DISABLE_AUTO_COMPACT" not in env) is its_own
+    if not its_own:
+        assert int(env["CLAUDE_CODE_BLOCKING_LIMIT_OVERRIDE"]) > 10**8 and env["DISABLE_AUTO_COMPACT"] == "1"
+
+
 def test_codex_uses_overrides_and_a_generated_catalog(user_home: Path) -> None:
     argv, env = run(get("codex"), extra=("exec", "hi"))
     assert argv[0] == "codex" and argv[-2:] == ["exec", "hi"]

