@@ -7,6 +7,9 @@ cut by token (sliding-window layers), and the entry's head. A new block that beg
 the prompt block by block along the chain of keys, then asks the engine to assemble the blocks (and snapshot) into
 one state. The RAM tier holds recently used blocks within a byte budget; a background thread writes to disk, so a
 request never waits on it.
+
+``PromptStore`` is the one face: what it does beside lookup, restore and save lives in private modules behind it,
+the writer (``_writer.py``), the quota and eviction (``_quota.py``) and checkpoint retention (``_checkpoints.py``).
 """
 
 from __future__ import annotations
