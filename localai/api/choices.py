@@ -1,6 +1,6 @@
 """A request's ``n`` choices (OpenAI chat and completions): ``n`` generations of one prompt as parallel sequences.
 The first starts alone; the others once its prompt is evaluated (its first event), so the serving loop starts each
-from the first's live state (``engines/serving.py``, ``_fork_if_better``) instead of computing the prompt again.
+from the first's live state (``engines/slot_cache.py``, ``fork_if_better``) instead of computing the prompt again.
 Each other choice samples with the request's seed plus its index, and only the first is the session's turn (its
 reply is what a next turn continues, and what the prompt cache keeps for it)."""
 

@@ -14,17 +14,17 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from localai.engines.engine import BatchItem, DecodeFailed, Engine, LoadOptions
 from localai.engines.grammars import GrammarError
+from localai.engines.sequences import Request, Slot
+from localai.engines.slot_cache import SlotCache
 from localai.engines.speculative import Drafter
 from localai.engines.token_ids import ForeignTokens, check_own
 from localai.engines.token_logprobs import TokenLogprobs
 from localai.promptcache.blocks import fingerprint
-from localai.promptcache.store import MIN_TOKENS, PromptStore, Restored, StateBytes
+from localai.promptcache.store import PromptStore
 from localai.protocol import (
     CacheSource,
     DoneFrame,
@@ -55,81 +55,11 @@ Emit = Callable[[WorkerFrame], None]
 # when the next one is due within the interval: with steps as long as the interval (4 streams on a CPU) every token
 # goes at once, instead of every so often two at once a step late (a 52 ms p99 gap at 26 ms a step).
 FLUSH_INTERVAL = 0.025
-# An engine whose state cannot be cut by token (recurrent layers, a sliding window) takes a checkpoint every this many
-# tokens of a long prefill, beside the one before each prompt's last token. On the hybrid models agents run, 2048
-# tokens of the attention layers' KV weigh about one recurrent state (Qwen3-Next: ~25 KB a token against ~75 MB;
-# Nemotron-3-Nano: ~6 KB against ~48 MB; gpt-oss's window state is smaller still), so periodic checkpoints at most
-# about double a long prefill's bytes, and a prompt that parts from a long prefill recomputes at most 2048 tokens.
-CHECKPOINT_EVERY = 2048
-# ...and this many tokens before a prompt's end, as llama-server does: the last tokens of a prompt may be tokenized
-# otherwise once the next turn extends it, and a reply as the history renders it may part from the generation prompt
-# right after the assistant's header (a thinking model's "<think>", a tool call's wrapper).
-CHECKPOINT_MARGIN = 4
 # A prompt of more characters than this many a context token is first tokenized in part, that many characters a token:
 # when that part alone is over the context, the prompt is refused with its length estimated from it (fitting cuts it
 # and tries again), not tokenized whole on the loop, which the other sequences' steps wait for (a 4 M-character
 # document, the most a request may bring: about 1 s of llama.cpp's tokenizer here; its first 64 k characters: 20 ms).
 SAMPLE_CHARS_PER_TOKEN = 8
-LIVE_CHECKPOINTS = 4  # kept in RAM per sequence (the newest); older ones are in the prompt cache once saved
-
-
-@dataclass
-class Checkpoint:
-    """A sequence's uncuttable state (``Engine.seq_checkpoint``) when it held ``n_tokens`` tokens."""
-
-    n_tokens: int
-    data: bytes
-    saved: bool = False
-
-
-@dataclass
-class Slot:
-    """One engine sequence and the tokens its KV state holds."""
-
-    seq: int
-    tokens: list[int] = field(default_factory=list)
-    last_used: float = 0.0
-    busy: bool = False
-    session: str | None = None  # whose conversation it holds: its own session may cut it back
-    deferred: Request | None = None  # its last request left the save to a follow-up that has not come yet
-    checkpoints: list[Checkpoint] = field(default_factory=list)  # where it can return to (checkpoint engines)
-    partition: str = ""  # whose KV it holds (a principal, a cache_salt): never reused for another partition
-
-
-@dataclass
-class Request:
-    """A generation in progress on a slot."""
-
-    id: str
-    slot: Slot
-    session: str | None
-    prompt: list[int]
-    next_prompt: int
-    cached: int
-    max_tokens: int
-    sampler: Any
-    matcher: StopMatcher
-    ignore_eos: bool
-    started: float
-    prompt_done: float = 0.0
-    generated: int = 0
-    pending_token: int | None = None
-    unsent: str = ""
-    sent_at: float = 0.0
-    snapshot_at: int | None = None  # prompt length of the system segment, to save as a shared entry
-    checkpoint_at: int | None = None  # the next prompt length at which to take a checkpoint
-    stable: int = 0  # a follow-up's tokens that no next turn tokenizes otherwise: its last checkpoint
-    warm: bool = False  # a follow-up prefill (the reply as the next turn renders it): no output, then saved
-    follow_up: bool = False  # a warm request follows this one and saves the sequence: do not save it here
-    source: str = "miss"  # where the reused prefix came from: live, ram, disk or miss
-    restored: int = 0
-    restore_ms: float = 0.0
-    pin_ttl: float = 0.0  # pin what is saved for this long (Anthropic cache_control), seconds
-    text: str = ""  # the prompt as sent (a warm prefill without a session is recognised by it)
-    drafter: Drafter | None = None  # speculative decoding from the context (engines/speculative.py)
-    draft: list[int] = field(default_factory=list)  # the tokens guessed in this step, after the pending one
-    chunk_step: int = 0  # the step that last evaluated a chunk of its prompt
-    logprobs: TokenLogprobs | None = None  # the request asked for its tokens' logprobs
 
 
 class Serving:
@@ -149,6 +79,7 @@ class Serving:
             self.cache = PromptStore(Path(options.cache_dir), fingerprint(engine.fingerprint_parts()), engine,
                                      max_bytes=options.cache_max_bytes, ram_bytes=options.cache_ram_bytes,
                                      trims=engine.can_trim)
+        self.slot_cache = SlotCache(engine, self.cache, self.slots)  # what a slot keeps, restores, saves
 
     def info(self) -> ModelInfo:
         return self.engine.info()
@@ -162,7 +93,7 @@ class Serving:
         while True:
             if stopping and not self.requests and not self.waiting:
                 for slot in self.slots:  # replies whose follow-ups will not come now: saved as generated
-                    self._save_deferred(slot)
+                    self.slot_cache.save_deferred(slot)
                 if self.cache is not None:
                     self.cache.close()
                 return
@@ -295,18 +226,18 @@ class Serving:
         slot, common = self._choose_slot(free, prompt, warm=warm, session=session, partition=partition)
         if slot.deferred is not None and (warm or common < len(slot.tokens)):
             if not warm:  # its reply's follow-up never came, and its state is about to go: keep it
-                self._save_deferred(slot)
+                self.slot_cache.save_deferred(slot)
             slot.deferred = None
         limit = len(prompt) if warm else len(prompt) - 1  # else the last token is replayed for fresh logits
-        common = self._reachable(slot, min(common, limit))
+        common = self.slot_cache.reachable(slot, min(common, limit))
         source = "live" if common else "miss"
-        slot, common, restored = self._restore_if_better(prompt, slot, common, limit, partition)
+        slot, common, restored = self.slot_cache.restore_if_better(prompt, slot, common, limit, partition)
         if restored is not None:
             source = restored.tier
-        forked = self._fork_if_better(prompt, slot, common, limit, partition, session)  # a busy one's, when longer
+        forked = self.slot_cache.fork_if_better(prompt, slot, common, limit, partition, session)  # a live one
         if forked > common:
             common, source, restored = forked, "live", None
-        common = self._cut(slot, min(common, limit))
+        common = self.slot_cache.cut(slot, min(common, limit))
         slot.last_used, slot.partition = time.monotonic(), partition
         slot.session = session
         room = engine.n_ctx - len(prompt)
@@ -324,10 +255,10 @@ class Serving:
         prefix_text = op.get("system_prefix")
         system = engine.tokenize(prefix_text) if self.cache is not None and prefix_text else []
         system = prompt[:common_prefix_length(system, prompt)]  # its last tokens may merge with what follows
-        request.snapshot_at = self._system_boundary(system, prompt, common, partition)
+        request.snapshot_at = self.slot_cache.system_boundary(system, prompt, common, partition)
         if warm and engine.checkpoints:
             request.stable = engine.stable_prefix(op["prompt"], prompt)
-        request.checkpoint_at = self._next_checkpoint(request)
+        request.checkpoint_at = self.slot_cache.next_checkpoint(request)
         speculative = op.get("speculative")  # None: where drafts change nothing (engine.drafts_exact)
         if engine.can_draft and not warm and (speculative or (speculative is None and engine.drafts_exact)):
             request.drafter = Drafter()
@@ -375,187 +306,6 @@ class Serving:
             lru = min(free, key=lambda slot: slot.last_used)
             return lru, next(common for slot, common in scored if slot is lru)
         return max(scored, key=lambda item: (item[1], -item[0].last_used))
-
-    # -- the prompt cache ------------------------------------------------------------------------
-
-    def _reachable(self, slot: Slot, wanted: int) -> int:
-        """How many of its tokens a slot keeps when cut back to ``wanted``: all of them when nothing is cut or the
-        engine cuts anywhere, else the latest checkpoint at or before ``wanted``."""
-        if wanted >= len(slot.tokens) or not self.engine.checkpoints:
-            return min(wanted, len(slot.tokens))
-        point = _checkpoint_before(slot, wanted)
-        return point.n_tokens if point else 0
-
-    def _cut(self, slot: Slot, wanted: int) -> int:
-        """Cut a slot back to ``wanted`` tokens, or, where its state cannot be cut there, to the latest checkpoint
-        before it; a sequence is never continued from a point its state cannot return to. Returns what it keeps."""
-        engine = self.engine
-        kept = min(wanted, len(slot.tokens))
-        if kept < len(slot.tokens) and not engine.seq_keep(slot.seq, kept):
-            point = _checkpoint_before(slot, kept)  # only a checkpoint engine's slots have any
-            if point is not None and engine.seq_rollback(slot.seq, point.data, point.n_tokens):
-                kept = point.n_tokens
-            else:
-                engine.seq_clear(slot.seq)
-                kept = 0
-        slot.tokens = slot.tokens[:kept]
-        slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens <= kept]
-        return kept
-
-    def _next_checkpoint(self, request: Request) -> int | None:
-        """The next prompt length at which a checkpoint engine takes a checkpoint: every ``CHECKPOINT_EVERY``
-        tokens, and near the prompt's end: ``CHECKPOINT_MARGIN`` tokens before it (where a retried prompt and a
-        reply's follow-up return), or, for a follow-up (a kept reply), after its last token that no next turn
-        tokenizes otherwise (where the next turn returns)."""
-        if not self.engine.checkpoints:
-            return None
-        at = request.next_prompt
-        targets = [(at // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY]
-        if not request.warm:
-            targets.append(len(request.prompt) - CHECKPOINT_MARGIN)
-        elif request.stable < len(request.prompt):  # else saved whole: its own end is its checkpoint
-            targets.append(request.stable)
-        return min((n for n in targets if at < n < len(request.prompt) and n >= MIN_TOKENS), default=None)
-
-    def _take_checkpoint(self, request: Request) -> None:
-        slot = request.slot
-        n_tokens = len(slot.tokens)
-        data = self.engine.seq_checkpoint(slot.seq)
-        if data:
-            # every checkpoint goes to the store with the sequence (the prompt-end one of a request whose reply is
-            # prefilled again too, saved by that follow-up): a retry of the prompt after a restart, or after the
-            # session went elsewhere, returns there (two recurrent states a turn on disk: the prompt's end and the
-            # kept reply's)
-            slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens != n_tokens]
-            slot.checkpoints.append(Checkpoint(n_tokens, data))
-            del slot.checkpoints[:-LIVE_CHECKPOINTS]
-        request.checkpoint_at = self._next_checkpoint(request)
-
-    def _restore_if_better(self, prompt: list[int], slot: Slot, live_common: int, limit: int,
-                           partition: str = "") -> tuple[Slot, int, Restored | None]:
-        """Load the longest cached prefix from RAM/disk into the chosen slot when it beats its live KV."""
-        if self.cache is None:
-            return slot, live_common, None
-        match = self.cache.lookup(prompt, limit, partition)
-        if match is None or match.common <= live_common + 16:
-            if live_common < MIN_TOKENS:
-                self.cache.count("misses")
-            return slot, live_common, None
-        restored = self.cache.restore(match)
-        if restored is None:
-            self.cache.count("misses")
-            return slot, live_common, None
-        self.engine.seq_clear(slot.seq)
-        slot.checkpoints = []
-        if not self.engine.seq_restore(slot.seq, restored.state, list(restored.tokens)):
-            log.warning("the engine refused a cached state of %d tokens; recomputing", restored.n_tokens)
-            self.engine.seq_clear(slot.seq)
-            slot.tokens = []
-            self.cache.count("misses")
-            return slot, 0, None
-        slot.tokens = list(restored.tokens)
-        self.cache.count("hits")
-        self.cache.count("tokens_restored", restored.common)
-        return slot, restored.common, restored
-
-    def _fork_if_better(self, prompt: list[int], slot: Slot, common: int, limit: int, partition: str = "",
-                        session: str | None = None) -> int:
-        """Copy the prefix a busy slot of the same partition shares with the prompt into the chosen slot, when it
-        beats what that slot holds: requests that run at once with the same start (a request's ``n`` choices,
-        sub-agents sent together) compute it once; a child session (a sub-agent, a side request) copies from its
-        parent's slot, busy or not, and leaves it as it was. Only where a state can be cut anywhere (the source has
-        gone on past the shared part). Returns the tokens the slot now holds."""
-        if not self.engine.can_trim:
-            return common
-        parent = parent_session(session)
-        shared, source = max(((min(common_prefix_length(other.tokens, prompt), limit), other) for other in self.slots
-                              if (other.busy or (parent is not None and other.session == parent))
-                              and other is not slot and other.partition == partition),
-                             key=lambda pair: pair[0], default=(0, None))
-        if source is None or shared < MIN_TOKENS or shared <= common + 16:
-            return common
-        state = self.engine.seq_state(source.seq)
-        self.engine.seq_clear(slot.seq)
-        slot.checkpoints = []
-        if not state or not self.engine.seq_restore(slot.seq, state, list(source.tokens)) \
-                or not self.engine.seq_keep(slot.seq, shared):
-            self.engine.seq_clear(slot.seq)
-            slot.tokens = []
-            return 0
-        slot.tokens = list(source.tokens[:shared])
-        log.info("sequence %d starts from %d tokens of sequence %d's live state", slot.seq, shared, source.seq)
-        return shared
-
-    def _system_boundary(self, prefix: list[int], prompt: list[int], common: int, partition: str = "") -> int | None:
-        """Where the system-and-tools segment (``prefix``: the tokens the prompt shares with it tokenized alone) ends,
-        when prefill will cross it and it is not stored yet."""
-        if self.cache is None or not prefix:
-            return None
-        boundary = len(prefix)
-        if boundary < MIN_TOKENS or boundary <= common or boundary >= len(prompt) - 1:
-            return None
-        if prompt[:boundary] != prefix or self.cache.has(prefix, partition):
-            return None
-        return boundary
-
-    def _save(self, request: Request) -> None:
-        """Store the sequence's KV state (its new blocks) after the response is done."""
-        slot = request.slot
-        if self.cache is None or len(slot.tokens) < MIN_TOKENS:
-            return
-        state = self.engine.seq_state(slot.seq)
-        if not state:
-            return
-        kept = [c for c in slot.checkpoints if not c.saved and c.n_tokens < len(slot.tokens)]
-        end = max(kept, key=lambda c: c.n_tokens) if request.warm and kept else None
-        if end is not None and end.n_tokens == request.stable:
-            # a kept reply ends where its checkpoint is: the next turn may tokenize the last few tokens otherwise,
-            # and restores there (one recurrent state a turn, no second copy of the reply's tail)
-            kept.remove(end)
-            self._store(slot.tokens[:end.n_tokens], state, request, request.session, "history", kept,
-                        held=len(slot.tokens), end=end)
-        else:
-            self._store(list(slot.tokens), state, request, request.session, "history", kept)
-
-    def _save_deferred(self, slot: Slot) -> None:
-        """Save a sequence whose reply's follow-up will not come (the worker stops, or the slot is needed): as
-        generated, with every checkpoint it has."""
-        if slot.deferred is None:
-            return
-        self._save(slot.deferred)
-        slot.deferred = None
-
-    def _snapshot_system(self, request: Request) -> None:
-        request.snapshot_at = None
-        slot = request.slot
-        if self.cache is None:
-            return
-        state = self.engine.seq_state(slot.seq)
-        if state:
-            self._store(list(slot.tokens), state, request, None, "system")
-
-    def _store(self, tokens: list[int], state: StateBytes, request: Request, session: str | None, kind: str,
-               checkpoints: list[Checkpoint] | None = None, *, held: int | None = None,
-               end: Checkpoint | None = None) -> None:
-        """Save (and pin) a state. The cache only saves work: a disk that is full or gone costs the cache an entry,
-        never the request or the worker."""
-        assert self.cache is not None
-        try:
-            head = self.cache.save(tokens, state, session, kind=kind,
-                                   checkpoints=[(c.n_tokens, c.data) for c in checkpoints or []], held=held,
-                                   end=end.data if end else None, partition=request.slot.partition)
-            for checkpoint in [*(checkpoints or []), *([end] if end else [])]:
-                checkpoint.saved = True
-            if head is not None and request.pin_ttl > 0:
-                self.cache.pin(head.id, request.pin_ttl)
-        except OSError as exc:
-            self.cache.count("dropped_writes")
-            log.warning("could not save %d tokens to the prompt cache (%s); the reply is unaffected", len(tokens), exc)
-        except Exception:  # a cache bug costs the cache an entry, never every request on the model
-            self.cache.count("dropped_writes")
-            log.exception("saving %d tokens to the prompt cache failed; the reply is unaffected", len(tokens))
-
-    # -- decoding --------------------------------------------------------------------------------
 
     def _step(self, emit: Emit) -> None:
         """Decode one batch: every generating request's next token, then prompt chunks."""
@@ -632,9 +382,9 @@ class Serving:
                 request.slot.tokens.append(request.prompt[request.next_prompt])
                 request.next_prompt += 1
                 if request.next_prompt == request.snapshot_at:
-                    self._snapshot_system(request)
+                    self.slot_cache.snapshot_system(request)
                 if request.next_prompt == request.checkpoint_at:
-                    self._take_checkpoint(request)
+                    self.slot_cache.take_checkpoint(request)
                 if request.warm and request.next_prompt >= len(request.prompt):
                     self._finish(request, "stop", emit)
                     continue
@@ -740,7 +490,7 @@ class Serving:
             ),
         ))
         if reason != "cancelled" and not request.follow_up:
-            self._save(request)
+            self.slot_cache.save(request)
         elif reason != "cancelled":
             request.slot.deferred = request
         self._release(request)
@@ -777,11 +527,6 @@ def text_frame(request: Request, text: str, *, final: bool = False) -> TextFrame
     if request.logprobs is not None:
         frame["logprobs"] = request.logprobs.sent(text, final=final)
     return frame
-
-
-def _checkpoint_before(slot: Slot, n_tokens: int) -> Checkpoint | None:
-    """The slot's latest checkpoint at or before ``n_tokens``."""
-    return max((c for c in slot.checkpoints if c.n_tokens <= n_tokens), key=lambda c: c.n_tokens, default=None)
 
 
 def _continues(op: GenerateOp, warm: Request) -> bool:

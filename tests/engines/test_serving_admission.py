@@ -272,14 +272,14 @@ def test_a_prompt_chunk_never_cuts_a_run_the_engine_evaluates_in_one_pass(tmp_pa
     decode = loop.engine.decode
     monkeypatch.setattr(loop.engine, "decode", lambda batch: (batches.append([item.pos for item in batch]),
                                                               decode(batch))[1])
-    real_next = loop._next_checkpoint
+    real_next = loop.slot_cache.next_checkpoint
     monkeypatch.setattr(loop.engine, "checkpoints", True)
-    monkeypatch.setattr(loop, "_next_checkpoint",
+    monkeypatch.setattr(loop.slot_cache, "next_checkpoint",
                         lambda request: 15 if request.next_prompt < 15 else real_next(request))
     monkeypatch.setattr(loop.engine, "seq_checkpoint", lambda seq: b"state")
     taken: list[int] = []
-    take = loop._take_checkpoint
-    monkeypatch.setattr(loop, "_take_checkpoint", lambda request: (taken.append(request.next_prompt), take(request))[1])
+    take = loop.slot_cache.take_checkpoint
+    monkeypatch.setattr(loop.slot_cache, "take_checkpoint", lambda request: (taken.append(request.next_prompt), take(request))[1])
     events: list[dict[str, Any]] = []
     loop._handle(generate("r", "a prompt whose image sits in the middle of it, and text after"), events.append)
     loop._admit(events.append)

@@ -18,7 +18,7 @@ import llama_cpp.mtmd_cpp as M
 import numpy as np
 import pytest
 
-from localai.engines.serving import CHECKPOINT_MARGIN
+from localai.engines.slot_cache import CHECKPOINT_MARGIN
 from tests import media_files as files
 from tests.conftest import Daemon, start_daemon
 from tests.mmproj import write_mmproj, write_qwen_mmproj
