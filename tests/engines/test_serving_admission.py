@@ -279,7 +279,8 @@ def test_a_prompt_chunk_never_cuts_a_run_the_engine_evaluates_in_one_pass(tmp_pa
     monkeypatch.setattr(loop.engine, "seq_checkpoint", lambda seq: b"state")
     taken: list[int] = []
     take = loop.slot_cache.take_checkpoint
-    monkeypatch.setattr(loop.slot_cache, "take_checkpoint", lambda request: (taken.append(request.next_prompt), take(request))[1])
+    monkeypatch.setattr(loop.slot_cache, "take_checkpoint",
+                        lambda request: (taken.append(request.next_prompt), take(request))[1])
     events: list[dict[str, Any]] = []
     loop._handle(generate("r", "a prompt whose image sits in the middle of it, and text after"), events.append)
     loop._admit(events.append)
