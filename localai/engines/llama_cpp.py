@@ -356,17 +356,17 @@ class LlamaCppEngine:
     def stable_prefix(self, text: str, tokens: list[int]) -> int:
         return stable_by_probes(lambda probed: self.prompt_tokens.tokenize(probed, remember=False), text, tokens)
 
-    def remember_media(self, media: dict[str, str]) -> None:
-        """Keep the images a request sent for its prompt's marks (a model with a vision projector)."""
+    def remember_media(self, media: dict[str, str], op_id: str) -> None:
+        """Keep the images op ``op_id`` sent for its prompt's marks (a model with a vision projector) until
+        ``release_media`` (the serving loop calls both: as it takes the op and at its final frame)."""
         if self.vision is None:
             raise ValueError("this model has no vision projector: images reach it as text stand-ins")
-        self.vision.remember(media)
-
-    def hold_media(self, op_id: str, digests: list[str]) -> None:
-        """Keep the images op ``op_id`` carries until ``release_media`` (the worker calls both, on the engine
-        thread: as the op is taken and at its final frame)."""
-        if self.vision is not None:
-            self.vision.hold(op_id, digests)
+        self.vision.hold(op_id, list(media))  # first: remembering them may forget others past the bound
+        try:
+            self.vision.remember(media)
+        except BaseException:  # a bad image: the op fails, and holds nothing
+            self.vision.release(op_id)
+            raise
 
     def release_media(self, op_id: str) -> None:
         if self.vision is not None:

@@ -12,7 +12,7 @@ no other rule has, and each ``allOf`` is merged into one schema (``merged``; llg
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 from urllib.parse import unquote
 
@@ -99,6 +99,27 @@ def check_refs(schema: Any) -> None:
             target(schema, node["$ref"])
 
 
+def with_refs(node: Any, rewritten: Callable[[Any], str], *, dropped: Collection[str] = ()) -> Any:
+    """A copy of a schema ``node`` with each ``$ref`` replaced by ``rewritten(ref)`` (in subschemas only: not in
+    literal values such as ``enum`` and ``const``, nor in property names), and the keys in ``dropped`` left out at
+    every level."""
+    if isinstance(node, list):
+        return [with_refs(item, rewritten, dropped=dropped) for item in node]
+    if not isinstance(node, dict):
+        return node
+    result: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in dropped:
+            continue
+        if key == "$ref":
+            result[key] = rewritten(value)
+        elif key in NAMED and isinstance(value, dict):
+            result[key] = {item: with_refs(sub, rewritten, dropped=dropped) for item, sub in value.items()}
+        else:
+            result[key] = value if key in LITERALS else with_refs(value, rewritten, dropped=dropped)
+    return result
+
+
 def hoisted(schema: dict[str, Any], tag: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A tool's parameters made ready to sit inside a larger schema (a call's, with the tool's name beside them).
 
@@ -131,19 +152,7 @@ def hoisted(schema: dict[str, Any], tag: str) -> tuple[dict[str, Any], dict[str,
         return pointer(["$defs", tag, *tokens])
 
     def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        result: dict[str, Any] = {}
-        for key, value in node.items():
-            if key == "$ref":
-                result[key] = rewritten(value)
-            elif key in NAMED and isinstance(value, dict):
-                result[key] = {item: walk(sub) for item, sub in value.items()}
-            else:
-                result[key] = value if key in LITERALS else walk(value)
-        return result
+        return with_refs(node, rewritten)
 
     body = walk({key: value for key, value in schema.items() if key not in homes})
     definitions = {names[(home, key)]: walk(sub) for home, defined in homes.items() for key, sub in defined.items()}
@@ -187,21 +196,8 @@ def flattened(schema: dict[str, Any]) -> dict[str, Any]:
         return pointer(["$defs", names[tokens]])
 
     def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        result: dict[str, Any] = {}
-        for key, value in node.items():
-            if key in REF_HOMES:
-                continue  # what is referred to is copied out of them; the rest is never read
-            if key == "$ref":
-                result[key] = rewritten(value)
-            elif key in NAMED and isinstance(value, dict):
-                result[key] = {item: walk(sub) for item, sub in value.items()}
-            else:
-                result[key] = value if key in LITERALS else walk(value)
-        return result
+        # the definitions are left out: what is referred to is copied out of them, the rest is never read
+        return with_refs(node, rewritten, dropped=REF_HOMES)
 
     body = walk(schema)
     return merged(body, definitions)

@@ -55,6 +55,7 @@ Emit = Callable[[WorkerFrame], None]
 # when the next one is due within the interval: with steps as long as the interval (4 streams on a CPU) every token
 # goes at once, instead of every so often two at once a step late (a 52 ms p99 gap at 26 ms a step).
 FLUSH_INTERVAL = 0.025
+FINAL_FRAMES = frozenset({"done", "error", "tokens", "embeddings", "ranks"})  # an op's last frame
 # A prompt of more characters than this many a context token is first tokenized in part, that many characters a token:
 # when that part alone is over the context, the prompt is refused with its length estimated from it (fitting cuts it
 # and tries again), not tokenized whole on the loop, which the other sequences' steps wait for (a 4 M-character
@@ -80,6 +81,7 @@ class Serving:
                                      max_bytes=options.cache_max_bytes, ram_bytes=options.cache_ram_bytes,
                                      trims=engine.can_trim)
         self.slot_cache = SlotCache(engine, self.cache, self.slots)  # what a slot keeps, restores, saves
+        self.holding_media: set[str] = set()  # ops whose images the engine keeps until their final frame
 
     def info(self) -> ModelInfo:
         return self.engine.info()
@@ -89,6 +91,7 @@ class Serving:
     def serve(self, inbox: queue.Queue[WorkOp | None], emit: Emit) -> None:
         """Run until ``None`` arrives in the inbox: admit, batch, decode, sample, emit. Replies being prefilled
         (warm requests) are finished and saved first; other requests are cancelled."""
+        emit = self._releasing_media(emit)
         stopping = False
         while True:
             if stopping and not self.requests and not self.waiting:
@@ -120,13 +123,28 @@ class Serving:
             if self.requests:
                 self._step(emit)
 
+    def _releasing_media(self, emit: Emit) -> Emit:
+        """``emit``, which also lets the engine forget an op's images once its final frame is out."""
+        release = getattr(self.engine, "release_media", None)
+
+        def emit_and_release(frame: WorkerFrame) -> None:
+            emit(frame)
+            request_id = frame.get("id")
+            if frame["ev"] in FINAL_FRAMES and request_id in self.holding_media and release is not None:
+                self.holding_media.discard(str(request_id))
+                release(request_id)
+
+        return emit_and_release
+
     def _handle(self, op: WorkOp, emit: Emit) -> None:
         if (op["op"] == "generate" or op["op"] == "tokenize") and op.get("media"):
-            # images a vision projector reads, named by the prompt's marks (engines/llama_vision)
+            # images a vision projector reads, named by the prompt's marks (engines/llama_vision): kept for this op
+            # until its final frame, however many it or the ops queued before it carry
             remember = getattr(self.engine, "remember_media", None)
             if remember is None:
                 raise ValueError(f"the {self.engine.backend} engine reads no images")
-            remember(op.get("media"))
+            remember(op.get("media"), op["id"])
+            self.holding_media.add(op["id"])
         if op["op"] == "generate":
             self.waiting.append(op)
         elif op["op"] == "cancel":

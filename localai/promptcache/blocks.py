@@ -494,11 +494,10 @@ class Folder:
         block = self.blocks.pop(key, None)
         if block is None:
             return []
+        now = removal is None  # no pass to leave the files to: they go before this returns
+        removal = Removal(self) if removal is None else removal
         self._unlink(block)
-        if removal is None:
-            self.block_path(key).unlink(missing_ok=True)
-        else:
-            removal.files.append(self.block_path(key))
+        removal.files.append(self.block_path(key))
         self.drop_snapshot(key, removal=removal)
         changed = []
         ending = heads_at.pop(key, []) if heads_at is not None else [h for h in self.heads.values() if h.key == key]
@@ -508,14 +507,13 @@ class Folder:
             changed.append(head)
             if self.is_root(block.parent) or head.kind == "checkpoint":  # a checkpoint is only its snapshot
                 del self.heads[head.id]
-                if removal is None:
-                    self.head_path(head.id).unlink(missing_ok=True)
-                else:
-                    removal.heads[self.head_path(head.id)] = None
+                removal.heads[self.head_path(head.id)] = None
             else:
                 head.key, head.n_tokens, head.snapshot = block.parent, head.n_tokens - len(block.tokens), False
                 if heads_at is not None:
                     heads_at.setdefault(head.key, []).append(head)
+        if now:
+            removal.apply()
         return changed
 
     def heads_by_key(self) -> dict[str, list[Head]]:
@@ -538,7 +536,7 @@ class Folder:
             if removal is None:
                 self.snapshot_path(key).unlink(missing_ok=True)
             else:
-                removal.files.append(self.snapshot_path(key))
+                removal.files.append(self.snapshot_path(key))  # deleted when the pass applies it
 
     def drop_head(self, head_id: str) -> None:
         head = self.heads.pop(head_id, None)

@@ -18,12 +18,11 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from localai.engines.engine import Engine, LoadOptions
 from localai.engines.serving import Serving
-from localai.protocol import FatalFrame, FrameSocket, LoadErrorFrame, ReadyFrame, WorkerFrame, WorkOp
+from localai.protocol import FatalFrame, FrameSocket, LoadErrorFrame, ReadyFrame, WorkOp
 
 log = logging.getLogger("localai.worker")
 EXIT_ENGINE_FAILED = 70
@@ -54,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         log.exception("load failed")
         channel.send(LoadErrorFrame(ev="load_error", message=f"{type(exc).__name__}: {exc}"))
         return 1
-    inbox = OpImages(engine.engine)
+    inbox: queue.Queue[WorkOp | None] = queue.Queue()
 
     def run_engine() -> None:
         try:
-            engine.serve(inbox, inbox.emitting(channel.emit))
+            engine.serve(inbox, channel.emit)
         except BaseException as exc:
             log.exception("the engine failed; exiting so the daemon reloads the model")
             with contextlib.suppress(Exception):
@@ -80,38 +79,6 @@ def main(argv: list[str] | None = None) -> int:
         inbox.put(message)
     engine_thread.join(timeout=SHUTDOWN_TIMEOUT)  # the engine flushes queued cache writes before it returns
     return 0
-
-
-FINAL_FRAMES = frozenset({"done", "error", "tokens", "embeddings", "ranks"})  # an op's last frame
-
-
-class OpImages(queue.Queue[WorkOp | None]):
-    """The worker's inbox, which keeps the images each op carries known to the engine from when the engine thread
-    takes the op until its final frame, whatever the engine's bound on recent images: a request with more images
-    than the bound, or queued behind requests that carry more between them, still finds its own. Both ends run on
-    the engine thread (``get`` is the serving loop's; ``emitting`` wraps its emit), so nothing here needs a lock."""
-
-    def __init__(self, engine: Engine) -> None:
-        super().__init__()
-        self.hold: Callable[[str, list[str]], None] | None = getattr(engine, "hold_media", None)
-        self.release: Callable[[str], None] | None = getattr(engine, "release_media", None)
-        self.holding: set[str] = set()
-
-    def get(self, block: bool = True, timeout: float | None = None) -> WorkOp | None:
-        op = super().get(block, timeout)
-        if op is not None and self.hold is not None and op["op"] in ("generate", "tokenize") and op.get("media"):
-            self.hold(op["id"], list(op.get("media") or {}))
-            self.holding.add(op["id"])
-        return op
-
-    def emitting(self, emit: Callable[[WorkerFrame], None]) -> Callable[[WorkerFrame], None]:
-        def emit_and_release(frame: WorkerFrame) -> None:
-            emit(frame)
-            request_id = frame.get("id")
-            if frame["ev"] in FINAL_FRAMES and request_id in self.holding and self.release is not None:
-                self.holding.discard(request_id)
-                self.release(request_id)
-        return emit_and_release
 
 
 def stop_on_signals(inbox: queue.Queue[WorkOp | None], engine_thread: threading.Thread,

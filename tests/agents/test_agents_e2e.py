@@ -257,39 +257,33 @@ def check_round_trip(result: subprocess.CompletedProcess[str], log: str, target:
     assert len(served(log, "POST /v1/chat/completions")) >= 2, log[-3000:]
 
 
-def test_qwen_code_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
+# Each agent's headless run that writes greet.py with its own file tool, as the scripted Qwen3-Coder model calls it:
+# the tool, its path and content arguments, and the command line ("{prompt}" stands for the prompt).
+ROUND_TRIPS = {
+    "qwen": ("write_file", "file_path", "content", ("-p", "{prompt}", "--yolo")),
+    # Cline's file tool is editor: a new_text without old_text creates the file (its tools are approved by default
+    # in a headless run)
+    "cline": ("editor", "path", "new_text", ("--json", "{prompt}")),
+    # Hermes refuses windows under 64K tokens: the scripted model has 128K
+    "hermes": ("write_file", "path", "content", ("chat", "-Q", "--yolo", "-q", "{prompt}")),
+    # OpenClaw's embedded agent (agent --local), on the Node.js 24 installed beside it
+    "openclaw": ("write", "path", "content", ("agent", "--local", "--json", "-m", "{prompt}")),
+    "pi": ("write", "path", "content", ("-p", "{prompt}")),
+    # droid exec offers its file tools from --auto low on (read-only without it)
+    "droid": ("Create", "file_path", "content", ("exec", "--auto", "low", "{prompt}")),
+    # cn -p offers its Write tool with --auto (all tools allowed)
+    "continue": ("Write", "filepath", "content", ("-p", "--auto", "{prompt}")),
+}
+
+
+@pytest.mark.parametrize("agent", list(ROUND_TRIPS))
+def test_an_agent_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path,
+                                                               agent: str) -> None:
+    tool, path_key, content_key, args = ROUND_TRIPS[agent]
     model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
     target = tmp_path / "work" / "greet.py"
-    prompt = write_prompt("write_file", {"file_path": str(target), "content": GREET})
-    result, log = run_agent(agent_daemon, tmp_path, "qwen", "-p", prompt, "--yolo", model=model)
-    check_round_trip(result, log, target)
-
-
-def test_cline_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
-    """Cline's file tool is ``editor``: a ``new_text`` without ``old_text`` creates the file (its tools are
-    approved by default in a headless run)."""
-    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
-    target = tmp_path / "work" / "greet.py"
-    prompt = write_prompt("editor", {"path": str(target), "new_text": GREET})
-    result, log = run_agent(agent_daemon, tmp_path, "cline", "--json", prompt, model=model)
-    check_round_trip(result, log, target)
-
-
-def test_hermes_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
-    """Hermes refuses windows under 64K tokens: the scripted model has 128K."""
-    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
-    target = tmp_path / "work" / "greet.py"
-    prompt = write_prompt("write_file", {"path": str(target), "content": GREET})
-    result, log = run_agent(agent_daemon, tmp_path, "hermes", "chat", "-Q", "--yolo", "-q", prompt, model=model)
-    check_round_trip(result, log, target)
-
-
-def test_openclaw_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
-    """OpenClaw's embedded agent (``agent --local``), on the Node.js 24 installed beside it."""
-    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
-    target = tmp_path / "work" / "greet.py"
-    prompt = write_prompt("write", {"path": str(target), "content": GREET})
-    result, log = run_agent(agent_daemon, tmp_path, "openclaw", "agent", "--local", "--json", "-m", prompt,
+    prompt = write_prompt(tool, {path_key: str(target), content_key: GREET})
+    result, log = run_agent(agent_daemon, tmp_path, agent, *(prompt if a == "{prompt}" else a for a in args),
                             model=model)
     check_round_trip(result, log, target)
 
@@ -323,29 +317,3 @@ def test_an_agent_on_a_small_window_sends_its_request_and_the_daemon_fits_it(age
     assert result.returncode == 0, result.stdout + result.stderr
     assert DEFAULT_REPLY in result.stdout, result.stdout[-3000:]
     assert f"fitted a conversation for {name}" in log, log[-3000:]
-
-
-def test_pi_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
-    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
-    target = tmp_path / "work" / "greet.py"
-    prompt = write_prompt("write", {"path": str(target), "content": GREET})
-    result, log = run_agent(agent_daemon, tmp_path, "pi", "-p", prompt, model=model)
-    check_round_trip(result, log, target)
-
-
-def test_droid_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
-    """``droid exec`` offers its file tools from ``--auto low`` on (read-only without it)."""
-    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
-    target = tmp_path / "work" / "greet.py"
-    prompt = write_prompt("Create", {"file_path": str(target), "content": GREET})
-    result, log = run_agent(agent_daemon, tmp_path, "droid", "exec", "--auto", "low", prompt, model=model)
-    check_round_trip(result, log, target)
-
-
-def test_continue_writes_a_file_a_qwen3_coder_model_called_for(agent_daemon: Daemon, tmp_path: Path) -> None:
-    """``cn -p`` offers its Write tool with ``--auto`` (all tools allowed)."""
-    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
-    target = tmp_path / "work" / "greet.py"
-    prompt = write_prompt("Write", {"filepath": str(target), "content": GREET})
-    result, log = run_agent(agent_daemon, tmp_path, "continue", "-p", "--auto", prompt, model=model)
-    check_round_trip(result, log, target)

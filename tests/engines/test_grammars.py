@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +18,6 @@ WORKFLOW = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "
                            "args": {"description": "any JSON value"},
                            "runId": {"type": "string", "pattern": "^wf_[a-z0-9-]{6,}$"}}}
 STRANGE = {"type": "object", "properties": {"x": {"if": {"type": "string"}, "then": {"minLength": 1}}}}
-
-
-@pytest.fixture(scope="module")
-def vocab(smollm2_path: Path) -> Iterator[Any]:
-    L.llama_backend_init()
-    model = L.llama_model_load_from_file(str(smollm2_path).encode(), L.llama_model_default_params())
-    yield L.llama_model_get_vocab(model)
-    L.llama_model_free(model)
 
 
 def test_sanitized_drops_annotations_and_unrollable_bounds() -> None:

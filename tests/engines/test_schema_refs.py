@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import llama_cpp as L
 import pytest
 
 from localai.engines.grammars import GrammarError, RefError, grammar_for, lark_for
@@ -32,14 +29,6 @@ BROKEN = {
     "#/properties/b/enum/7": {"type": "object", "properties": {"a": {"$ref": "#/properties/b/enum/7"},
                                                                "b": {"enum": [1]}}},
 }
-
-
-@pytest.fixture(scope="module")
-def vocab(smollm2_path: Path) -> Iterator[Any]:
-    L.llama_backend_init()
-    model = L.llama_model_load_from_file(str(smollm2_path).encode(), L.llama_model_default_params())
-    yield L.llama_model_get_vocab(model)
-    L.llama_model_free(model)
 
 
 def forced(parameters: dict[str, Any], style: str = "hermes") -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import queue
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,6 @@ from localai.engines.llama_cpp import LlamaCppEngine
 from localai.engines.llama_vision import KEEP_IMAGE_BYTES
 from localai.engines.serving import Serving
 from localai.protocol import WorkerFrame, image_mark
-from localai.workers.worker import OpImages
 from tests import media_files as files
 from tests.mmproj import write_mmproj
 
@@ -51,7 +51,7 @@ def prompt(media: dict[str, str]) -> str:
 
 def run(loop: Serving, ops: list[dict[str, Any]]) -> dict[str, WorkerFrame]:
     """Serve ``ops`` (all in the inbox before the loop starts) until each has its final frame."""
-    inbox = OpImages(loop.engine)
+    inbox: queue.Queue[Any] = queue.Queue()
     finals: dict[str, WorkerFrame] = {}
 
     def emit(frame: WorkerFrame) -> None:
@@ -62,8 +62,8 @@ def run(loop: Serving, ops: list[dict[str, Any]]) -> dict[str, WorkerFrame]:
 
     for op in ops:
         inbox.put(op)  # type: ignore[arg-type]
-    loop.serve(inbox, inbox.emitting(emit))
-    assert not inbox.holding
+    loop.serve(inbox, emit)
+    assert not loop.holding_media
     return finals
 
 
