@@ -26,8 +26,8 @@ def loaded(daemon: Daemon) -> list[dict[str, object]]:
         return models
 
 
-# A client socket left unclosed and collected during this test failed the fresh clone's run once (stop 62): to be
-# found; meanwhile its warning does not fail the test (see the stop's note)
+# A client socket left unclosed and collected during this test failed the fresh clone's run once (stop 62; not
+# reproduced alone, nor with the module): to be found; meanwhile its warning does not fail the test
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_worker_killed_mid_stream_ends_the_stream_with_an_error(fresh_daemon: Daemon) -> None:
     events: list[str] = []
@@ -103,12 +103,22 @@ def test_client_disconnect_stops_the_generation(fresh_daemon: Daemon) -> None:
 
 def test_full_queue_answers_503_with_retry_after(tmp_path: Path, smollm2_path: Path) -> None:
     with start_daemon(tmp_path / "d", max_queue="1", num_parallel="1") as daemon:
-        body = {**LONG, "max_tokens": 120}
-        # A generous client timeout: on a loaded machine the queued request waits for the running one.
-        with daemon.http(timeout=600) as http, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        body = {**LONG, "max_tokens": 8}
+        # The interleaving is made, not hoped for (four requests sent at once were not always at once): one
+        # request holds the only slot (streaming), one waits in the queue (its one place), then two more come.
+        with daemon.http(timeout=600) as http, concurrent.futures.ThreadPoolExecutor(1) as pool:
             http.post("/api/generate", json={"model": "smollm2"})
-            futures = [pool.submit(http.post, "/v1/chat/completions", json=body) for _ in range(4)]
-            responses = [f.result(timeout=300) for f in futures]
+            with http.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as running:
+                lines = running.iter_lines()  # kept: an iterator dropped would close the connection
+                for line in lines:
+                    if '"content":"' in line and '"role"' not in line:
+                        break  # it is generating (the role's chunk comes first): the slot is taken
+                queued = pool.submit(http.post, "/v1/chat/completions", json=body)
+                wait_for(lambda: loaded(daemon)[0]["queued"] == 1, "the second request to be queued")
+                # a 503 comes at once; a request queued instead would wait for the stream, which never ends here
+                responses = [http.post("/v1/chat/completions", json=body, timeout=60) for _ in range(2)]
+                running.close()  # the slot is free: the queued request runs
+            responses.append(queued.result(timeout=300))
         busy = [r for r in responses if r.status_code == 503]
         assert busy and all(r.headers["retry-after"] for r in busy)
         assert busy[0].json()["error"]["code"] == "server_busy"
