@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import signal
@@ -35,6 +36,16 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     return home
+
+
+@pytest.fixture(autouse=True)
+def sockets_closed_by_their_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that talks to a daemon or a worker collects its garbage as it ends, so a client it left open (an
+    unclosed socket in a reference cycle, only freed by the collector) fails that test, instead of whichever test
+    happened to be running when the collector came by (as a fresh clone's run did twice)."""
+    yield
+    if request.node.get_closest_marker("model") is not None:
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

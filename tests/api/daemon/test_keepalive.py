@@ -174,8 +174,7 @@ def test_every_dialect_keeps_a_silent_worker_alive_and_clients_read_through(tmp_
             generated = raw_lines(http, "/api/generate", {"model": "smollm2", "prompt": ask(10), "stream": True,
                                                           "options": {"num_predict": 2}})
         assert sum(map(ndjson_empty, generated)) >= 3 and json.loads(generated[-1])["done"] is True
-        with held(pid, ndjson_empty) as transport:
-            native = ollama.Client(host=daemon.base_url, transport=transport)
+        with held(pid, ndjson_empty) as transport, ollama.Client(host=daemon.base_url, transport=transport) as native:
             reply = "".join(part["message"]["content"] for part in native.chat(
                 model="smollm2", stream=True, options={"num_predict": 3},
                 messages=[{"role": "user", "content": ask(11)}]))

@@ -26,9 +26,6 @@ def loaded(daemon: Daemon) -> list[dict[str, object]]:
         return models
 
 
-# A client socket left unclosed and collected during this test failed the fresh clone's run once (stop 62; not
-# reproduced alone, nor with the module): to be found; meanwhile its warning does not fail the test
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_worker_killed_mid_stream_ends_the_stream_with_an_error(fresh_daemon: Daemon) -> None:
     events: list[str] = []
     with fresh_daemon.http() as http, http.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as r:

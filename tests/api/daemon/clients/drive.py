@@ -188,8 +188,9 @@ def langchain_ollama(base: str) -> Results:
     def models() -> object:
         import ollama
 
-        return expect(listed([str(m.model) for m in ollama.Client(host=base).list().models]),
-                      "listed through the ollama client LangChain uses")
+        with ollama.Client(host=base) as native:
+            return expect(listed([str(m.model) for m in native.list().models]),
+                          "listed through the ollama client LangChain uses")
 
     return run_checks({
         "models": models,
