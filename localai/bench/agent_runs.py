@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from localai.bench import agents as trace
-from localai.bench.servers import LlamaCppPythonServer, ManagedDaemon, MlxLmServer, ReferenceServer
+from localai.bench.servers import LlamaCppPythonServer, LlamaServer, ManagedDaemon, MlxLmServer, ReferenceServer
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class AgentsPlan:
     llama_bench_path: str | None = None
     with_llama_cpp_python: bool = False
     with_mlx_lm_server: bool = False
+    llama_server_path: str | None = None  # llama.cpp's llama-server, 4 slots, its own context checkpoints
 
     def trace_options(self) -> dict[str, Any]:
         return {"sessions": self.sessions, "turns": self.turns, "reply_tokens": self.reply_tokens,
@@ -72,6 +73,9 @@ def run(plan: AgentsPlan) -> AgentsReport:
             references.append(("llama-cpp-python", LlamaCppPythonServer(model_path)))
         if plan.with_mlx_lm_server:
             references.append(("mlx_lm.server", MlxLmServer(model_path)))
+        if plan.llama_server_path:
+            references.append(("llama-server", LlamaServer(plan.llama_server_path, model_path, n_ctx=8192,
+                                                            parallel=4)))
         for name, reference in references:
             with reference as server:
                 server.warm_up()

@@ -41,6 +41,7 @@ class SpeedResult:
     decode: list[float] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)
     depth: list[int] = field(default_factory=list)  # context tokens before each measurement
+    fixed_ms: list[float] = field(default_factory=list)  # a request's fixed cost: a cached prompt, one token
 
 
 # Both servers sample the same way: plain greedy. A Modelfile's own settings (smollm2's sets repeat_penalty 1.1)
@@ -271,6 +272,19 @@ def measure_once(http: httpx.Client, model: str, words: int, gen_tokens: int, re
                                                         gen_tokens, cache=bool(context))
     if n_generated > 1 and last > first:
         result.decode.append((n_generated - 1) / (last - first))
+    result.fixed_ms.append(fixed_cost_ms(http, model))
+
+
+def fixed_cost_ms(http: httpx.Client, model: str, requests: int = 9) -> float:
+    """What a request costs beyond the model's work: the median time to the first token of a short prompt the
+    server already holds (it evaluates its last token again, as every server does), one token out."""
+    prompt = f"fixed cost {random.getrandbits(32):x}"
+    _stream_completion(http, model, prompt, 1, cache=True)  # now held
+    times = []
+    for _ in range(requests):
+        start, first, _, _, _ = _stream_completion(http, model, prompt, 1, cache=True)
+        times.append(1000 * (first - start))
+    return statistics.median(times)
 
 
 def _llama_bench_rows(binary: str, *args: str) -> list[dict[str, Any]]:

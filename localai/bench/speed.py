@@ -3,6 +3,7 @@ mlx-lm's server, llama-bench or mlx-lm in-process), interleaved, and the table o
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -181,6 +182,13 @@ def table(report: SpeedReport) -> list[str]:
         lines.append(f"{anchor:<24}" + "".join(f"{measure.summary(other):<34}" for _, _, other in columns))
         lines.append(f"{'localai / ' + anchor:<24}"
                      + "".join(f"{measure.percent(mine, other):<34}" for _, mine, other in columns))
+    if ours.speed.fixed_ms:
+        line = ("fixed cost per request (a cached short prompt, one token): localai "
+                f"{measure.summary(ours.speed.fixed_ms)} ms")
+        if anchor and theirs.speed.fixed_ms:
+            difference = statistics.median(ours.speed.fixed_ms) - statistics.median(theirs.speed.fixed_ms)
+            line += f", {anchor} {measure.summary(theirs.speed.fixed_ms)} ms ({difference:+.1f} ms)"
+        lines.append(line)
     return lines + latency_and_edits(report)
 
 

@@ -93,7 +93,8 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
 @click.option("--think-median", default=1.0, show_default=True, help="--slo: median seconds between an agent's turns.")
 @click.option("--slo-reply-tokens", default=48, show_default=True, help="--slo: tokens of each reply (a tool call).")
 @click.option("--llama-server", "llama_server_path", default=None, metavar="PATH",
-              help="--slo: also llama.cpp's llama-server, restarted with N slots for N agents.")
+              help="Also the trace against llama.cpp's llama-server on the same GGUF (4 slots of 8,192 tokens, its "
+                   "own context checkpoints); with --slo, restarted with N slots for N agents.")
 @fail_cleanly
 def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think_time: float, restart_at: int,
                  with_llama_cpp_python: bool, with_mlx_lm_server: bool, compare: tuple[str, ...], source: str | None,
@@ -118,7 +119,7 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
     report = agent_runs.run(agent_runs.AgentsPlan(
         model, source, sessions, turns, reply_tokens, think_time, restart_at, seed, long_turns=long_turns,
         subagents=subagents, llama_bench_path=llama_bench_path, with_llama_cpp_python=with_llama_cpp_python,
-        with_mlx_lm_server=with_mlx_lm_server, compare=compare))
+        with_mlx_lm_server=with_mlx_lm_server, compare=compare, llama_server_path=llama_server_path))
     for line in agent_runs.table(report):
         click.echo(line)
 
