@@ -103,21 +103,27 @@ class NoCheckpoints:
         return False
 
 
-# ``prefill_chunk`` on a CPU: prefill runs at the same rate in chunks of 32 to 512 tokens there (this 2-core machine:
-# SmolLM2 on llama.cpp 257-274 tokens/s, on MLX 14), and a step's time is about its tokens times the weights read
-# for each: the chunk is what keeps a step of a model of SmolLM2's size (96 MiB) to 64 tokens (0.24 s instead of
-# 2 s for a 512-token step on llama.cpp), fewer for larger models (at least 32), more for smaller ones (at most
-# num_batch). On a GPU a large batch is what makes prefill fast, and the chunk is num_batch. The chunk is fixed
-# for a load (a chunk's size changes the kernels' arithmetic: greedy replies must not depend on timing).
+# ``prefill_chunk`` on a CPU. For small models prefill runs at the same rate in chunks of 32 to 512 tokens (this
+# 2-core machine: SmolLM2 on llama.cpp 257-274 tokens/s, on MLX 14), and a step's time is about its tokens times the
+# weights read for each: there the chunk is what keeps a step of a model of SmolLM2's size (96 MiB) to 64 tokens
+# (0.24 s instead of 2 s for a 512-token step on llama.cpp), more for smaller ones (at most num_batch). At the sizes
+# agents run that no longer holds: a real-shaped Qwen3-1.7B (Q4_K, 1.45 GiB; tests/scalemodels.py) prefills at
+# 116 tokens/s in 32-token ubatches and 149 in 512-token ones (llama-bench, 2 threads), and a Qwen3.5 hybrid pays
+# the serving loop's per-chunk work 16 times for a 500-token prompt (0.81x llama-server's prefill). From
+# ``FULL_BATCH_WEIGHTS`` up the chunk is num_batch, as on a GPU and in llama-server (a step of a cold prompt then
+# holds the other sequences' next token as long as llama-server's does). The chunk is fixed for a load (a chunk's
+# size changes the kernels' arithmetic: greedy replies must not depend on timing).
 CPU_PREFILL_CHUNK = 64
 CPU_CHUNK_BYTES = CPU_PREFILL_CHUNK * (96 << 20)  # tokens x weight bytes in one CPU prefill step
 MIN_CPU_CHUNK = 32
+FULL_BATCH_WEIGHTS = 512 << 20
 
 
 def prefill_chunk(n_batch: int, on_gpu: bool, weights_bytes: int = 0) -> int:
-    """An engine's ``prefill_chunk``: ``n_batch`` on a GPU; on a CPU, by the weights' size (``CPU_CHUNK_BYTES``),
-    a power of two from ``MIN_CPU_CHUNK`` to ``n_batch`` (``CPU_PREFILL_CHUNK`` when the size is not known)."""
-    if on_gpu:
+    """An engine's ``prefill_chunk``: ``n_batch`` on a GPU and for weights of ``FULL_BATCH_WEIGHTS`` or more; on a
+    CPU below that, by the weights' size (``CPU_CHUNK_BYTES``), a power of two from ``MIN_CPU_CHUNK`` to
+    ``n_batch`` (``CPU_PREFILL_CHUNK`` when the size is not known)."""
+    if on_gpu or weights_bytes >= FULL_BATCH_WEIGHTS:
         return n_batch
     tokens = CPU_CHUNK_BYTES // weights_bytes if weights_bytes > 0 else CPU_PREFILL_CHUNK
     tokens = 1 << max(0, tokens.bit_length() - 1)  # a power of two at most tokens
