@@ -11,7 +11,7 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
-.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures fixtures-scale lint typecheck docs unit install install-test install-agents agents-latest install-clients install-tmux bench stress clean
+.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures fixtures-scale bench-scale lint typecheck docs unit install install-test install-agents agents-latest install-clients install-tmux bench stress clean
 
 # pip install that says what it does: each step with how long it usually takes, download and compile progress, a
 # line at least every 20 s; pip's whole output (warnings included) goes to the log named on the first line.
@@ -212,6 +212,11 @@ $(SCALE)/.written: tests/scalemodels.py | $(LLAMA_CONFIGURED)
 ## fixtures-scale: real-shaped random-weight models of six 2026 families, Q8_0 and Q4_K_M-like (tests/scalemodels.py;
 ## about 22 GB and 10 minutes on 2 cores; for `localai bench`, not part of make test)
 fixtures-scale: $(SCALE)/.written
+
+## bench-scale: every path timed on the real-shaped models beside llama-server (tests/scalebench.py; hours on 2 cores:
+## `python -m tests.scalebench --name NAME` times one)
+bench-scale: $(VENV)/.installed-bench fixtures-scale $(LLAMA_SERVER)
+	$(BIN)/python -m tests.scalebench --llama-server $(LLAMA_SERVER)
 
 ## bench: prefill/decode through the API, then the interleaved agent trace against llama-cpp-python's server
 bench: $(VENV)/.installed-bench

@@ -276,9 +276,11 @@ def measure_once(http: httpx.Client, model: str, words: int, gen_tokens: int, re
 
 
 def fixed_cost_ms(http: httpx.Client, model: str, requests: int = 9) -> float:
-    """What a request costs beyond the model's work: the median time to the first token of a short prompt the
-    server already holds (it evaluates its last token again, as every server does), one token out."""
-    prompt = f"fixed cost {random.getrandbits(32):x}"
+    """What a request costs beyond the model's work: the median time to the first token of a prompt of ~64 words
+    the server already holds, one token out. Every server evaluates the prompt's last token again; one that cannot
+    cut its state anywhere (a hybrid, a window) returns to a checkpoint before it (localai's is 4 tokens before a
+    prompt's end, for prompts of 32 tokens or more: a shorter prompt is evaluated whole again)."""
+    prompt = prefill_prompt(64)
     _stream_completion(http, model, prompt, 1, cache=True)  # now held
     times = []
     for _ in range(requests):

@@ -183,7 +183,7 @@ def table(report: SpeedReport) -> list[str]:
         lines.append(f"{'localai / ' + anchor:<24}"
                      + "".join(f"{measure.percent(mine, other):<34}" for _, mine, other in columns))
     if ours.speed.fixed_ms:
-        line = ("fixed cost per request (a cached short prompt, one token): localai "
+        line = ("fixed cost per request (a cached 64-word prompt, one token): localai "
                 f"{measure.summary(ours.speed.fixed_ms)} ms")
         if anchor and theirs.speed.fixed_ms:
             difference = statistics.median(ours.speed.fixed_ms) - statistics.median(theirs.speed.fixed_ms)

@@ -179,7 +179,7 @@ def test_bench_streams_and_edit_through_a_real_daemon(fresh_daemon: Any) -> None
     assert "2 streams, tok/s in all" in out and "edit, speculative on" in out and "inter-token latency" in out
     assert re.search(r"localai, speculative on: edit answer \d+ tokens", out), out
     assert "guessed" in out  # the answer copies its prompt: some tokens are guessed
-    fixed = re.search(r"fixed cost per request \(a cached short prompt, one token\): localai ([\d.]+) ms", out)
+    fixed = re.search(r"fixed cost per request \(a cached 64-word prompt, one token\): localai ([\d.]+) ms", out)
     assert fixed and 0 < float(fixed.group(1)) < 10_000, out
 
 

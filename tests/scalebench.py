@@ -1,0 +1,71 @@
+"""Every path timed on the real-shaped models (tests/scalemodels.py) beside llama-server, one model at a time:
+``localai bench`` (prefill, decode, 4 streams, the fixed cost per request) with flash attention off on both
+servers, then on on both, and ``localai bench agents`` (the agent trace, a restart before turn 3, bytes written per
+turn) beside llama-server's own context checkpoints. Each table comes from one run; the commands are printed
+before their output so any of them can be run again alone.
+
+    python -m tests.scalebench --llama-server BIN [--name NAME ...] [--quant q4_k] [--repetitions 2] [--no-agents]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+from localai.bench.servers import ManagedDaemon
+from tests import scalemodels
+
+
+def run(command: list[str], env: dict[str, str]) -> None:
+    print(f"$ {shlex.join(command)}", flush=True)
+    started = time.monotonic()
+    result = subprocess.run(command, env=env, text=True, capture_output=True)
+    print(result.stdout, end="", flush=True)
+    if result.returncode:
+        print(f"(exit {result.returncode}) {result.stderr.strip().splitlines()[-1:] or ''}", flush=True)
+    print(f"({time.monotonic() - started:.0f} s)\n", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--llama-server", required=True)
+    parser.add_argument("--name", action="append", choices=sorted(scalemodels.BY_NAME))
+    parser.add_argument("--quant", default="q4_k", choices=scalemodels.QUANTS)
+    parser.add_argument("--repetitions", default=2, type=int)
+    parser.add_argument("--threads", default=os.cpu_count() or 2, type=int)
+    parser.add_argument("--prompt-tokens", default=512, type=int)
+    parser.add_argument("--gen-tokens", default=64, type=int)
+    parser.add_argument("--no-agents", action="store_true", help="the speed tables only")
+    parser.add_argument("--no-flash", action="store_true", help="flash attention off only")
+    args = parser.parse_args()
+    names = args.name or [s.name for s in scalemodels.SCALES]
+    localai = [sys.executable, "-m", "localai"]
+    for name in names:
+        path = scalemodels.scale_path(name, args.quant)
+        if not path.exists():
+            sys.exit(f"{path} is missing: run `make fixtures-scale`")
+        model = f"{name}-{args.quant}"
+        print(f"## {model} ({scalemodels.BY_NAME[name].family})\n", flush=True)
+        for flash in (False,) if args.no_flash else (False, True):
+            with tempfile.TemporaryDirectory(prefix="localai-scale-") as home:
+                settings = {"LOCALAI_NUM_THREAD": str(args.threads), "LOCALAI_FLASH_ATTENTION": str(flash).lower()}
+                with ManagedDaemon(home, str(path), env=settings) as daemon:
+                    daemon.warm_up(model)
+                    env = {**os.environ, "LOCALAI_HOME": home, **settings}
+                    anchor_flash = ["--llama-server-arg=-fa", f"--llama-server-arg={'on' if flash else 'off'}"]
+                    run([*localai, "bench", "-m", model, "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens),
+                         "-r", str(args.repetitions), "-t", str(args.threads), "--streams", "4",
+                         "--llama-server", args.llama_server, *anchor_flash], env)
+        if not args.no_agents:
+            env = {**os.environ, "LOCALAI_NUM_THREAD": str(args.threads)}
+            run([*localai, "bench", "agents", "-m", model, "--from", str(path), "--llama-server", args.llama_server],
+                env)
+
+
+if __name__ == "__main__":
+    main()
