@@ -170,9 +170,9 @@ BY_NAME = {scale.name: scale for scale in SCALES}
 def small(s: Scale) -> Scale:
     """``s`` at the size of a test: 256 wide, a few layers of each kind, heads and states shrunk alike; the
     tokenizer's own vocabulary (plus the family's tokens), so the test files are a few MB."""
-    kinds = "".join(dict.fromkeys(s.layers))
-    layers = {"qwen35": "LA", "qwen35moe": "LA", "nemotron_h": "MFA", "gemma3": "SSSSSA", "gpt-oss": "SA"}
-    return replace(s, name=f"{s.name}-small", layers=layers.get(s.arch, kinds * 2), vocab=0, embd=256,
+    layers = {"qwen3": "AA", "qwen35": "LA", "qwen35moe": "LA", "nemotron_h": "MFA", "gemma3": "SSSSSA",
+              "gpt-oss": "SA"}
+    return replace(s, name=f"{s.name}-small", layers=layers[s.arch], vocab=0, embd=256,
                    heads=4, kv_heads=2 if s.kv_heads > 1 else 1, head_dim=64, ff=512 if s.ff else 0,
                    experts=min(s.experts, 4), experts_used=min(s.experts_used, 2), expert_ff=256 if s.experts else 0,
                    shared_ff=256 if s.shared_ff else 0, window=min(s.window, 32),
@@ -306,14 +306,13 @@ def _metadata(writer: Any, s: Scale) -> None:
     writer.add_embedding_length(s.embd)
     writer.add_block_count(len(s.layers))
     writer.add_vocab_size(s.vocab)
-    attention = [kind in "AS" for kind in s.layers]
     if s.arch == "nemotron_h":  # per layer: which blocks attend (KV heads), which are a feed-forward
         def per_layer(key: str, values: list[int]) -> None:  # llama.cpp reads these arrays only as UINT32
             writer.add_key_value(key.format(arch=s.arch), values, gguf.GGUFValueType.ARRAY,
                                  sub_type=gguf.GGUFValueType.UINT32)
 
         writer.add_head_count(s.heads)  # a scalar: llama.cpp reads the head size only where layer 0 has heads
-        per_layer(gguf.Keys.Attention.HEAD_COUNT_KV, [s.kv_heads if on else 0 for on in attention])
+        per_layer(gguf.Keys.Attention.HEAD_COUNT_KV, [s.kv_heads if kind in "AS" else 0 for kind in s.layers])
         per_layer(gguf.Keys.LLM.FEED_FORWARD_LENGTH, [s.ff if kind == "F" else 0 for kind in s.layers])
     else:
         writer.add_head_count(s.heads)
@@ -552,7 +551,6 @@ def _write(s: Scale, quant: str, vocab: Vocabulary, template: str, temp: Path, r
             writer.add_tensor(name, _blocks(rng, qtype, shape), raw_dtype=qtype)
         else:
             writer.add_tensor(name, _vector(role, shape, rng))
-    del embeddings, head
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -272,7 +272,6 @@ def measure_once(http: httpx.Client, model: str, words: int, gen_tokens: int, re
                                                         gen_tokens, cache=bool(context))
     if n_generated > 1 and last > first:
         result.decode.append((n_generated - 1) / (last - first))
-    result.fixed_ms.append(fixed_cost_ms(http, model))
 
 
 def fixed_cost_ms(http: httpx.Client, model: str, requests: int = 9) -> float:

@@ -126,6 +126,7 @@ def measure_side(http: httpx.Client, plan: SpeedPlan, words: int, depth_words: i
     """One repetition on one server: speed, then streams and the edit workload where asked (localai's twice,
     speculative decoding off and on; the anchor's as started)."""
     measure.measure_once(http, plan.model, words, plan.gen_tokens, side.speed, depth_words)
+    side.speed.fixed_ms.append(measure.fixed_cost_ms(http, plan.model))
     if plan.streams > 1:
         measure.measure_streams(http, plan.model, plan.streams, plan.gen_tokens, side.streams)
     if plan.edit_tokens and ours:
