@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", default=512, type=int)
     parser.add_argument("--gen-tokens", default=64, type=int)
     parser.add_argument("--no-agents", action="store_true", help="the speed tables only")
+    parser.add_argument("--system-repeats", default=5, type=int, help="the trace's system prompt: ~1,100 tokens x N")
+    parser.add_argument("--no-speed", action="store_true", help="the agent trace only")
     parser.add_argument("--no-flash", action="store_true", help="flash attention off only")
     args = parser.parse_args()
     names = args.name or [s.name for s in scalemodels.SCALES]
@@ -51,20 +53,22 @@ def main() -> None:
             sys.exit(f"{path} is missing: run `make fixtures-scale`")
         model = f"{name}-{args.quant}"
         print(f"## {model} ({scalemodels.BY_NAME[name].family})\n", flush=True)
-        for flash in (False,) if args.no_flash else (False, True):
+        for flash in () if args.no_speed else (False,) if args.no_flash else (False, True):
             with tempfile.TemporaryDirectory(prefix="localai-scale-") as home:
-                settings = {"LOCALAI_NUM_THREAD": str(args.threads), "LOCALAI_FLASH_ATTENTION": str(flash).lower()}
+                # the context llama-server gets for 4 streams (4 slots of 4,096): the memory compared is for the same
+                settings = {"LOCALAI_NUM_THREAD": str(args.threads), "LOCALAI_FLASH_ATTENTION": str(flash).lower(),
+                            "LOCALAI_CONTEXT_LENGTH": "16384"}
                 with ManagedDaemon(home, str(path), env=settings) as daemon:
                     daemon.warm_up(model)
                     env = {**os.environ, "LOCALAI_HOME": home, **settings}
                     anchor_flash = ["--llama-server-arg=-fa", f"--llama-server-arg={'on' if flash else 'off'}"]
                     run([*localai, "bench", "-m", model, "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens),
                          "-r", str(args.repetitions), "-t", str(args.threads), "--streams", "4",
-                         "--llama-server", args.llama_server, *anchor_flash], env)
+                         "--cold", "2", "--cold", "3", "--llama-server", args.llama_server, *anchor_flash], env)
         if not args.no_agents:
             env = {**os.environ, "LOCALAI_NUM_THREAD": str(args.threads)}
-            run([*localai, "bench", "agents", "-m", model, "--from", str(path), "--llama-server", args.llama_server],
-                env)
+            run([*localai, "bench", "agents", "-m", model, "--from", str(path), "--llama-server", args.llama_server,
+                 "--system-repeats", str(args.system_repeats)], env)
 
 
 if __name__ == "__main__":

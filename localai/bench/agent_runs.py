@@ -31,10 +31,11 @@ class AgentsPlan:
     with_llama_cpp_python: bool = False
     with_mlx_lm_server: bool = False
     llama_server_path: str | None = None  # llama.cpp's llama-server, 4 slots, its own context checkpoints
+    system_repeats: int = 1  # the system-and-tools prompt: ~1,100 tokens this many times
 
     def trace_options(self) -> dict[str, Any]:
         return {"sessions": self.sessions, "turns": self.turns, "reply_tokens": self.reply_tokens,
-                "think_time": self.think_time, "seed": self.seed}
+                "think_time": self.think_time, "seed": self.seed, "system_repeats": self.system_repeats}
 
 
 @dataclass
@@ -126,7 +127,8 @@ def run_localai(daemon: ManagedDaemon, cache_dir: Path, model_path: str, options
 def long_session(daemon: ManagedDaemon, model_path: str, per_token: int, plan: AgentsPlan) -> list[str]:
     """One conversation growing each turn: what it writes, and its last turn's TTFT against its second's."""
     samples, long_bytes = trace.run_long(daemon.base_url, plan.model, turns=plan.long_turns, growth_words=150,
-                                         reply_tokens=plan.reply_tokens, seed=plan.seed)
+                                         reply_tokens=plan.reply_tokens, seed=plan.seed,
+                                         system_repeats=plan.system_repeats)
     final = samples[-1].prompt_tokens + plan.reply_tokens
     lines = [
         f"long session: {plan.long_turns} turns to {samples[-1].prompt_tokens} prompt tokens; bytes written "

@@ -1,6 +1,6 @@
 """``localai bench agents``: replay a synthetic coding-agent trace against OpenAI-compatible servers.
 
-N sessions share a system prompt with tool schemas (about 1,100 tokens for smollm2's tokenizer) and are
+N sessions share a system prompt with tool schemas (about 1,100 tokens for smollm2's tokenizer, or a multiple) and are
 served round-robin; each turn appends the model's reply and a tool result (about 110 tokens). Reported
 per turn: time to first token (p50/p95 over sessions), tokens recomputed (prompt - cached, where the
 server reports cached tokens), and the overall hit ratio after each session's first request.
@@ -50,11 +50,14 @@ WORDS = [
 ]
 
 
-def system_prompt() -> str:
+def system_prompt(repeats: int = 1) -> str:
+    """The agent's system-and-tools prompt: about 1,100 tokens (smollm2's tokenizer) ``repeats`` times (5: about
+    5,500, the size of a real agent's, whose tool schemas alone run to thousands of tokens)."""
     schemas = "\n".join(json.dumps(tool, sort_keys=True) for tool in TOOLS)
     rules = "\n".join(f"- {rule}" for rule in RULES)
-    return (f"You are a coding agent working in a software repository.\nRules:\n{rules}\n"
-            f"You can call these tools by answering with JSON:\n{schemas}\n" * 3).strip()
+    one = (f"You are a coding agent working in a software repository.\nRules:\n{rules}\n"
+           f"You can call these tools by answering with JSON:\n{schemas}\n" * 3).strip()
+    return "\n".join([one] * repeats)
 
 
 def tool_result(rng: random.Random, turn: int, words: int = 80) -> str:
@@ -197,9 +200,9 @@ def token_counter(model_path: str) -> Callable[[str], int] | None:
 
 def run_trace(name: str, base_url: str, model: str, *, sessions: int, turns: int, reply_tokens: int,
               think_time: float, seed: int, before_turn: Callable[[int], None] | None = None,
-              count_tokens: Callable[[str], int] | None = None) -> TraceResult:
+              count_tokens: Callable[[str], int] | None = None, system_repeats: int = 1) -> TraceResult:
     rng = random.Random(seed)
-    system = system_prompt()
+    system = system_prompt(system_repeats)
     conversations = [[{"role": "system", "content": system},
                       {"role": "user", "content": f"Task {i}: fix the failing test in module_{i}.py. "
                                                   + tool_result(rng, 0, 40)}] for i in range(sessions)]
@@ -291,11 +294,11 @@ def disk_bytes(cache_dir: Path) -> int:
 
 
 def run_long(base_url: str, model: str, *, turns: int, growth_words: int, reply_tokens: int,
-             seed: int) -> tuple[list[Sample], float]:
+             seed: int, system_repeats: int = 1) -> tuple[list[Sample], float]:
     """One conversation growing by a tool result of ``growth_words`` words a turn; returns samples and the bytes
     the cache wrote (from /metrics)."""
     rng = random.Random(seed)
-    messages = [{"role": "system", "content": system_prompt()},
+    messages = [{"role": "system", "content": system_prompt(system_repeats)},
                 {"role": "user", "content": "Task: refactor the module. " + tool_result(rng, 0, growth_words)}]
     samples = []
     before = metric(base_url, "localai_prompt_cache_bytes_written_total")
@@ -313,7 +316,7 @@ def run_subagents(base_url: str, model: str, *, agents: int, prefix_repeats: int
                   seed: int) -> list[Sample]:
     """``agents`` sessions sharing one long system prompt, each with its own task."""
     rng = random.Random(seed)
-    system = "\n".join([system_prompt()] * prefix_repeats)
+    system = system_prompt(prefix_repeats)
     samples = []
     with httpx.Client(base_url=base_url.rstrip("/"), timeout=600) as http:
         for index in range(agents):

@@ -151,6 +151,72 @@ def measure_streams(http: httpx.Client, model: str, streams: int, gen_tokens: in
         result.gaps.extend(b - a for a, b in itertools.pairwise(arrivals))
 
 
+@dataclass
+class ColdResult:
+    """Cold prompts arriving together while another stream decodes (sub-agents starting beside their parent)."""
+    ttft: dict[int, list[float]] = field(default_factory=dict)  # by how many arrived together: each one's, seconds
+    longest_gap: dict[int, list[float]] = field(default_factory=dict)  # the decoding stream's, while they ran
+
+
+def measure_cold_beside(http: httpx.Client, model: str, cold: int, words: int, result: ColdResult,
+                        *, settle_tokens: int = 8, max_tokens: int = 3000) -> None:
+    """``cold`` fresh prompts of ``words`` words (one token out each) sent together once a decoding stream has
+    ``settle_tokens`` tokens out: each one's time to first token, and the stream's longest gap between tokens from
+    their arrival to the last one's first token. The decoding stream is then closed (the server cancels it)."""
+    arrivals: list[float] = []
+    started = threading.Event()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def decode() -> None:
+        try:
+            body = completion_body(model, f"{random.getrandbits(48):x} {random.choice(WORDS)}", max_tokens)
+            for payload in sse_events(http, "/completions", body):
+                choices = payload.get("choices") or []
+                if choices and choices[0].get("text"):
+                    arrivals.append(time.perf_counter())
+                    if len(arrivals) >= settle_tokens:
+                        started.set()
+                if stop.is_set():
+                    break
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            started.set()
+
+    decoder = threading.Thread(target=decode)
+    decoder.start()
+    started.wait()
+    times: list[float] = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        try:
+            start, first, _, _, _ = _stream_completion(http, model, prefill_prompt(words), 1)
+            with lock:
+                times.append(first - start)
+        except BaseException as exc:
+            errors.append(exc)
+
+    begin = time.perf_counter()
+    prompts = [threading.Thread(target=one) for _ in range(cold)]
+    for thread in prompts:
+        thread.start()
+    for thread in prompts:
+        thread.join()
+    end = time.perf_counter()
+    stop.set()
+    decoder.join()
+    if errors:
+        raise errors[0]
+    inside = [t for t in arrivals if t >= begin]
+    before = [t for t in arrivals if t < begin][-1:]
+    window = before + [t for t in inside if t <= end] + [t for t in inside if t > end][:1]
+    gaps = [b - a for a, b in itertools.pairwise(window)] or [end - begin]
+    result.ttft.setdefault(cold, []).extend(sorted(times))
+    result.longest_gap.setdefault(cold, []).append(max(gaps))
+
+
 EDIT_SOURCE = '''import struct
 from dataclasses import dataclass
 

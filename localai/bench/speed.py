@@ -31,6 +31,8 @@ class SpeedPlan:
     llama_server_path: str | None = None
     llama_server_args: tuple[str, ...] = ()
     with_mlx_lm_server: bool = False
+    cold: tuple[int, ...] = ()  # how many cold prompts arrive together beside a decoding stream, per measurement
+    cold_tokens: int = 1500  # each cold prompt's size
 
 
 @dataclass
@@ -40,6 +42,9 @@ class Side:
     streams: measure.StreamsResult = field(default_factory=measure.StreamsResult)
     edit: measure.EditResult = field(default_factory=measure.EditResult)
     edit_spec: measure.EditResult = field(default_factory=measure.EditResult)  # localai's, speculative decoding on
+    cold: measure.ColdResult = field(default_factory=measure.ColdResult)
+    rss: list[dict[str, int]] = field(default_factory=list)  # resident bytes by process, after each repetition
+    context: int = 0  # the context the server was given (tokens, all sequences together)
 
 
 @dataclass
@@ -79,7 +84,8 @@ def run(plan: SpeedPlan, base_url: str | None, progress: Callable[[str], None]) 
     if plan.llama_server_path and connection.model_path:
         server = LlamaServer(plan.llama_server_path, connection.model_path,
                              max(4096, plan.depth + plan.prompt_tokens + plan.gen_tokens + 512),
-                             threads=plan.threads, parallel=max(1, plan.streams), extra=plan.llama_server_args)
+                             threads=plan.threads, parallel=max(1, plan.streams, *(n + 1 for n in plan.cold)),
+                             extra=plan.llama_server_args)
     elif plan.with_mlx_lm_server and connection.model_path:
         # its BatchGenerator decodes as many sequences at once as the streams measured
         server = MlxLmServer(connection.model_path, decode_concurrency=max(1, plan.streams))
@@ -98,6 +104,9 @@ def run(plan: SpeedPlan, base_url: str | None, progress: Callable[[str], None]) 
             if index and server is not None:
                 measure.warm_up(http, plan.model, words)  # loads it again, outside the measurement
             measure_side(http, plan, words, depth_words, report.ours, ours=True)
+            if connection.client is not None:
+                report.ours.rss.append(localai_rss(connection.client, plan.model))
+                report.ours.context = localai_context(connection.client, plan.model)
             if server is not None and anchor_http is not None:
                 connection.unload(plan.model)
                 run_anchor_server(server, anchor_http, plan, words, depth_words, report.theirs)
@@ -129,6 +138,9 @@ def measure_side(http: httpx.Client, plan: SpeedPlan, words: int, depth_words: i
     side.speed.fixed_ms.append(measure.fixed_cost_ms(http, plan.model))
     if plan.streams > 1:
         measure.measure_streams(http, plan.model, plan.streams, plan.gen_tokens, side.streams)
+    for cold in plan.cold:
+        measure.measure_cold_beside(http, plan.model, cold, round(words * plan.cold_tokens / plan.prompt_tokens),
+                                    side.cold)
     if plan.edit_tokens and ours:
         measure.measure_edit(http, plan.model, plan.edit_tokens, side.edit, "off")
         measure.measure_edit(http, plan.model, plan.edit_tokens, side.edit_spec, "on")
@@ -145,6 +157,9 @@ def run_anchor_server(server: ReferenceServer, http: httpx.Client, plan: SpeedPl
     try:
         measure.warm_up(http, plan.model, words)  # the same way
         measure_side(http, plan, words, depth_words, side, ours=False)
+        if server.process is not None:
+            side.rss.append({"server": rss_bytes(server.process.pid)})
+            side.context = getattr(server, "n_ctx", 0) * getattr(server, "parallel", 1)
     except httpx.HTTPError as exc:
         failure = anchor_died(server, exc)
         server.__exit__()
@@ -153,6 +168,35 @@ def run_anchor_server(server: ReferenceServer, http: httpx.Client, plan: SpeedPl
         raise failure from exc
     finally:
         server.stop()
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident memory (``ps``: Linux and macOS), 0 when it cannot be read."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True, timeout=10).stdout
+        return int(out.strip() or 0) * 1024
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return 0
+
+
+def _loaded(client: Any, model: str) -> dict[str, Any]:
+    """The model's /api/ps entry, or {}: asked for as ``smollm2``, it is listed under its tag (``smollm2:135m``)."""
+    models = client.request("GET", "/api/ps").get("models", [])
+    return (next((m for m in models if m.get("name") == model), None)
+            or next((m for m in models if ":" not in model and str(m.get("name")).split(":")[0] == model), {}))
+
+
+def localai_rss(client: Any, model: str) -> dict[str, int]:
+    """The daemon's and the model's worker's resident memory."""
+    daemon = (client.health() or {}).get("pid")
+    worker = _loaded(client, model).get("pid")
+    return {name: rss_bytes(pid) for name, pid in (("daemon", daemon), ("worker", worker)) if isinstance(pid, int)}
+
+
+def localai_context(client: Any, model: str) -> int:
+    return int(_loaded(client, model).get("context_length") or 0)
 
 
 def anchor_died(server: Any, exc: Exception) -> Exception:
@@ -190,7 +234,43 @@ def table(report: SpeedReport) -> list[str]:
             difference = statistics.median(ours.speed.fixed_ms) - statistics.median(theirs.speed.fixed_ms)
             line += f", {anchor} {measure.summary(theirs.speed.fixed_ms)} ms ({difference:+.1f} ms)"
         lines.append(line)
-    return lines + latency_and_edits(report)
+    return lines + latency_and_edits(report) + cold_lines(report) + memory_lines(report)
+
+
+def memory_lines(report: SpeedReport) -> list[str]:
+    """Resident memory after the measurements (the largest over the repetitions), localai's daemon and worker
+    beside the anchor server's, with the context each was given."""
+    ours, theirs = report.ours, report.theirs
+    if not ours.rss:
+        return []
+    mib = 1 << 20
+    peak = max(ours.rss, key=lambda r: sum(r.values()))
+    line = (f"memory (resident, after the measurements): localai {sum(peak.values()) / mib:.0f} MiB ("
+            + " + ".join(f"{name} {value / mib:.0f}" for name, value in peak.items())
+            + f"; context {ours.context} tokens)")
+    if theirs.rss:
+        other = max(sum(r.values()) for r in theirs.rss)
+        line += (f", {report.anchor} {other / mib:.0f} MiB (context {theirs.context} tokens; "
+                 f"{sum(peak.values()) / max(other, 1):.2f}x)")
+    return [line]
+
+
+def cold_lines(report: SpeedReport) -> list[str]:
+    """Each count of cold prompts: their times to first token (sorted, medians over the repetitions) and the
+    decoding stream's longest gap, localai's beside the anchor's."""
+    lines = []
+    for cold in report.plan.cold:
+        parts = []
+        for name, side in (("localai", report.ours), (report.anchor, report.theirs)):
+            times = side.cold.ttft.get(cold)
+            if not times:
+                continue
+            ranked = [statistics.median(times[i::cold]) for i in range(cold)]  # the i-th to start, over repetitions
+            parts.append(f"{name} TTFT {' / '.join(f'{t:.2f}' for t in ranked)} s, longest gap "
+                         f"{1000 * statistics.median(side.cold.longest_gap[cold]):.0f} ms")
+        lines.append(f"{cold} cold ~{report.plan.cold_tokens}-token prompts beside a decoding stream: "
+                     + "; ".join(parts))
+    return lines
 
 
 def latency_and_edits(report: SpeedReport) -> list[str]:

@@ -37,12 +37,19 @@ from localai.cli import cli, fail_cleanly
 @click.option("--llama-server-arg", "llama_server_args", multiple=True, metavar="ARG",
               help="An extra argument for llama-server (repeatable), e.g. --llama-server-arg=--spec-type "
                    "--llama-server-arg=ngram-mod.")
+@click.option("--cold", multiple=True, type=click.IntRange(1, 16), metavar="N",
+              help="Also N cold prompts (--cold-tokens each) sent together while another stream decodes (repeatable:"
+              " --cold 2 --cold 3): their time to first token and the stream's longest gap; llama-server gets N+1 "
+              "slots.")
+@click.option("--cold-tokens", default=1500, show_default=True, type=click.IntRange(32),
+              help="The size of each --cold prompt, in tokens (about).")
 @click.pass_context
 @fail_cleanly
 def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: int, gen_tokens: int,
           repetitions: int, llama_bench_path: str | None, with_mlx_lm: bool, threads: int | None,
           llama_server_path: str | None, streams: int, edit_tokens: int, depth: int,
-          llama_server_args: tuple[str, ...], with_mlx_lm_server: bool) -> None:
+          llama_server_args: tuple[str, ...], with_mlx_lm_server: bool, cold: tuple[int, ...],
+          cold_tokens: int) -> None:
     """Measure prefill (pp), decode (tg), concurrent streams and an edit workload through the API."""
     if ctx.invoked_subcommand is not None:
         return
@@ -52,7 +59,7 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
     plan = speed.SpeedPlan(model, prompt_tokens, gen_tokens, repetitions, threads or Settings().threads(), streams,
                            edit_tokens, depth, llama_bench_path=llama_bench_path, with_mlx_lm=with_mlx_lm,
                            llama_server_path=llama_server_path, llama_server_args=llama_server_args,
-                           with_mlx_lm_server=with_mlx_lm_server)
+                           with_mlx_lm_server=with_mlx_lm_server, cold=cold, cold_tokens=cold_tokens)
     report = speed.run(plan, base_url, progress=lambda line: click.echo(line, err=True))
     for line in speed.table(report):
         click.echo(line)
@@ -81,6 +88,9 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
 @click.option("--llama-bench", "llama_bench_path", default=None, metavar="PATH",
               help="With --long-turns: llama.cpp's llama-bench prefills the long session's new tokens at its second "
               "and last turn's depth (-d), the compute no cache removes, for comparison.")
+@click.option("--system-repeats", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="The sessions' system-and-tools prompt: ~1,100 tokens (smollm2's tokenizer) this many times "
+              "(5: ~5,500, an agent's size).")
 @click.option("--seed", default=7, show_default=True)
 @click.option("--slo", is_flag=True,
               help="Instead of the trace: how many agents at once keep their service level (--ttft-p95, --speed-p50),"
@@ -100,7 +110,7 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
                  with_llama_cpp_python: bool, with_mlx_lm_server: bool, compare: tuple[str, ...], source: str | None,
                  long_turns: int, subagents: int, llama_bench_path: str | None, seed: int, slo: bool,
                  ttft_p95: float, speed_p50: float, max_agents: int, think_median: float, slo_reply_tokens: int,
-                 llama_server_path: str | None) -> None:
+                 llama_server_path: str | None, system_repeats: int) -> None:
     """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume; or, with
     --slo, how many agents at once keep a service level."""
     if slo:
@@ -119,7 +129,8 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
     report = agent_runs.run(agent_runs.AgentsPlan(
         model, source, sessions, turns, reply_tokens, think_time, restart_at, seed, long_turns=long_turns,
         subagents=subagents, llama_bench_path=llama_bench_path, with_llama_cpp_python=with_llama_cpp_python,
-        with_mlx_lm_server=with_mlx_lm_server, compare=compare, llama_server_path=llama_server_path))
+        with_mlx_lm_server=with_mlx_lm_server, compare=compare, llama_server_path=llama_server_path,
+        system_repeats=system_repeats))
     for line in agent_runs.table(report):
         click.echo(line)
 

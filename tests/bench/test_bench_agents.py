@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localai.bench.agents import Sample, TraceResult, token_counter
+from localai.bench.agents import Sample, TraceResult, system_prompt, token_counter
 
 
 def test_hit_ceiling_leaves_out_only_the_new_messages_text() -> None:
@@ -25,6 +25,9 @@ def test_hit_ceiling_leaves_out_only_the_new_messages_text() -> None:
 def test_token_counter_uses_the_models_tokenizer(smollm2_path: Path) -> None:
     count = token_counter(str(smollm2_path))
     assert count is not None and count("hello world") == 2 and count("") == 0
+    # the trace's system prompt: ~1,100 tokens, N times that with --system-repeats (5: an agent's size)
+    one, five = count(system_prompt()), count(system_prompt(5))
+    assert 900 < one < 1400 and 5 * one <= five <= 5 * one + 10
     assert token_counter(str(smollm2_path.parent / "missing.gguf")) is None
 
 

@@ -170,7 +170,7 @@ def test_bench_streams_and_edit_through_a_real_daemon(fresh_daemon: Any) -> None
     """`localai bench` with the streams and edit workloads (speculative decoding off and on) on smollm2, prefill and
     decode measured after some context."""
     result = fresh_daemon.cli("bench", "-m", "smollm2", "-p", "48", "-n", "8", "-r", "1", "--streams", "2",
-                              "--edit", "24", "--depth", "200", timeout=600)
+                              "--edit", "24", "--depth", "200", "--cold", "2", "--cold-tokens", "64", timeout=600)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     header = re.search(r"prompt (\d+) tokens .* after (\d+) tokens of context", out)
@@ -181,6 +181,13 @@ def test_bench_streams_and_edit_through_a_real_daemon(fresh_daemon: Any) -> None
     assert "guessed" in out  # the answer copies its prompt: some tokens are guessed
     fixed = re.search(r"fixed cost per request \(a cached 64-word prompt, one token\): localai ([\d.]+) ms", out)
     assert fixed and 0 < float(fixed.group(1)) < 10_000, out
+    # two cold prompts sent while a stream decodes: each one's time to first token, the stream's longest gap
+    cold = re.search(r"2 cold ~64-token prompts beside a decoding stream: localai TTFT ([\d.]+) / ([\d.]+) s, "
+                     r"longest gap (\d+) ms", out)
+    assert cold and 0 < float(cold.group(1)) <= float(cold.group(2)) and int(cold.group(3)) > 0, out
+    memory = re.search(r"memory \(resident, after the measurements\): localai (\d+) MiB "
+                       r"\(daemon (\d+) \+ worker (\d+);", out)
+    assert memory and int(memory.group(3)) > 50 and int(memory.group(1)) >= int(memory.group(2)), out
 
 
 def test_bench_names_a_missing_llama_server(fresh_daemon: Any) -> None:
