@@ -18,6 +18,7 @@ class Checkpoint:
     n_tokens: int
     data: bytes
     saved: bool = False
+    live: bool = False  # kept in RAM only, never saved: the state before a prompt's last token (a retry's return)
 
 
 @dataclass

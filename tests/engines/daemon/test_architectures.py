@@ -16,6 +16,7 @@ import httpx
 import llama_cpp
 import pytest
 
+from localai.engines.slot_cache import CHECKPOINT_MARGIN
 from tests.archfixtures import BY_NAME, FIXTURES, rewrite
 from tests.conftest import Daemon, start_daemon
 
@@ -190,6 +191,29 @@ def check_reuse(label: str, mine: dict[str, dict[str, Any]], dense: dict[str, di
     # an edit of the first task: back to the last checkpoint before it (the shared system segment)
     assert mine["edited"]["cached"] <= dense["edited"]["cached"]
     assert mine["edited"]["cached"] >= min(mine["sub-agent"]["cached"], dense["edited"]["cached"]) > 0
+
+
+@pytest.mark.parametrize("name", ["nemotron_h", "granitehybrid"])
+def test_a_cold_prompt_sent_again_evaluates_its_last_token_only(arch_fixtures: Path, name: str,
+                                                                tmp_path: Path) -> None:
+    """A hybrid keeps, in RAM, the state before a cold prompt's last token: the same prompt again (a retry, a
+    regenerate, a benchmark's held prompt) evaluates one token, as a dense model does, not the CHECKPOINT_MARGIN
+    tokens after the prompt-end checkpoint. That state is not saved: after a restart the retry returns to the
+    checkpoint on disk, and a cold prompt's turn writes one recurrent state, not two. (Not on Qwen3.5's fixtures:
+    their thinking template renders the reply in the history without its reasoning, so the follow-up that caches
+    the reply cuts the sequence back to the prompt-end checkpoint, and the state before the last token goes with
+    what came after it; a retry there evaluates CHECKPOINT_MARGIN tokens, as before.)"""
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+    with start_daemon(tmp_path / "home") as daemon:
+        create(daemon, name, arch_fixtures / f"{name}.gguf")
+        first = ask(daemon, name, messages, "s1")
+        again = ask(daemon, name, messages, "s1")
+        assert first["cached"] == 0 and again["prompt"] == first["prompt"]
+        assert again["cached"] == again["prompt"] - 1 and again["text"] == first["text"], (first, again)
+    with start_daemon(tmp_path / "home") as daemon:
+        restarted = ask(daemon, name, messages, "s1")
+    assert restarted["cached"] == restarted["prompt"] - CHECKPOINT_MARGIN and restarted["source"] == "disk", restarted
+    assert restarted["text"] == first["text"]
 
 
 def _template(path: Path) -> str:
