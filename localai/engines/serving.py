@@ -61,6 +61,8 @@ FINAL_FRAMES = frozenset({"done", "error", "tokens", "embeddings", "ranks"})  # 
 # and tries again), not tokenized whole on the loop, which the other sequences' steps wait for (a 4 M-character
 # document, the most a request may bring: about 1 s of llama.cpp's tokenizer here; its first 64 k characters: 20 ms).
 SAMPLE_CHARS_PER_TOKEN = 8
+# A prefilling request that got no chunk for this many steps goes before the shorter prompts (none starves)
+STARVED_STEPS = 16
 
 
 class Serving:
@@ -267,7 +269,7 @@ class Serving:
             ignore_eos=bool(op.get("ignore_eos")), started=started, warm=warm,
             follow_up=bool(op.get("follow_up")) and self.cache is not None, source=source if common else "miss",
             restored=restored.n_tokens if restored else 0, restore_ms=restored.seconds * 1000 if restored else 0.0,
-            pin_ttl=float(op.get("pin_ttl") or 0.0), text=op["prompt"] if warm else "",
+            pin_ttl=float(op.get("pin_ttl") or 0.0), text=op["prompt"] if warm else "", chunk_step=self.steps,
             logprobs=None if warm else TokenLogprobs.asked(op.get("logprobs")),
         )
         prefix_text = op.get("system_prefix")
@@ -348,13 +350,18 @@ class Serving:
                     drafts.add(len(batch))
                     batch.append(BatchItem(request.slot.seq, token, at + offset, True))
                     owners.append(request)
-        # Each prefilling request evaluates one chunk a step, of the engine's prefill_chunk tokens (fewer only where
-        # its prompt, system segment or next checkpoint ends): a long prompt delays the others' next token by one
-        # chunk, and a request's chunks are the same whatever runs beside it (the kernels' arithmetic depends on a
-        # chunk's size, so greedy replies do not depend on what else the daemon serves). When the step's room does
-        # not hold every chunk, the request that waited longest for one goes first.
-        room = self.engine.n_batch - len(batch)
-        for request in sorted(prefilling, key=lambda r: r.chunk_step):
+        # A step evaluates one chunk of the engine's prefill_chunk tokens (fewer only where a prompt, system segment
+        # or next checkpoint ends), of the prompt with the fewest tokens left: a long prompt delays the others' next
+        # token by one chunk; prompts arriving together (sub-agents' cold prompts) finish one after another, as
+        # llama-server's slots do, instead of all at the end, a short one never waits behind a long one, and a
+        # request left without a chunk for STARVED_STEPS steps goes first. A request's chunks are the same whatever
+        # runs beside it (the kernels' arithmetic depends on a chunk's size, so greedy replies do not depend on
+        # what else the daemon serves). Another chunk joins the step only where it fits in what is left, and a
+        # prompt's last token (in a step of its own) always does.
+        full = budget = min(self.engine.n_batch - len(batch), self.prefill_chunk)
+        order = sorted(prefilling, key=lambda r: (self.steps - r.chunk_step < STARVED_STEPS,
+                                                  len(r.prompt) - r.next_prompt, r.started))
+        for request in order:
             start = request.next_prompt
             last_index = len(request.prompt) - 1
             # The last prompt token always goes in a step of its own, so its logits come from the same
@@ -365,9 +372,13 @@ class Serving:
             if request.checkpoint_at is not None and start < request.checkpoint_at:
                 end = min(end, request.checkpoint_at)  # stop where a checkpoint is taken
             chunk = request.prompt[start:self._unbroken(request, start, min(start + self.prefill_chunk, end))]
-            if len(chunk) > room:
-                continue  # the next step (never a smaller chunk: that would change its arithmetic)
-            room -= len(chunk)
+            if len(chunk) > self.engine.n_batch - len(batch):
+                continue  # a later step (never a smaller chunk: that would change its arithmetic)
+            if start != last_index:  # a last token rides free
+                # a run evaluated in one pass (an image) may be longer than a chunk: then the step's only one
+                if len(chunk) > budget and budget < full:
+                    continue
+                budget = max(0, budget - len(chunk))
             request.chunk_step = self.steps
             base = len(request.slot.tokens)
             for offset, token in enumerate(chunk):

@@ -201,6 +201,56 @@ def test_a_prompts_chunks_do_not_depend_on_what_runs_beside_it(tmp_path: Path,
     assert chunks(tmp_path / "b", 2) == alone
 
 
+def test_prompts_arriving_together_finish_one_after_another_beside_a_decoding_stream(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 57: sub-agents' cold prompts sent while another session decoded each got a chunk a step, so all of them
+    finished at the end (19-39 s under localai, 12-17 s under llama-server, same machine). Now a step's chunk goes to
+    the prompt with the fewest tokens left: the first finishes before the second starts, and the decoding stream
+    still gets a token every step beside at most one chunk."""
+    loop, steps = prefill_loop(tmp_path, monkeypatch, chunk=32)
+    events: list[dict[str, Any]] = []
+    loop._handle(generate("decoder", "go [[say:" + "d" * 200 + "]]", max_tokens=200, speculative=False), events.append)
+    loop._admit(events.append)
+    while loop.requests["decoder"].pending_token is None:
+        loop._step(events.append)
+    decoder = loop.requests["decoder"].slot.seq
+    arrived = len(steps)
+    for name, size in (("a", 300), ("b", 290)):  # b is shorter: it goes first
+        loop._handle(generate(name, "p" * size + "[[say:ok]]", max_tokens=2), events.append)
+    loop._admit(events.append)
+    first, second = loop.requests["b"].slot.seq, loop.requests["a"].slot.seq
+    run_until_done(loop, events, "a")
+    run_until_done(loop, events, "b")
+    during = steps[arrived:]
+    assert all(rows.get(decoder) == 1 for rows in during[:20]), during  # a token every step
+    assert all(rows.get(first, 0) + rows.get(second, 0) <= 32 + 1 for rows in during), during
+    first_done = max(i for i, rows in enumerate(during) if first in rows and rows[first] > 1)
+    second_started = min(i for i, rows in enumerate(during) if second in rows)
+    assert second_started >= first_done, during  # one after another, not side by side
+    for name in "ab":
+        assert "".join(e["text"] for e in events if e["ev"] == "text" and e["id"] == name) == "ok"
+
+
+def test_a_long_prompt_is_never_starved_by_shorter_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shorter prompts go first, but a prompt left without a chunk for STARVED_STEPS steps goes before them."""
+    loop, steps = prefill_loop(tmp_path, monkeypatch, chunk=16)
+    events: list[dict[str, Any]] = []
+    loop._handle(generate("long", "L" * 600 + "[[say:done]]", max_tokens=4), events.append)
+    loop._admit(events.append)
+    loop._step(events.append)
+    long_seq = loop.requests["long"].slot.seq
+    arrived = len(steps)
+    for n in range(40):  # a short prompt always waiting beside it
+        if sum(1 for r in loop.requests.values() if r.id != "long") < 2:
+            loop._handle(generate(f"s{n}", f"{n:02d}" + "s" * 60 + "[[say:x]]", max_tokens=1), events.append)
+            loop._admit(events.append)
+        loop._step(events.append)
+    fed = [i for i, rows in enumerate(steps[arrived:]) if long_seq in rows]
+    gaps = [b - a for a, b in zip([-1, *fed], fed, strict=False)]
+    assert fed and max(gaps) <= serving_module.STARVED_STEPS + 1, (fed, gaps)
+    assert len(fed) < 40  # the short ones did go first
+
+
 def test_a_prompt_far_over_the_context_is_refused_without_tokenizing_it_whole(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 4 M-character document (the most a request brings) took the loop about 1 s per fitting attempt to

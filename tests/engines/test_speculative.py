@@ -320,7 +320,8 @@ def test_drafts_on_mlx(mlx_model_path: Path) -> None:
 def test_mlx_drafts_verify_in_the_batched_pass_beside_a_plain_request(mlx_model_path: Path) -> None:
     """A drafting request beside a plain one on MLX: the steps where both have tokens are one forward pass (the
     drafting row right-padded beside the single token), the drafts are kept or dropped, and the plain request's
-    greedy text is the one it gets alone."""
+    greedy text is the one it gets alone. The plain prompt is the shorter one, so it is prefilled first (the fewest
+    tokens left go first) and decodes while the drafting one's drafts are verified."""
     from localai.engines.mlx import MlxEngine
 
     engine = MlxEngine(LoadOptions(model_path=str(mlx_model_path), num_ctx=2048, n_parallel=2))
@@ -335,12 +336,12 @@ def test_mlx_drafts_verify_in_the_batched_pass_beside_a_plain_request(mlx_model_
         def __getattr__(self, name: str) -> Any:
             return getattr(model, name)
 
-    plain = op(PROMPTS["copy"].replace("Repeat", "Summarise"), speculative=False, max_tokens=30, request_id="plain")
+    plain = op(chatml("Summarise this text:\n\n" + COPY), speculative=False, max_tokens=30, request_id="plain")
     alone = serve(engine, [plain])["plain"]["text"]
     for seq in range(engine.n_seq):
         engine.seq_clear(seq)  # the next serving loop starts from empty sequences
     engine.model = Counted()
     results = serve(engine, [op(PROMPTS["copy"], max_tokens=40, request_id="drafting"), plain])
     assert usage(results["drafting"])["drafted_tokens"] > 0 and usage(results["drafting"])["accepted_tokens"] > 0
-    assert any(rows == 2 and width > 1 for rows, width in shapes), shapes  # drafts verified beside a single token
+    assert any(rows == 2 and width > 1 for rows, width in shapes), str(shapes)  # drafts verified beside a single token
     assert results["plain"]["text"] == alone
