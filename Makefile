@@ -207,10 +207,13 @@ SCALE := $(FIXTURES)/scale
 
 $(SCALE)/.written: tests/scalemodels.py | $(LLAMA_CONFIGURED)
 	$(BIN)/python -m tests.scalemodels --out $(SCALE)
+	$(BIN)/python -m tests.scalemodels --out $(SCALE) --name qwen3.5-hybrid --name qwen3.5-moe --quant q4_k \
+		--mtp 0.5 --mtp 0.75 --mtp 0.9 --mtp-only
 	touch $@
 
-## fixtures-scale: real-shaped random-weight models of six 2026 families, Q8_0 and Q4_K_M-like (tests/scalemodels.py;
-## about 22 GB and 10 minutes on 2 cores; for `localai bench`, not part of make test)
+## fixtures-scale: real-shaped random-weight models of six 2026 families, Q8_0 and Q4_K_M-like, and the two Qwen3.5
+## ones with an MTP block drafting right on 0.5, 0.75, 0.9 of tokens (tests/scalemodels.py; about 33 GB and 15 minutes
+## on 2 cores; for `localai bench`, not part of make test)
 fixtures-scale: $(SCALE)/.written
 
 ## bench-scale: every path timed on the real-shaped models beside llama-server (tests/scalebench.py; hours on 2 cores:

@@ -87,6 +87,7 @@ class Scale:
     real_state_bytes: int = 0  # that real model's recurrent state per sequence (f32, as llama.cpp keeps it)
     real_kv_bytes: int = 0  # and its KV cache bytes per token (f16)
     extra_tokens: tuple[str, ...] = ()
+    mtp: float = 0.0  # with a multi-token-prediction (nextn) block whose drafts agree on this fraction of tokens
 
     def count(self, kind: str) -> int:
         return self.layers.count(kind)
@@ -191,6 +192,19 @@ def scale_path(name: str, quant: str) -> Path:
     return scale_dir() / f"{name}-{quant}.gguf"
 
 
+MTP_ARCHS = ("qwen35", "qwen35moe")  # the families here whose nextn block llama.cpp drafts with (draft-mtp)
+
+
+def with_mtp(s: Scale, agree: float) -> Scale:
+    """``s`` with one nextn (MTP) block whose greedy draft agrees with the model on ``agree`` of the chain's
+    tokens, named for it (``qwen3.5-hybrid-mtp75``)."""
+    if s.arch not in MTP_ARCHS:
+        raise ValueError(f"{s.name}: no MTP block for {s.arch} here (only {', '.join(MTP_ARCHS)})")
+    if not 0.0 < agree <= 1.0:
+        raise ValueError(f"an MTP agreement of {agree}: give a fraction in (0, 1]")
+    return replace(s, name=f"{s.name}-mtp{round(agree * 100)}", mtp=agree)
+
+
 # ---- tensors: (name, ggml shape ne0-first, role) ----
 Tensor = tuple[str, tuple[int, ...], str]
 
@@ -286,12 +300,31 @@ def _block(s: Scale, i: int, kind: str) -> Iterator[Tensor]:
         raise ValueError(f"no layout for {s.arch}")
 
 
+def _nextn(s: Scale, i: int) -> Iterator[Tensor]:
+    """Qwen3.5's MTP block (llama.cpp's qwen35 ``load_block_mtp``): a full-attention decoder block after the
+    model's, fed by ``eh_proj`` from the next token's embedding and the model's last hidden state. Its own
+    ``embed_tokens`` sets which tokens its draft gets right; it shares the model's output head, as Qwen3.5 does."""
+    p, e = f"blk.{i}.", s.embd
+    yield p + "attn_norm.weight", (e,), "quiet"
+    yield p + "post_attention_norm.weight", (e,), "quiet"
+    yield p + "attn_q_norm.weight", (s.head_dim,), "one"
+    yield p + "attn_k_norm.weight", (s.head_dim,), "one"
+    yield from _attention(s, i, gated=True)
+    yield from _ffn(s, i)
+    yield p + "nextn.eh_proj.weight", (2 * e, e), "eh_proj"
+    yield p + "nextn.enorm.weight", (e,), "one"
+    yield p + "nextn.hnorm.weight", (e,), "one"
+    yield p + "nextn.embed_tokens.weight", (e, s.vocab), "mtp_embedding"
+
+
 def tensors(s: Scale) -> Iterator[Tensor]:
     yield "token_embd.weight", (s.embd, s.vocab), "embedding"
     yield "output_norm.weight", (s.embd,), "one"
     yield "output.weight", (s.embd, s.vocab), "head"
     for i, kind in enumerate(s.layers):
         yield from _block(s, i, kind)
+    if s.mtp:  # after the model's own blocks, whose random weights stay those of the file without it
+        yield from _nextn(s, len(s.layers))
 
 
 def parameters(s: Scale) -> int:
@@ -304,7 +337,9 @@ def _metadata(writer: Any, s: Scale) -> None:
 
     writer.add_context_length(s.context)
     writer.add_embedding_length(s.embd)
-    writer.add_block_count(len(s.layers))
+    writer.add_block_count(len(s.layers) + (1 if s.mtp else 0))
+    if s.mtp:
+        writer.add_key_value(gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=s.arch), 1, gguf.GGUFValueType.UINT32)
     writer.add_vocab_size(s.vocab)
     if s.arch == "nemotron_h":  # per layer: which blocks attend (KV heads), which are a feed-forward
         def per_layer(key: str, values: list[int]) -> None:  # llama.cpp reads these arrays only as UINT32
@@ -428,6 +463,19 @@ def chain(vocab: Vocabulary) -> np.ndarray:
                        if kind == NORMAL and _WORD.match(text)], dtype=np.int64)
 
 
+def mtp_misses(s: Scale, n: int) -> np.ndarray:
+    """Which of the chain's ``n`` tokens the MTP block drafts wrong after (a fixed draw: 1 - ``s.mtp`` of them)."""
+    return np.random.default_rng(SEED + 1).random(n) >= s.mtp
+
+
+def mtp_draft(vocab: Vocabulary, s: Scale, token: int) -> int:
+    """The MTP block's greedy draft of the token after ``token`` (a chain token): its successor where it agrees,
+    else the one after that."""
+    order = chain(vocab)
+    k = int(np.flatnonzero(order == token)[0])
+    return int(order[(k + (2 if mtp_misses(s, len(order))[k] else 1)) % len(order)])
+
+
 def known_reply(vocab: Vocabulary, last_token: int, n: int) -> list[int]:
     """The greedy reply of ``n`` tokens to a prompt that ends with ``last_token``: the chain from that token's
     successor, or from the chain's start when the token is not on it (a newline, a template's marker...)."""
@@ -542,7 +590,18 @@ def _write(s: Scale, quant: str, vocab: Vocabulary, template: str, temp: Path, r
     head[np.roll(order, -1)] = vectors[:-1]
     head[order[0]] += vectors[-1]
     for name, shape, role in tensors(s):
-        if role in ("embedding", "head"):
+        if role == "mtp_embedding":  # the draft after token order[k]: order[k+1] where it agrees, else order[k+2]
+            wrong = mtp_misses(s, len(order))
+            values = embeddings.copy()
+            values[order[wrong]] = vectors[(np.flatnonzero(wrong) + 1) % len(order)]
+            writer.add_tensor(name, quantize(values, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif role == "eh_proj":  # the next token's (normed) embedding through, the hidden state not at all
+            values = np.zeros((s.embd, 2 * s.embd), np.float32)
+            values[:, :s.embd] = np.eye(s.embd, dtype=np.float32)
+            writer.add_tensor(name, quantize(values, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif role in ("embedding", "head"):
             values = embeddings if role == "embedding" else head
             writer.add_tensor(name, quantize(values, gguf.GGMLQuantizationType.Q8_0),
                               raw_dtype=gguf.GGMLQuantizationType.Q8_0)
@@ -595,10 +654,15 @@ def main() -> None:
     parser.add_argument("--name", action="append", choices=sorted(BY_NAME))
     parser.add_argument("--quant", action="append", choices=QUANTS)
     parser.add_argument("--table", action="store_true", help="print the table only")
+    parser.add_argument("--mtp", action="append", type=float, default=[],
+                        help="also (or, with --mtp-only, only) the MTP variant whose drafts agree on this fraction")
+    parser.add_argument("--mtp-only", action="store_true")
     args = parser.parse_args()
     if args.out is not None:
         os.environ["LOCALAI_SCALE_FIXTURES"] = str(args.out)
     chosen = [BY_NAME[name] for name in args.name] if args.name else SCALES
+    variants = [with_mtp(s, agree) for s in chosen if s.arch in MTP_ARCHS for agree in args.mtp]
+    chosen = variants if args.mtp_only else chosen + variants
     quants = args.quant or list(QUANTS)
     rows: list[tuple[Scale, str, Path | None]] = []
     found = None if args.table else sources()

@@ -10,6 +10,7 @@ from typing import Any
 
 import gguf
 import llama_cpp
+import numpy as np
 import pytest
 
 from tests import scalemodels
@@ -131,3 +132,52 @@ def test_a_write_that_fails_leaves_no_file(tmp_path: Path, sources: dict[str, Pa
     with pytest.raises(ValueError, match="no layout for llama"):
         scalemodels.write(scalemodels.replace(scale, arch="llama"), "q8_0", tmp_path / "llama.gguf", sources)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["qwen3.5-hybrid", "qwen3.5-moe"])
+def test_an_mtp_block_drafts_the_chain_on_the_chosen_fraction(name: str, tmp_path: Path,
+                                                              sources: dict[str, Path]) -> None:
+    """The MTP variant: one nextn block after the model's (metadata and tensors as llama.cpp's qwen35 loader
+    reads them), the model's own reply unchanged (llama.cpp does not run the block in the main pass), and the
+    block's greedy draft, computed from the file's tensors as llama.cpp's MTP graph does with the block quiet
+    (its token embedding, normed, through eh_proj's identity half, then the shared head), the chain's successor
+    on the chosen fraction of tokens and the one after it on the rest."""
+    scale = scalemodels.with_mtp(scalemodels.small(scalemodels.BY_NAME[name]), 0.75)
+    assert scale.name == f"{name}-small-mtp75"
+    path = scalemodels.write(scale, "q4_k", tmp_path / "mtp.gguf", sources)
+    reader = gguf.GGUFReader(path)
+    arch = scale.arch
+    assert reader.get_field(f"{arch}.nextn_predict_layers").contents() == 1
+    assert reader.get_field(f"{arch}.block_count").contents() == len(scale.layers) + 1
+    tensors = {t.name: t for t in reader.tensors}
+    nextn = f"blk.{len(scale.layers)}.nextn."
+    assert {nextn + part for part in ("eh_proj.weight", "enorm.weight", "hnorm.weight", "embed_tokens.weight")} \
+        <= tensors.keys()
+
+    model = llama_cpp.Llama(str(path), n_ctx=512, n_threads=2, verbose=False)
+    assert llama_cpp.llama_model_n_layer_nextn(model.model) == 1
+    vocab = scalemodels.vocabulary(scale, sources)
+    prompt = model.tokenize(b"Read the log and find the first error", add_bos=False)
+    reply = [token for token, _ in zip(model.generate(prompt, temp=0.0, top_k=1), range(N), strict=False)]
+    assert reply == scalemodels.known_reply(vocab, prompt[-1], N)
+
+    def matrix(tensor: Any) -> np.ndarray:
+        return gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(
+            [int(d) for d in reversed(tensor.shape)])
+
+    embed, head = matrix(tensors[nextn + "embed_tokens.weight"]), matrix(tensors["output.weight"])
+    eh_proj = matrix(tensors[nextn + "eh_proj.weight"])
+    order = scalemodels.chain(vocab)
+    normed = embed[order] / np.sqrt((embed[order] ** 2).mean(axis=1, keepdims=True))
+    hidden = np.concatenate([normed, np.random.default_rng(0).standard_normal(normed.shape)], axis=1) @ eh_proj.T
+    drafts = (hidden @ head.T).argmax(axis=1)
+    successor, after = np.roll(order, -1), np.roll(order, -2)
+    agreed = drafts == successor
+    assert np.all(agreed | (drafts == after))
+    assert abs(agreed.mean() - 0.75) < 0.05, agreed.mean()
+    assert np.array_equal(~agreed, scalemodels.mtp_misses(scale, len(order)))
+    assert [scalemodels.mtp_draft(vocab, scale, int(t)) for t in order[:50]] == list(drafts[:50])
+    with pytest.raises(ValueError, match="no MTP block for qwen3"):
+        scalemodels.with_mtp(scalemodels.BY_NAME["qwen3-1.7b"], 0.5)
+    with pytest.raises(ValueError, match="give a fraction"):
+        scalemodels.with_mtp(scalemodels.BY_NAME[name], 1.5)
