@@ -5,6 +5,7 @@ turn) beside llama-server's own context checkpoints. Each table comes from one r
 before their output so any of them can be run again alone.
 
     python -m tests.scalebench --llama-server BIN [--name NAME ...] [--quant q4_k] [--repetitions 2] [--no-agents]
+    python -m tests.scalebench --llama-server BIN --mtp    # decode with the model's own drafts (MTP) or without
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ def main() -> None:
     parser.add_argument("--system-repeats", default=5, type=int, help="the trace's system prompt: ~1,100 tokens x N")
     parser.add_argument("--no-speed", action="store_true", help="the agent trace only")
     parser.add_argument("--no-flash", action="store_true", help="flash attention off only")
+    parser.add_argument("--mtp", action="store_true",
+                        help="only decode on the Qwen3.5 hybrid's MTP files, llama-server with and without draft-mtp")
     args = parser.parse_args()
+    if args.mtp:
+        mtp(args)
+        return
     names = args.name or [s.name for s in scalemodels.SCALES]
     localai = [sys.executable, "-m", "localai"]
     for name in names:
@@ -69,6 +75,32 @@ def main() -> None:
             env = {**os.environ, "LOCALAI_NUM_THREAD": str(args.threads)}
             run([*localai, "bench", "agents", "-m", model, "--from", str(path), "--llama-server", args.llama_server,
                  "--system-repeats", str(args.system_repeats)], env)
+
+
+# (agreement, llama-server's draft flags): the no-draft anchor, one draft a step, three
+MTP_RUNS = [(75, []), (75, ["--spec-draft-n-max", "1"]), (75, ["--spec-draft-n-max", "3"]),
+            (50, ["--spec-draft-n-max", "3"]), (90, ["--spec-draft-n-max", "3"])]
+
+
+def mtp(args: argparse.Namespace) -> None:
+    """Decode on the hybrid whose MTP block drafts right on 50/75/90% of tokens: localai (n-gram drafts only)
+    beside llama-server without drafts and with ``--spec-type draft-mtp``, flash attention off on both."""
+    localai = [sys.executable, "-m", "localai"]
+    settings = {"LOCALAI_NUM_THREAD": str(args.threads), "LOCALAI_FLASH_ATTENTION": "false"}
+    for agree, flags in MTP_RUNS:
+        scale = scalemodels.with_mtp(scalemodels.BY_NAME["qwen3.5-hybrid"], agree / 100)
+        model = f"{scale.name}-{args.quant}"
+        path = scalemodels.scale_path(scale.name, args.quant)
+        if not path.exists():
+            sys.exit(f"{path} is missing: run `make fixtures-scale`")
+        drafts = ["--spec-type", "draft-mtp", *flags] if flags else []
+        with tempfile.TemporaryDirectory(prefix="localai-scale-") as home, \
+                ManagedDaemon(home, str(path), env=settings) as daemon:
+            daemon.warm_up(model)
+            run([*localai, "bench", "-m", model, "-p", "64", "-n", "128", "-r", str(args.repetitions), "-t",
+                 str(args.threads), "--streams", "0", "--llama-server", args.llama_server,
+                 "--llama-server-arg=-fa", "--llama-server-arg=off", *[f"--llama-server-arg={a}" for a in drafts]],
+                {**os.environ, "LOCALAI_HOME": home, **settings})
 
 
 if __name__ == "__main__":
