@@ -17,6 +17,7 @@ CACHE_STATS = {
     "bytes_read": "Bytes of KV state read from disk",
     "bytes_written": "Bytes of KV state written to disk (token blocks and boundary snapshots)",
     "blocks_written": "Token blocks written to disk (each block once, however many sessions share it)",
+    "snapshots_written": "Boundary snapshots and checkpoints (a recurrent or window state) written to disk",
     "evictions": "Blocks (and old-format entries) evicted by the disk quota",
     "corrupt": "Blocks or snapshots dropped because they were truncated, corrupt or foreign",
     "dropped_writes": "Cache writes given up (the write queue behind its budget, a full or vanished disk)",

@@ -94,11 +94,13 @@ def run_localai(daemon: ManagedDaemon, cache_dir: Path, model_path: str, options
     the sub-agents where asked."""
     plan, model = report.plan, report.plan.model
     written: list[float] = []
+    snapshots: list[float] = []
 
     def count_writes(turn: int) -> None:
         if turn == 1:
             trace.settle(daemon.base_url, model)
             written.append(trace.metric(daemon.base_url, "localai_prompt_cache_bytes_written_total"))
+            snapshots.append(trace.metric(daemon.base_url, "localai_prompt_cache_snapshots_written_total"))
 
     ours = trace.run_trace("localai", daemon.base_url, model, before_turn=count_writes, **options)
     report.results.append(ours)
@@ -114,10 +116,11 @@ def run_localai(daemon: ManagedDaemon, cache_dir: Path, model_path: str, options
                               "tokens' KV")
         state = trace.checkpoint_bytes(cache_dir)
         saves = plan.sessions * (plan.turns - 1)
-        if state:  # a model with checkpoints: a turn may write one beside its new KV
-            beside = (later_bytes - saves * state) / (grown * per_token)
-            report.storage.append(f"  per turn: {later_bytes / saves / 1e3:.1f} KB = one checkpoint "
-                                  f"({state / 1e3:.1f} KB) + {beside:.2f}x the turn's new tokens' KV")
+        if state:  # a model with checkpoints: a turn writes them beside its new KV
+            states = trace.metric(daemon.base_url, "localai_prompt_cache_snapshots_written_total") - snapshots[0]
+            beside = (later_bytes - states * state) / (grown * per_token)
+            report.storage.append(f"  per turn: {later_bytes / saves / 1e3:.1f} KB = {states / saves:.1f} "
+                                  f"checkpoints ({state / 1e3:.1f} KB each) + {beside:.2f}x the turn's new tokens' KV")
     if plan.long_turns:
         report.storage.extend(long_session(daemon, model_path, per_token, plan))
     if plan.subagents:

@@ -216,6 +216,7 @@ class Writer:
                     return
                 folder.snapshots[item] = written
                 store.stats["bytes_written"] += written
+                store.stats["snapshots_written"] += 1
         elif kind == "drop_snapshot":
             with self.lock:
                 if not any(h.key == item and h.snapshot for h in folder.heads.values()):

@@ -121,7 +121,7 @@ class PromptStore:
         self._quota = Quota(self)
         self._checkpoints = Checkpoints(self)
         self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
-                      "evictions": 0, "corrupt": 0, "dropped_writes": 0, "blocks_written": 0,
+                      "evictions": 0, "corrupt": 0, "dropped_writes": 0, "blocks_written": 0, "snapshots_written": 0,
                       "save_races": 0}
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "owners").mkdir(exist_ok=True)

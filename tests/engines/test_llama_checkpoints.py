@@ -188,6 +188,7 @@ def test_quota_eviction_takes_a_checkpoint_with_its_blocks(arch_fixtures: Path, 
     store.flush()
     kinds = sorted(head.kind for head in store.folder.heads.values())
     assert kinds == ["checkpoint", "checkpoint", "history", "history"]
+    assert store.stats_snapshot()["snapshots_written"] == len(store.folder.snapshots) == 4  # end + checkpoint x 2
     store.max_bytes = store.folder.bytes_on_disk() // 2
     store.enforce_quota()
     folder = store.folder
