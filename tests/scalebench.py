@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from localai.bench.servers import ManagedDaemon
 from tests import scalemodels
@@ -30,6 +31,19 @@ def run(command: list[str], env: dict[str, str]) -> None:
     if result.returncode:
         print(f"(exit {result.returncode}) {result.stderr.strip().splitlines()[-1:] or ''}", flush=True)
     print(f"({time.monotonic() - started:.0f} s)\n", flush=True)
+
+
+def bench_beside_llama_server(args: argparse.Namespace, model: str, path: Path, settings: dict[str, str],
+                              flash: bool, options: list[str]) -> None:
+    """``localai bench`` on ``path`` in a daemon of its own (warmed up, ``settings`` in its environment) beside
+    llama-server with the same threads and flash attention, ``options`` added."""
+    with tempfile.TemporaryDirectory(prefix="localai-scale-") as home, \
+            ManagedDaemon(home, str(path), env=settings) as daemon:
+        daemon.warm_up(model)
+        run([sys.executable, "-m", "localai", "bench", "-m", model, "-r", str(args.repetitions), "-t",
+             str(args.threads), "--llama-server", args.llama_server, "--llama-server-arg=-fa",
+             f"--llama-server-arg={'on' if flash else 'off'}", *options],
+            {**os.environ, "LOCALAI_HOME": home, **settings})
 
 
 def main() -> None:
@@ -60,17 +74,12 @@ def main() -> None:
         model = f"{name}-{args.quant}"
         print(f"## {model} ({scalemodels.BY_NAME[name].family})\n", flush=True)
         for flash in () if args.no_speed else (False,) if args.no_flash else (False, True):
-            with tempfile.TemporaryDirectory(prefix="localai-scale-") as home:
-                # the context llama-server gets for 4 streams (4 slots of 4,096): the memory compared is for the same
-                settings = {"LOCALAI_NUM_THREAD": str(args.threads), "LOCALAI_FLASH_ATTENTION": str(flash).lower(),
-                            "LOCALAI_CONTEXT_LENGTH": "16384"}
-                with ManagedDaemon(home, str(path), env=settings) as daemon:
-                    daemon.warm_up(model)
-                    env = {**os.environ, "LOCALAI_HOME": home, **settings}
-                    anchor_flash = ["--llama-server-arg=-fa", f"--llama-server-arg={'on' if flash else 'off'}"]
-                    run([*localai, "bench", "-m", model, "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens),
-                         "-r", str(args.repetitions), "-t", str(args.threads), "--streams", "4",
-                         "--cold", "2", "--cold", "3", "--llama-server", args.llama_server, *anchor_flash], env)
+            # the context llama-server gets for 4 streams (4 slots of 4,096): the memory compared is for the same
+            settings = {"LOCALAI_NUM_THREAD": str(args.threads), "LOCALAI_FLASH_ATTENTION": str(flash).lower(),
+                        "LOCALAI_CONTEXT_LENGTH": "16384"}
+            bench_beside_llama_server(args, model, path, settings, flash, [
+                "-p", str(args.prompt_tokens), "-n", str(args.gen_tokens), "--streams", "4", "--cold", "2",
+                "--cold", "3"])
         if not args.no_agents:
             env = {**os.environ, "LOCALAI_NUM_THREAD": str(args.threads)}
             run([*localai, "bench", "agents", "-m", model, "--from", str(path), "--llama-server", args.llama_server,
@@ -85,7 +94,6 @@ MTP_RUNS = [(75, []), (75, ["--spec-draft-n-max", "1"]), (75, ["--spec-draft-n-m
 def mtp(args: argparse.Namespace) -> None:
     """Decode on the hybrid whose MTP block drafts right on 50/75/90% of tokens: localai (n-gram drafts only)
     beside llama-server without drafts and with ``--spec-type draft-mtp``, flash attention off on both."""
-    localai = [sys.executable, "-m", "localai"]
     settings = {"LOCALAI_NUM_THREAD": str(args.threads), "LOCALAI_FLASH_ATTENTION": "false"}
     for agree, flags in MTP_RUNS:
         scale = scalemodels.with_mtp(scalemodels.BY_NAME["qwen3.5-hybrid"], agree / 100)
@@ -94,13 +102,8 @@ def mtp(args: argparse.Namespace) -> None:
         if not path.exists():
             sys.exit(f"{path} is missing: run `make fixtures-scale`")
         drafts = ["--spec-type", "draft-mtp", *flags] if flags else []
-        with tempfile.TemporaryDirectory(prefix="localai-scale-") as home, \
-                ManagedDaemon(home, str(path), env=settings) as daemon:
-            daemon.warm_up(model)
-            run([*localai, "bench", "-m", model, "-p", "64", "-n", "128", "-r", str(args.repetitions), "-t",
-                 str(args.threads), "--streams", "0", "--llama-server", args.llama_server,
-                 "--llama-server-arg=-fa", "--llama-server-arg=off", *[f"--llama-server-arg={a}" for a in drafts]],
-                {**os.environ, "LOCALAI_HOME": home, **settings})
+        bench_beside_llama_server(args, model, path, settings, False, [
+            "-p", "64", "-n", "128", "--streams", "0", *[f"--llama-server-arg={a}" for a in drafts]])
 
 
 if __name__ == "__main__":

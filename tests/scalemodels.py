@@ -34,9 +34,8 @@ import argparse
 import functools
 import os
 import re
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -468,12 +467,17 @@ def mtp_misses(s: Scale, n: int) -> np.ndarray:
     return np.random.default_rng(SEED + 1).random(n) >= s.mtp
 
 
-def mtp_draft(vocab: Vocabulary, s: Scale, token: int) -> int:
-    """The MTP block's greedy draft of the token after ``token`` (a chain token): its successor where it agrees,
-    else the one after that."""
+def mtp_drafter(vocab: Vocabulary, s: Scale) -> Callable[[int], int]:
+    """The MTP block's greedy draft of the token after a chain token: its successor where it agrees, else the one
+    after that (the chain and the misses taken once, for every token asked)."""
     order = chain(vocab)
-    k = int(np.flatnonzero(order == token)[0])
-    return int(order[(k + (2 if mtp_misses(s, len(order))[k] else 1)) % len(order)])
+    position = {int(token): k for k, token in enumerate(order)}
+    steps = np.where(mtp_misses(s, len(order)), 2, 1)
+
+    def draft(token: int) -> int:
+        k = position[token]
+        return int(order[(k + steps[k]) % len(order)])
+    return draft
 
 
 def known_reply(vocab: Vocabulary, last_token: int, n: int) -> list[int]:
@@ -679,4 +683,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -32,6 +32,12 @@ CHECKPOINT_MARGIN = 4
 LIVE_CHECKPOINTS = 4  # kept in RAM per sequence (the newest); older ones are in the prompt cache once saved
 
 
+def live_point(request: Request) -> int:
+    """Where a cold prompt's RAM-only checkpoint goes: before its last token, which a retry of the same prompt
+    replays for fresh logits (so it evaluates that one token, not the ``CHECKPOINT_MARGIN`` before it)."""
+    return len(request.prompt) - 1
+
+
 class SlotCache:
     """The prompt cache as the serving loop's slots see it (``cache`` is None with the cache off)."""
 
@@ -75,7 +81,7 @@ class SlotCache:
         at = request.next_prompt
         targets = [(at // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY]
         if not request.warm:
-            targets += [len(request.prompt) - CHECKPOINT_MARGIN, len(request.prompt) - 1]
+            targets += [len(request.prompt) - CHECKPOINT_MARGIN, live_point(request)]
         elif request.stable < len(request.prompt):  # else saved whole: its own end is its checkpoint
             targets.append(request.stable)
         return min((n for n in targets if at < n < len(request.prompt) and n >= MIN_TOKENS), default=None)
@@ -89,7 +95,7 @@ class SlotCache:
             # prefilled again too, saved by that follow-up): a retry of the prompt after a restart, or after the
             # session went elsewhere, returns there (two recurrent states a turn on disk: the prompt's end and the
             # kept reply's)
-            live = not request.warm and n_tokens == len(request.prompt) - 1
+            live = not request.warm and n_tokens == live_point(request)
             slot.checkpoints = [c for c in slot.checkpoints if c.n_tokens != n_tokens]
             slot.checkpoints.append(Checkpoint(n_tokens, data, live=live))
             del slot.checkpoints[:-LIVE_CHECKPOINTS]
