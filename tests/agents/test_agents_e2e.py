@@ -21,6 +21,7 @@ import pytest
 from localai.agents import get
 from localai.bench.servers import LlamaCppPythonServer
 from localai.engines.scripted import DEFAULT_REPLY
+from tests.api.daemon.test_agent_tree import reported_divergences
 from tests.conftest import Daemon, start_daemon
 from tests.metagguf import metadata_gguf
 from tests.runtime.formats.test_formats_roundtrip import qwen3_coder
@@ -317,3 +318,57 @@ def test_an_agent_on_a_small_window_sends_its_request_and_the_daemon_fits_it(age
     assert result.returncode == 0, result.stdout + result.stderr
     assert DEFAULT_REPLY in result.stdout, result.stdout[-3000:]
     assert f"fitted a conversation for {name}" in log, log[-3000:]
+
+
+
+# -- the agent tree: Claude Code's own sub-agents, on a 128k scripted model ----------------------------------------
+
+# the daemon's debug line for each request a local worker admitted (runtime.py)
+CACHED = re.compile(r"session (?P<session>.+?): (?P<cached>\d+) of (?P<prompt>\d+) prompt tokens cached "
+                    r"\((?P<source>\w+)\)")
+
+
+def agent_call(kind: str, task: str) -> str:
+    return qwen3_coder(("Agent", {"description": "Explore the repository", "subagent_type": kind, "prompt": task,
+                                  "run_in_background": False}))
+
+
+def test_claude_code_runs_sub_agents_cached_under_their_parent(agent_daemon: Daemon, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The model calls Claude Code's Agent tool three times: two general-purpose sub-agents (a system prompt of
+    their own: they share their prefix with each other, not with the parent), then a fork (the parent's whole
+    conversation, then its task). Each runs under the parent's session id with an agent id of its own; its answer
+    comes back as the tool's result, and the model's fourth turn ends the run. Each sub-agent is filed under the
+    parent (``PARENT > agent:ID``); the second general-purpose one and the fork reuse what they share (at least 90%
+    of the tokens before their task); every parent turn after a sub-agent finds its slot live; nothing reads as a
+    divergence."""
+    model = scripted_model(agent_daemon, tmp_path, "scripted-qwen3-coder", "qwen3-coder")
+    script = "|||".join([agent_call("general-purpose", "List the files of the repository."),
+                         agent_call("general-purpose", "Say what the repository is for."),
+                         agent_call("fork", "Check the repository's tests."), "The sub-agents are done."])
+    result, log = run_agent(agent_daemon, tmp_path, "claude", "-p", f"Explore with sub-agents. [[turns:{script}]]",
+                            "--output-format", "json", "--permission-mode", "acceptEdits", model=model)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reply = json.loads(result.stdout.strip().splitlines()[-1])
+    assert reply["result"] == "The sub-agents are done.", reply
+    assert reply["subagent_stats"]["completed"] == 3, reply["subagent_stats"]
+    turns = [m.groupdict() for m in CACHED.finditer(log)]
+    parent = turns[0]["session"]
+    mains = [t for t in turns if t["session"] == parent]
+    subs = [t for t in turns if t["session"] != parent]
+    with capsys.disabled():  # the figures for the notes
+        print("\n" + "\n".join(f"  {t['session']}: {t['cached']} of {t['prompt']} cached ({t['source']})"
+                               for t in turns))
+    assert len(mains) == 4 and len(subs) == 3, turns
+    assert all(t["session"].startswith(parent + " > agent:") for t in subs), turns
+    assert len({t["session"] for t in subs}) == 3  # a session each
+    assert [t["source"] for t in mains[1:]] == ["live"] * 3, mains  # the parent's slot, as it left it
+    # what each sub-agent shares: the first general-purpose one only the opening line of the system prompt with
+    # its parent (its own system prompt follows); the second what the first had before its task (its system
+    # prompt, tools and context: about three quarters of its prompt; without the cache, the opening line); the
+    # fork its parent's conversation, its task after it
+    first, second, fork = ({key: int(t[key]) for key in ("cached", "prompt")} for t in subs)
+    assert first["cached"] < 1000, subs
+    assert second["cached"] >= 0.6 * second["prompt"], subs
+    assert fork["cached"] >= 0.9 * fork["prompt"], subs
+    assert reported_divergences(agent_daemon, parent, model=model) == []

@@ -47,14 +47,15 @@ def divergences(daemon: Daemon) -> list[dict[str, Any]]:
     return found
 
 
-def reported_divergences(daemon: Daemon, prefix: str) -> list[dict[str, Any]]:
+def reported_divergences(daemon: Daemon, prefix: str, model: str = "smollm2") -> list[dict[str, Any]]:
     """The early divergences of sessions starting with ``prefix``, once every report sent before is written: a
-    control session that does diverge is sent last, and its record awaited (reports are written in the background)."""
+    control session that does diverge is sent last (to ``model``), and its record awaited (reports are written in
+    the background)."""
     control = f"control-{time.monotonic_ns()}"
     for text in ("first [[say:one]]", "something else entirely [[say:two]]"):
         with daemon.http(timeout=60) as http:
             assert http.post("/v1/chat/completions", headers={"x-session-id": control}, json={
-                "model": "smollm2", "max_tokens": 4, "messages": [{"role": "system", "content": text * 20},
+                "model": model, "max_tokens": 4, "messages": [{"role": "system", "content": text * 20},
                                                                  {"role": "user", "content": text}]}).status_code == 200
     deadline = time.monotonic() + 30
     while not any(d["session"] == control for d in divergences(daemon)):
