@@ -30,6 +30,7 @@ from localai.schema import (
     ToolResultBlock,
 )
 from localai.settings import Settings
+from localai.text import common_prefix_length
 from localai.workers.handle import new_request_id
 from localai.workers.scheduler import LoadedModel
 
@@ -38,6 +39,10 @@ NEXT_TURN = "\u2063localai-next-turn\u2063"  # the next message, when rendering 
 # Families whose models open with <think> (GLM-4.5+, DeepSeek-V3.1 in thinking mode) even when a Modelfile's PARSER
 # names them over a template that does not show it (Harmony's analysis channel is parsed whenever it is the format).
 THINKING_FORMATS = frozenset({"glm-4.5", "deepseek-v3.1"})
+
+
+# what stands for the instructions a prewarm without any will be followed by (LocalTarget.warm_segment)
+STAND_IN_SYSTEM = "[[instructions]]"
 
 
 @dataclass
@@ -133,12 +138,24 @@ class LocalTarget:
     async def warm_segment(self, request: GenerationRequest, messages: list[Message]) -> str:
         """A prewarm with no user message yet (Codex's ``generate: false`` with ``input: []``): the instructions and
         tools rendered up to where a first user message's content will start, the prefix every turn of the session
-        shares (some templates refuse a conversation without a user message, so one stands in and is cut off)."""
-        rendered, _ = await self.render(replace(request, prefill_only=False),
-                                        [*messages, Message(role="user", content=[TextBlock(NEXT_TURN)])],
-                                        system=False)
-        cut = rendered.find(NEXT_TURN)
-        return rendered[:cut] if cut > 0 else ""
+        shares (some templates refuse a conversation without a user message, so one stands in and is cut off).
+
+        A prewarm with no instructions either (Codex 0.171 sends only its tools) is followed by a turn that brings
+        its own (Codex's developer messages), and a template that writes the system text before the tools (Qwen's,
+        Harmony's) puts them in front of the tools: that turn shares only what a stand-in system message leaves
+        in place, so only that is warmed, not a tools block no turn reuses."""
+        async def up_to_user(leading: list[Message]) -> str:
+            rendered, _ = await self.render(replace(request, prefill_only=False),
+                                            [*leading, Message(role="user", content=[TextBlock(NEXT_TURN)])],
+                                            system=False)
+            cut = rendered.find(NEXT_TURN)
+            return rendered[:cut] if cut > 0 else ""
+
+        segment = await up_to_user(messages)
+        if not any(m.role in ("system", "developer") for m in messages):
+            instructed = await up_to_user([Message(role="system", content=[TextBlock(STAND_IN_SYSTEM)]), *messages])
+            segment = segment[:common_prefix_length(segment, instructed)]
+        return segment
 
     def _render_calls(self, request: GenerationRequest, messages: list[Message], system: bool) -> list[RenderCall]:
         """The prompt's render and, with ``system``, the system-and-tools segment's (called off the event loop:

@@ -93,3 +93,24 @@ def test_codex_prewarm_with_no_input_completes_and_warms_the_session(scripted: D
         refused = turn(socket, input=[], store=False)
         assert refused[-1]["type"] == "error" and refused[-1]["error"]["param"] == "input"
         assert turn(socket, input="still there [[say:yes]]", store=False)[-1]["type"] == "response.completed"
+
+
+def test_codex_prewarm_without_instructions_computes_nothing_its_first_turn_does_not_reuse(scripted: Daemon) -> None:
+    """Codex 0.171's prewarm carries its tools and no instructions (``input: []``); its first turn brings them as
+    developer messages, which the template writes before the tools. Everything the prewarm evaluated is reused by
+    that turn (before: the prewarm evaluated the tools block, and the turn reused the first few tokens of it)."""
+    from websockets.sync.client import connect
+
+    tools = [{"type": "function", "name": f"tool_{i}", "description": "Run a command. " * 20,
+              "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}} for i in range(8)]
+    with connect(f"ws://127.0.0.1:{scripted.port}/v1/responses") as socket:
+        warm = turn(socket, tools=tools, input=[], generate=False, store=False, prompt_cache_key="codex-bare")
+        assert warm[-1]["type"] == "response.completed", warm[-1]
+        warmed = warm[-1]["response"]["usage"]["input_tokens"]
+        first = turn(socket, tools=tools, previous_response_id=warm[-1]["response"]["id"], store=False,
+                     prompt_cache_key="codex-bare", input=[
+                         {"type": "message", "role": "developer", "content": "<permissions>The repo.</permissions>"},
+                         {"type": "message", "role": "user", "content": "list the files [[say:ok]]"}])
+        assert first[-1]["type"] == "response.completed", first[-1]
+        cached = first[-1]["response"]["usage"]["input_tokens_details"]["cached_tokens"]
+        assert cached >= warmed - 1, (warmed, cached)
