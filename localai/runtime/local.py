@@ -45,6 +45,12 @@ THINKING_FORMATS = frozenset({"glm-4.5", "deepseek-v3.1"})
 STAND_IN_SYSTEM = "[[instructions]]"
 
 
+def bare_prewarm(request: GenerationRequest, messages: list[Message] | None) -> bool:
+    """A prewarm before the conversation's first message (Codex's ``generate: false``, ``input: []``): it warms
+    the prefix the turns will share, and is no turn of the conversation itself."""
+    return request.prefill_only and messages is not None and not any(m.role in ("user", "tool") for m in messages)
+
+
 @dataclass
 class LocalTarget:
     """A lease on a local worker, and everything that decides a generation on it: the prompt is rendered here (in a
@@ -116,7 +122,7 @@ class LocalTarget:
         that fails or overruns is a 400 naming the model."""
         if messages is None:
             return request.prompt or "", None
-        if request.prefill_only and not any(m.role in ("user", "tool") for m in messages):
+        if bare_prewarm(request, messages):
             return await self.warm_segment(request, messages), None
         calls = await asyncio.to_thread(self._render_calls, request, messages, system)
         try:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.api.daemon.test_agent_tree import reported_divergences
 from tests.conftest import Daemon, start_daemon
 
 BODY_TIMEOUT = 1.0  # the request-body deadline of this daemon: the tests pass it on purpose
@@ -114,3 +115,5 @@ def test_codex_prewarm_without_instructions_computes_nothing_its_first_turn_does
         assert first[-1]["type"] == "response.completed", first[-1]
         cached = first[-1]["response"]["usage"]["input_tokens_details"]["cached_tokens"]
         assert cached >= warmed - 1, (warmed, cached)
+    # what the prewarm evaluated is a prefix of the first turn: it does not read as the system prompt changing
+    assert reported_divergences(scripted, "codex-bare") == []
