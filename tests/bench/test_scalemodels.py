@@ -168,16 +168,19 @@ def test_an_mtp_block_drafts_the_chain_on_the_chosen_fraction(name: str, tmp_pat
     embed, head = matrix(tensors[nextn + "embed_tokens.weight"]), matrix(tensors["output.weight"])
     eh_proj = matrix(tensors[nextn + "eh_proj.weight"])
     order = scalemodels.chain(vocab)
-    normed = embed[order] / np.sqrt((embed[order] ** 2).mean(axis=1, keepdims=True))
+    # a fixed sample of the chain's positions (the whole chain times the whole vocabulary is ~20 GB of logits)
+    sample = np.random.default_rng(1).choice(len(order), size=min(len(order), 3000), replace=False)
+    tokens = order[sample]
+    normed = embed[tokens] / np.sqrt((embed[tokens] ** 2).mean(axis=1, keepdims=True))
     hidden = np.concatenate([normed, np.random.default_rng(0).standard_normal(normed.shape)], axis=1) @ eh_proj.T
-    drafts = (hidden @ head.T).argmax(axis=1)
-    successor, after = np.roll(order, -1), np.roll(order, -2)
+    drafts = np.concatenate([(rows @ head.T).argmax(axis=1) for rows in np.array_split(hidden, 6)])
+    successor, after = np.roll(order, -1)[sample], np.roll(order, -2)[sample]
     agreed = drafts == successor
     assert np.all(agreed | (drafts == after))
     assert abs(agreed.mean() - 0.75) < 0.05, agreed.mean()
-    assert np.array_equal(~agreed, scalemodels.mtp_misses(scale, len(order)))
+    assert np.array_equal(~agreed, scalemodels.mtp_misses(scale, len(order))[sample])
     draft = scalemodels.mtp_drafter(vocab, scale)
-    assert [draft(int(t)) for t in order[:50]] == list(drafts[:50])
+    assert [draft(int(t)) for t in tokens[:50]] == list(drafts[:50])
     with pytest.raises(ValueError, match="no MTP block for qwen3"):
         scalemodels.with_mtp(scalemodels.BY_NAME["qwen3-1.7b"], 0.5)
     with pytest.raises(ValueError, match="give a fraction"):
