@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Input
+from textual.widgets import DataTable, Input
 
 from localai.tui.app import LocalAIApp
 from localai.tui.screens.chat import ChatScreen
@@ -79,10 +79,23 @@ def test_settings(snap_compare: Any, build: Callable[..., LocalAIApp], fake: Fak
     assert snap_compare(build(fake.client()), terminal_size=SIZE, run_before=open_settings)
 
 
+async def models_screen(pilot: Pilot[Any]) -> None:
+    """F3, and wait until the library table has its rows: it is filled by a worker the screen starts when it
+    mounts, which under load can begin after ``settle`` saw the app idle (a fresh clone's snapshot once caught the
+    table's header alone, its columns narrow)."""
+    await pilot.press("f3")
+    await settle(pilot)
+    for _ in range(500):
+        tables = pilot.app.screen.query("#library")
+        if tables and tables.first(DataTable).row_count > 0:
+            break
+        await pilot.pause(0.01)
+    await settle(pilot)
+
+
 def test_models(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
     async def pulled(pilot: Pilot[Any]) -> None:
-        await pilot.press("f3")
-        await settle(pilot)
+        await models_screen(pilot)
         screen = pilot.app.screen
         screen.start_pull("qwen2.5-coder:3b")  # type: ignore[attr-defined]
         await settle(pilot)
@@ -106,8 +119,7 @@ def test_agents(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeD
 def test_pull_dialog(snap_compare: Any, build: Callable[..., LocalAIApp], fake: FakeDaemon) -> None:
     """The pull question whole (wrapped), an example placeholder, and what Enter on an empty line says."""
     async def ask(pilot: Pilot[Any]) -> None:
-        await pilot.press("f3")
-        await settle(pilot)
+        await models_screen(pilot)
         await pilot.press("p")
         # Enter goes to the dialog's line only once the dialog has focus (under load the push may take a while)
         await pilot.wait_for_scheduled_animations()
@@ -126,8 +138,7 @@ def test_failed_pull(snap_compare: Any, build: Callable[..., LocalAIApp], fake: 
     fake.pull_error = "hf.co/nobody/nothing-GGUF: repository not found on the hub"
 
     async def failed(pilot: Pilot[Any]) -> None:
-        await pilot.press("f3")
-        await settle(pilot)
+        await models_screen(pilot)
         pilot.app.screen.start_pull("hf.co/nobody/nothing-GGUF")  # type: ignore[attr-defined]
         await settle(pilot)
         pilot.app.clear_notifications()
