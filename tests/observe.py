@@ -1,6 +1,6 @@
 """Watching a daemon or an in-process app from outside: waiting for something it does, the pid of a model's worker,
-a /metrics counter, the CPU time a process has used (the sign that it is working on what it was sent). The clients
-are ``httpx.Client``s (a Starlette ``TestClient`` is one)."""
+a /metrics counter, the CPU time a process has used (the sign that it is working on what it was sent), the
+divergences it reported. The clients are ``httpx.Client``s (a Starlette ``TestClient`` is one)."""
 
 from __future__ import annotations
 
@@ -66,3 +66,20 @@ def helper_processes(parent: int, module: str) -> list[int]:
     listing = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,command="], capture_output=True, text=True).stdout
     rows = [line.split(None, 2) for line in listing.splitlines()]
     return [int(row[0]) for row in rows if len(row) == 3 and int(row[1]) == parent and f"-m {module}" in row[2]]
+
+
+def reported_divergences(http: httpx.Client, prefix: str, model: str = "smollm2") -> list[dict[str, Any]]:
+    """The early divergences of sessions starting with ``prefix``, once every report sent before is written: a
+    control session that does diverge is sent last (to ``model``), and its record awaited (reports are written in
+    the background)."""
+    control = f"control-{time.monotonic_ns()}"
+    for text in ("first [[say:one]]", "something else entirely [[say:two]]"):
+        assert http.post("/v1/chat/completions", headers={"x-session-id": control}, json={
+            "model": model, "max_tokens": 4, "messages": [{"role": "system", "content": text * 20},
+                                                         {"role": "user", "content": text}]}).status_code == 200
+
+    def found() -> list[dict[str, Any]]:
+        listed: list[dict[str, Any]] = http.get("/api/cache").json()["divergences"]
+        return listed
+    wait_for(lambda: any(d["session"] == control for d in found()), "the control session's divergence", timeout=30)
+    return [d for d in found() if d["session"].startswith(prefix) and d["early"]]

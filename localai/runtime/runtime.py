@@ -102,15 +102,16 @@ class Runtime:
             stack.push_async_callback(close_quietly, admitted.frames)
             target, op, first = admitted.target, admitted.op, admitted.first
             follow_up = None
-            if isinstance(target, LocalTarget) and op.get("follow_up"):
-                follow_up = self.sessions.follow_up(target, admitted.request, admitted.messages, str(op["prompt"]))
-            if isinstance(target, LocalTarget):  # what an agent's turn found in the cache, for LOCALAI_DEBUG's log
-                cache = first.get("cache")
+            if isinstance(target, LocalTarget):
+                if op.get("follow_up"):
+                    follow_up = self.sessions.follow_up(target, admitted.request, admitted.messages,
+                                                        str(op["prompt"]))
+                cache = first.get("cache")  # what an agent's turn found in the cache, for LOCALAI_DEBUG's log
                 log.debug("%s: session %s: %d of %d prompt tokens cached (%s)", record.name, request.session_id,
                           first["cached_tokens"], first["prompt_tokens"], cache["source"] if cache else "miss")
-            if isinstance(target, LocalTarget) and request.session_id and admitted.messages is not None:
-                self.sessions.compare_turn(target, admitted.request, admitted.messages, str(op["prompt"]),
-                                           int(first["prompt_tokens"]), admitted.cuts)
+                if request.session_id and admitted.messages is not None:
+                    self.sessions.compare_turn(target, admitted.request, admitted.messages, str(op["prompt"]),
+                                               int(first["prompt_tokens"]), admitted.cuts)
             return Generation(
                 fit=admitted.fit, parser=target.parser(request, op.get("prompt")),
                 id=op["id"], model=record.name, prompt_tokens=first["prompt_tokens"],

@@ -21,9 +21,9 @@ import pytest
 from localai.agents import get
 from localai.bench.servers import LlamaCppPythonServer
 from localai.engines.scripted import DEFAULT_REPLY
-from tests.api.daemon.test_agent_tree import reported_divergences
 from tests.conftest import Daemon, start_daemon
 from tests.metagguf import metadata_gguf
+from tests.observe import reported_divergences
 from tests.runtime.formats.test_formats_roundtrip import qwen3_coder
 
 # `make agents-latest` runs these tests on the newest releases, installed beside the pinned ones
@@ -320,7 +320,6 @@ def test_an_agent_on_a_small_window_sends_its_request_and_the_daemon_fits_it(age
     assert f"fitted a conversation for {name}" in log, log[-3000:]
 
 
-
 # -- the agent tree: Claude Code's own sub-agents, on a 128k scripted model ----------------------------------------
 
 # the daemon's debug line for each request a local worker admitted (runtime.py)
@@ -371,4 +370,5 @@ def test_claude_code_runs_sub_agents_cached_under_their_parent(agent_daemon: Dae
     assert first["cached"] < 1000, subs
     assert second["cached"] >= 0.6 * second["prompt"], subs
     assert fork["cached"] >= 0.9 * fork["prompt"], subs
-    assert reported_divergences(agent_daemon, parent, model=model) == []
+    with agent_daemon.http(timeout=60) as http:
+        assert reported_divergences(http, parent, model=model) == []

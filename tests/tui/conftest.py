@@ -88,3 +88,12 @@ async def settle(pilot: Pilot[Any]) -> None:
             await pilot.app.workers.wait_for_complete(running)
         else:
             idle_rounds += 1
+
+
+async def until(pilot: Pilot[Any], condition: Callable[[], Any], tries: int) -> None:
+    """Pause (10 ms at a time, at most ``tries`` times) until ``condition()`` holds: for what the app does after it
+    looked idle (a screen's push, a worker started on mount)."""
+    for _ in range(tries):
+        if condition():
+            return
+        await pilot.pause(0.01)

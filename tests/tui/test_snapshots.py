@@ -14,7 +14,7 @@ from textual.widgets import DataTable, Input
 from localai.tui.app import LocalAIApp
 from localai.tui.screens.chat import ChatScreen
 from localai.tui.screens.dialogs import AskScreen
-from tests.tui.conftest import settle, store_row
+from tests.tui.conftest import settle, store_row, until
 from tests.tui.fakedaemon import REPLY, FakeDaemon
 
 SIZE = (120, 36)
@@ -85,11 +85,11 @@ async def models_screen(pilot: Pilot[Any]) -> None:
     table's header alone, its columns narrow)."""
     await pilot.press("f3")
     await settle(pilot)
-    for _ in range(500):
+
+    def filled() -> bool:
         tables = pilot.app.screen.query("#library")
-        if tables and tables.first(DataTable).row_count > 0:
-            break
-        await pilot.pause(0.01)
+        return bool(tables) and tables.first(DataTable).row_count > 0
+    await until(pilot, filled, 500)
     await settle(pilot)
 
 
@@ -123,10 +123,8 @@ def test_pull_dialog(snap_compare: Any, build: Callable[..., LocalAIApp], fake: 
         await pilot.press("p")
         # Enter goes to the dialog's line only once the dialog has focus (under load the push may take a while)
         await pilot.wait_for_scheduled_animations()
-        for _ in range(200):
-            if isinstance(pilot.app.screen, AskScreen) and isinstance(pilot.app.focused, Input):
-                break
-            await pilot.pause(0.01)
+        await until(pilot, lambda: isinstance(pilot.app.screen, AskScreen) and isinstance(pilot.app.focused, Input),
+                    200)
         assert isinstance(pilot.app.screen, AskScreen), "the pull dialog never opened"
         await pilot.press("enter")
         await settle(pilot)

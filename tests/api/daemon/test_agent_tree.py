@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from localai.api.sessions import session_id
 from localai.schema import child_session, parent_session
 from tests.conftest import Daemon, start_daemon
+from tests.observe import reported_divergences
 
 TOOLS = [{"name": f"tool_{i}", "description": f"Tool number {i} of the agent. " * 4,
           "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}} for i in range(6)]
@@ -39,29 +39,6 @@ def messages_call(daemon: Daemon, system: str, messages: list[dict[str, Any]],
             "model": "smollm2", "max_tokens": 16, "system": system, "tools": TOOLS, "messages": messages})
     assert response.status_code == 200, response.text
     return response
-
-
-def divergences(daemon: Daemon) -> list[dict[str, Any]]:
-    with daemon.http() as http:
-        found: list[dict[str, Any]] = http.get("/api/cache").json()["divergences"]
-    return found
-
-
-def reported_divergences(daemon: Daemon, prefix: str, model: str = "smollm2") -> list[dict[str, Any]]:
-    """The early divergences of sessions starting with ``prefix``, once every report sent before is written: a
-    control session that does diverge is sent last (to ``model``), and its record awaited (reports are written in
-    the background)."""
-    control = f"control-{time.monotonic_ns()}"
-    for text in ("first [[say:one]]", "something else entirely [[say:two]]"):
-        with daemon.http(timeout=60) as http:
-            assert http.post("/v1/chat/completions", headers={"x-session-id": control}, json={
-                "model": model, "max_tokens": 4, "messages": [{"role": "system", "content": text * 20},
-                                                                 {"role": "user", "content": text}]}).status_code == 200
-    deadline = time.monotonic() + 30
-    while not any(d["session"] == control for d in divergences(daemon)):
-        assert time.monotonic() < deadline, "the control session's divergence was never reported"
-        time.sleep(0.05)
-    return [d for d in divergences(daemon) if d["session"].startswith(prefix) and d["early"]]
 
 
 def test_the_session_header_names_children() -> None:
@@ -99,7 +76,8 @@ def test_a_sub_agent_gets_a_session_under_its_parent_and_leaves_the_parent_live(
     resumed = messages_call(scripted, PARENT_SYSTEM, turns, parent)
     assert resumed.headers["X-LocalAI-Cache"] == "live", dict(resumed.headers)
     # neither the sub-agent nor the parent read as a conversation that changed
-    assert reported_divergences(scripted, "cc-parent") == []
+    with scripted.http(timeout=60) as http:
+        assert reported_divergences(http, "cc-parent") == []
     listing = json.loads(subprocess.run(
         [sys.executable, "-m", "localai", "cache", "ls", "--json"], capture_output=True, text=True, check=True,
         env={**scripted.env}).stdout)
@@ -130,4 +108,5 @@ def test_opencodes_title_request_goes_to_a_side_session(scripted: Daemon) -> Non
     chat("You are a title generator. You output ONLY a thread title.", "Generate a title [[say:A title]]")
     again = chat(system, "hello [[say:Hi.]]")  # the same prompt again: a retry, from its own live slot
     assert again.headers["X-LocalAI-Cache"] == "live"
-    assert reported_divergences(scripted, "oc-1") == []
+    with scripted.http(timeout=60) as http:
+        assert reported_divergences(http, "oc-1") == []

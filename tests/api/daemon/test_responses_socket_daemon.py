@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.api.daemon.test_agent_tree import reported_divergences
 from tests.conftest import Daemon, start_daemon
+from tests.observe import reported_divergences
 
 BODY_TIMEOUT = 1.0  # the request-body deadline of this daemon: the tests pass it on purpose
 
@@ -116,4 +116,5 @@ def test_codex_prewarm_without_instructions_computes_nothing_its_first_turn_does
         cached = first[-1]["response"]["usage"]["input_tokens_details"]["cached_tokens"]
         assert cached >= warmed - 1, (warmed, cached)
     # what the prewarm evaluated is a prefix of the first turn: it does not read as the system prompt changing
-    assert reported_divergences(scripted, "codex-bare") == []
+    with scripted.http(timeout=60) as http:
+        assert reported_divergences(http, "codex-bare") == []
