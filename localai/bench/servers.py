@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -99,6 +100,12 @@ class ManagedDaemon:
 
     def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         stop_process(self.process)
+
+
+def require_program(binary: str, install_hint: str) -> None:
+    """A reference server's program is there to start, asked before a benchmark spends minutes on localai's side."""
+    if shutil.which(binary) is None:
+        raise DaemonUnavailable(f"could not start {binary}: no such program ({install_hint})")
 
 
 class ReferenceServer:
@@ -221,6 +228,7 @@ class LlamaServer(ReferenceServer):
 
     def __init__(self, binary: str, model_path: str, n_ctx: int = 4096, *, threads: int | None = None,
                  parallel: int = 1, extra: tuple[str, ...] = ()) -> None:
+        require_program(binary, self.install_hint)
         super().__init__(model_path)
         self.binary = binary
         self.n_ctx = n_ctx

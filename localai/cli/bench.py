@@ -53,6 +53,7 @@ def bench(ctx: click.Context, model: str, base_url: str | None, prompt_tokens: i
     """Measure prefill (pp), decode (tg), concurrent streams and an edit workload through the API."""
     if ctx.invoked_subcommand is not None:
         return
+    _require_anchors(llama_server_path, llama_bench_path)
     from localai.bench import speed
     from localai.settings import Settings
 
@@ -113,6 +114,7 @@ def bench_agents(model: str, sessions: int, turns: int, reply_tokens: int, think
                  llama_server_path: str | None, system_repeats: int) -> None:
     """Replay an interleaved agent trace: TTFT per turn, tokens recomputed, hit ratio, restart resume; or, with
     --slo, how many agents at once keep a service level."""
+    _require_anchors(llama_server_path, llama_bench_path)
     if slo:
         from localai.bench import slo as service_level
 
@@ -191,3 +193,12 @@ def bench_saves(models: tuple[str, ...], contexts: str, new_tokens: int, samples
             path = client.request("POST", "/api/show", {"model": model})["path"]
         click.echo(table(model, measure(path, sizes, new=new_tokens, samples=samples, threads=threads)))
         click.echo("")
+
+
+def _require_anchors(llama_server_path: str | None, llama_bench_path: str | None) -> None:
+    """A missing llama-server or llama-bench is said at once, not after localai's side has been measured."""
+    from localai.bench.servers import LlamaServer, require_program
+
+    for path in (llama_server_path, llama_bench_path):
+        if path:
+            require_program(path, LlamaServer.install_hint)

@@ -191,9 +191,15 @@ def test_bench_streams_and_edit_through_a_real_daemon(fresh_daemon: Any) -> None
 
 
 def test_bench_names_a_missing_llama_server(fresh_daemon: Any) -> None:
-    result = fresh_daemon.cli("bench", "-m", "smollm2", "-r", "1", "--llama-server", "/nonexistent/llama-server")
-    assert result.returncode != 0 and "could not start /nonexistent/llama-server" in result.stderr
-    assert "make llama-server" in result.stderr and "Traceback" not in result.stderr
+    """Said before anything is measured: the daemon never loaded the model."""
+    for command, missing in ((("bench", "-m", "smollm2", "--llama-server"), "/nonexistent/llama-server"),
+                             (("bench", "agents", "-m", "smollm2", "--llama-server"), "/nonexistent/llama-server"),
+                             (("bench", "-m", "smollm2", "--llama-bench"), "/nonexistent/llama-bench")):
+        result = fresh_daemon.cli(*command, missing)
+        assert result.returncode != 0 and f"could not start {missing}" in result.stderr, result.stderr
+        assert "make llama-server" in result.stderr and "Traceback" not in result.stderr
+    with fresh_daemon.http() as http:
+        assert http.get("/api/ps").json()["models"] == []
 
 
 def in_terminal(*args: str, columns: int) -> str:
