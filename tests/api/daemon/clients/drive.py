@@ -97,10 +97,15 @@ def listed(names: list[str]) -> bool:
 
 
 def logprob_entries(entries: list[Any], text: str) -> object:
-    """Each generated token's logprob as the client hands it over: tokens that spell the text, logprobs <= 0."""
+    """Each generated token's logprob as the client hands it over: tokens that spell the text, logprobs <= 0. A
+    token that is part of a character (an emoji is several) shows as U+FFFD, so the tokens' bytes spell it where
+    the client hands them over, as OpenAI's do."""
     tokens = [e["token"] if isinstance(e, dict) else e.token for e in entries]
     values = [e["logprob"] if isinstance(e, dict) else e.logprob for e in entries]
-    return expect(bool(tokens) and "".join(tokens) == text and all(v <= 0 for v in values), tokens[:4])
+    pieces = [e.get("bytes") if isinstance(e, dict) else getattr(e, "bytes", None) for e in entries]
+    spelled = (b"".join(bytes(piece) for piece in pieces if piece is not None).decode("utf-8", errors="replace")
+               if all(piece is not None for piece in pieces) else "".join(tokens))
+    return expect(bool(tokens) and spelled == text and all(v <= 0 for v in values), tokens[:4])
 
 
 def reranked(pairs: list[tuple[int, float]], base: str, top_n: int) -> object:
