@@ -50,9 +50,19 @@ demo: install
 AGENTS_DIR := $(CURDIR)/.agents
 E2E_AGENTS := claude codex opencode aider qwen cline hermes openclaw pi droid continue
 
-$(AGENTS_DIR)/.installed: $(wildcard localai/agents/*.py) | $(VENV)/.installed-test
+# The installer runs from the source tree in a small virtualenv of its own (the two packages localai.agents.install
+# needs beyond the standard library), not localai's: so `make test` runs it while llama.cpp compiles, its downloads
+# beside the compile.
+AGENTS_INSTALLER := $(AGENTS_DIR)/.installer
+
+$(AGENTS_INSTALLER)/.ready:
+	$(PYTHON) -m venv $(AGENTS_INSTALLER)
+	$(AGENTS_INSTALLER)/bin/python -m pip install --quiet --disable-pip-version-check platformdirs pyyaml
+	@touch $@
+
+$(AGENTS_DIR)/.installed: $(wildcard localai/agents/*.py) | $(AGENTS_INSTALLER)/.ready
 	@echo "==> Installing the coding agents the launch tests run ($(E2E_AGENTS)) into .agents/: about 3.3 GB and 5-8 minutes the first time"
-	LOCALAI_AGENTS_DIR=$(AGENTS_DIR) $(BIN)/python -m localai.agents.install $(E2E_AGENTS)
+	PYTHONPATH=$(CURDIR) LOCALAI_AGENTS_DIR=$(AGENTS_DIR) $(AGENTS_INSTALLER)/bin/python -m localai.agents.install $(E2E_AGENTS)
 	@touch $@
 
 ifeq ($(LOCALAI_SKIP_AGENT_E2E),1)
@@ -103,11 +113,11 @@ test-clients: install-test install-clients
 	$(BIN)/python -m pytest -q -s tests/api/daemon/clients
 
 ## test: install everything the tests need (agents and clients included), then lint, type-check and run the suite
-## (after the virtualenv, the rest of the preparation runs side by side: the agents' and clients' installs and the
-## type check are mostly single-threaded or waiting on downloads, beside the fixtures' compile)
-test: install-test
-	@$(MAKE) --no-print-directory -j4 --output-sync=line install-agents install-clients install-tmux fixtures lint \
-	  typecheck docs
+## (the preparation runs side by side: the agents' and clients' installs, mostly waiting on downloads, beside
+## llama.cpp's compile into the virtualenv; then the fixtures' compile beside the type check)
+test:
+	@$(MAKE) --no-print-directory -j4 --output-sync=line install-test install-agents install-clients install-tmux
+	@$(MAKE) --no-print-directory -j4 --output-sync=line fixtures lint typecheck docs
 	@echo "==> The whole test suite: about 30 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q --durations=25
 
