@@ -174,17 +174,21 @@ $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	touch $@
 
 # The speed anchors, built from the llama.cpp that the installed llama-cpp-python vendors (its sdist), with the same
-# flags as the project's build (NO_AMX): llama-server and llama-bench in .bench/llama.cpp/build/bin. The same source
-# builds llama.cpp's test-llama-archs, which writes the architecture fixtures (tests/archfixtures.py), in a tree of
-# its own without optimisation (-O0): it only writes random weights, its files are byte for byte the same as an -O3
-# build's, and it compiles in about half the time (make test waits for it).
+# flags as the project's build (NO_AMX): llama-server and llama-bench in .bench/llama.cpp/build/bin. llama.cpp's
+# test-llama-archs, which writes the architecture fixtures (tests/archfixtures.py), is that source's one file
+# compiled against the libraries the installed llama-cpp-python already built (libllama exports the model saver
+# it calls; libllama-common lands in site-packages/lib): seconds, where building llama.cpp again for it took 2.75
+# minutes, and its files are byte for byte the same. Where that link fails (another wheel's layout), cmake builds
+# it from the source, unoptimised, in a tree of its own.
 LLAMA_ANCHOR := .bench/llama.cpp
 LLAMA_VENDORED := $(LLAMA_ANCHOR)/vendored
 LLAMA_SOURCE := $(LLAMA_ANCHOR)/.source
 LLAMA_CONFIGURED := $(LLAMA_ANCHOR)/.configured
 LLAMA_SERVER := $(LLAMA_ANCHOR)/build/bin/llama-server
-ARCHS_CONFIGURED := $(LLAMA_ANCHOR)/.configured-fixtures
-LLAMA_ARCHS := $(LLAMA_ANCHOR)/build-fixtures/bin/test-llama-archs
+LLAMA_ARCHS := $(LLAMA_ANCHOR)/fixtures-writer/test-llama-archs
+# the installed llama-cpp-python's library folders: llama_cpp/lib, and site-packages/lib for libllama-common
+LLAMA_LIB_DIRS = $$($(BIN)/python -c "import llama_cpp, pathlib, sysconfig; \
+  print(pathlib.Path(llama_cpp.__file__).parent / 'lib', pathlib.Path(sysconfig.get_paths()['purelib']) / 'lib')")
 FIXTURES := .bench/fixtures
 
 $(LLAMA_SOURCE): | $(VENV)/.installed-test
@@ -208,15 +212,18 @@ $(LLAMA_SERVER): $(LLAMA_CONFIGURED)
 ## llama-server: build llama.cpp's own server and llama-bench (the speed anchors) from the vendored source
 llama-server: $(LLAMA_SERVER)
 
-$(ARCHS_CONFIGURED): $(LLAMA_SOURCE)
-	cmake -S $(LLAMA_VENDORED) -B $(LLAMA_ANCHOR)/build-fixtures \
+$(LLAMA_ARCHS): $(LLAMA_SOURCE)
+	@echo "compiling llama.cpp's test-llama-archs (the architecture fixtures' writer) against llama-cpp-python's libraries"
+	@mkdir -p $(@D)
+	set -- $(LLAMA_LIB_DIRS) && $(CXX) -O0 -std=c++17 $(addprefix -I$(LLAMA_VENDORED)/,common include ggml/include src vendor) \
+	    $(LLAMA_VENDORED)/tests/test-llama-archs.cpp -o $@ -L$$1 -L$$2 -lllama-common -lllama -lggml -lggml-base \
+	    -Wl,-rpath,$$1 -Wl,-rpath,$$2 || { \
+	  echo "could not link it against llama-cpp-python's libraries: building it with cmake (about 2.5 minutes)"; \
+	  cmake -S $(LLAMA_VENDORED) -B $(LLAMA_ANCHOR)/build-fixtures \
 	    -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-O0 -DCMAKE_CXX_FLAGS_DEBUG=-O0 -DLLAMA_CURL=OFF \
-	    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF $(NO_AMX)
-	touch $@
-
-$(LLAMA_ARCHS): $(ARCHS_CONFIGURED)
-	@echo "building llama.cpp's test-llama-archs (the architecture fixtures' writer; about 2.5 minutes on 2 cores)"
-	cmake --build $(LLAMA_ANCHOR)/build-fixtures -j $$(nproc) --target test-llama-archs
+	    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF $(NO_AMX) && \
+	  cmake --build $(LLAMA_ANCHOR)/build-fixtures -j $$(nproc) --target test-llama-archs && \
+	  cp $(LLAMA_ANCHOR)/build-fixtures/bin/test-llama-archs $@; }
 
 $(FIXTURES)/.written: tests/archfixtures.py | $(LLAMA_ARCHS)
 	TQDM_DISABLE=1 $(BIN)/python -m tests.archfixtures --tool $(LLAMA_ARCHS) \
