@@ -38,7 +38,9 @@ CYCLES_ALLOWED_IN = {"cli", "tui"}  # click's command registration; the Textual 
 # api/common.py, so no dialect leans on another. The Responses API's WebSocket transport and its stored responses
 # are that dialect's own modules.
 DIALECTS = {"localai.api.openai": "openai", "localai.api.anthropic": "anthropic", "localai.api.ollama": "ollama",
-            "localai.api.responses": "responses", "localai.api.responses_socket": "responses",
+            "localai.api.ollama_models": "ollama",
+            "localai.api.responses": "responses", "localai.api.responses_compaction": "responses",
+            "localai.api.responses_socket": "responses",
             "localai.api.response_store": "responses"}
 # tests/<package>/ holds a package's tests (tests/runtime/formats/ a sub-package's, tests/engines/mlx/ a module's), the
 # foundations' tests sit at the root; inside a package's folder, a tier's sub-folder says what kind of test it holds.

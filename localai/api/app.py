@@ -15,7 +15,18 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 import localai.api.pull as pull_api
 from localai import __version__, paths
-from localai.api import anthropic, cache, info, ollama, openai, rerank, responses, responses_socket
+from localai.api import (
+    anthropic,
+    cache,
+    info,
+    ollama,
+    ollama_models,
+    openai,
+    rerank,
+    responses,
+    responses_compaction,
+    responses_socket,
+)
 from localai.api.body_check import BodyChecker
 from localai.api.errors import install_error_handlers
 from localai.api.security import (
@@ -92,9 +103,11 @@ def create_app(settings: Settings, runtime: Runtime) -> FastAPI:
 
     app.include_router(openai.router)
     app.include_router(responses.router)
+    app.include_router(responses_compaction.router)
     app.include_router(responses_socket.router)
     app.include_router(anthropic.router)
     app.include_router(ollama.router)
+    app.include_router(ollama_models.router)
     app.include_router(cache.router)
     app.include_router(info.router)
     app.include_router(pull_api.router)

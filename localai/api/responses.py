@@ -33,7 +33,6 @@ from localai.api.common import (
     PendingLogprobs,
     check_tool_results,
     check_tool_schema,
-    collect,
     generation_headers,
     parse_arguments,
     runtime_of,
@@ -75,13 +74,8 @@ router = APIRouter(route_class=ParsedBodyRoute)
 log = logging.getLogger("localai.server")
 IGNORED_ITEMS = frozenset({"item_reference", "web_search_call", "image_generation_call", "file_search_call",
                            "mcp_list_tools"})
-# Compaction, done locally: the model writes a summary of the conversation, which stands for the turns it replaces.
-# The compaction item's "encrypted_content" is that summary, marked (nothing here is secret: the client had it all).
-COMPACT_PROMPT = (
-    "Context checkpoint: the conversation above is about to be replaced by a summary. Write that summary for "
-    "another instance of yourself who will continue the work from it alone: the goal and the user's requests and "
-    "constraints, decisions made and why, what was done (files changed, commands run and their results), the "
-    "current state, and what is left to do next. Be concrete and brief; write only the summary.")
+# A compaction item (api/responses_compaction.py) carries the model's summary of the turns it replaced, marked, as its
+# "encrypted_content" (nothing here is secret: the client had it all); a later request's input reads it back.
 COMPACTED_MARK = "localai-compaction-v1:"
 COMPACTED_HEADER = "Summary of the conversation so far (earlier turns were compacted into it):\n\n"
 
@@ -176,7 +170,7 @@ def _blocks_of(content: Any, param: str) -> list[TextBlock | MediaBlock]:
     return blocks
 
 
-def _text_of(content: Any, param: str) -> str:
+def text_of(content: Any, param: str) -> str:
     """Only the text of a content (reasoning, summaries): media parts are passed over."""
     if isinstance(content, list):
         content = [part for part in content if not (isinstance(part, dict) and part.get("type") in MEDIA_PARTS)]
@@ -229,7 +223,7 @@ def input_messages(items: list[dict[str, Any]], param: str = "input") -> list[Me
                                      param=f"{where}.encrypted_content")
             messages.append(Message("user", [TextBlock(COMPACTED_HEADER + summary.removeprefix(COMPACTED_MARK))]))
         elif kind == "reasoning":
-            text = _text_of(item.get("content"), f"{where}.content") or str(item.get("encrypted_content") or "")
+            text = text_of(item.get("content"), f"{where}.content") or str(item.get("encrypted_content") or "")
             if text:
                 assistant().content.append(ReasoningBlock(text))
         elif kind not in IGNORED_ITEMS:
@@ -295,7 +289,7 @@ def text_format(text: dict[str, Any] | None) -> ResponseFormat | None:
 
 # -- output ---------------------------------------------------------------------------------------
 
-def _id(prefix: str) -> str:
+def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
@@ -362,7 +356,7 @@ class OutputBuilder:
             self.logprobs.add(event)
         elif isinstance(event, TextDelta):
             if current is None or current["type"] != "message":
-                self._start({"type": "message", "id": _id("msg"), "status": "in_progress", "role": "assistant",
+                self._start({"type": "message", "id": new_id("msg"), "status": "in_progress", "role": "assistant",
                              "content": []})
                 current, index = self._open, len(self.items) - 1
                 assert current is not None
@@ -377,7 +371,7 @@ class OutputBuilder:
                        delta=event.text, logprobs=logprobs)
         elif isinstance(event, ReasoningDelta):
             if current is None or current["type"] != "reasoning":
-                self._start({"type": "reasoning", "id": _id("rs"), "summary": [],
+                self._start({"type": "reasoning", "id": new_id("rs"), "summary": [],
                              "content": [{"type": "reasoning_text", "text": ""}]})
                 current, index = self._open, len(self.items) - 1
                 assert current is not None
@@ -385,7 +379,7 @@ class OutputBuilder:
             self.event("response.reasoning_text.delta", item_id=current["id"], output_index=index,
                        content_index=0, delta=event.text)
         elif isinstance(event, ToolCallStart):
-            self._start({"type": "function_call", "id": _id("fc"), "call_id": event.id, "name": event.name,
+            self._start({"type": "function_call", "id": new_id("fc"), "call_id": event.id, "name": event.name,
                          "arguments": "", "status": "in_progress"})
         elif isinstance(event, ToolCallDelta) and current is not None and current["type"] == "function_call":
             current["arguments"] += event.arguments
@@ -439,7 +433,7 @@ class ResponseRun:
     items: list[dict[str, Any]]  # this turn's own input items (stored after the previous response's)
     store: ResponseStore
     builder: OutputBuilder = field(default_factory=OutputBuilder)
-    id: str = field(default_factory=lambda: _id("resp"))
+    id: str = field(default_factory=lambda: new_id("resp"))
     created: int = field(default_factory=lambda: int(time.time()))
 
     def response(self, status: str, finished: Finished | None) -> dict[str, Any]:
@@ -566,59 +560,6 @@ async def create_response(body: ResponsesRequest, request: Request) -> JSONRespo
         return b"".join(sse(data, kind) for kind, data in run.failed(exc))
 
     return stream_response(run.generation, stream(), error, headers={**SSE_HEADERS, **headers})
-
-
-class CompactRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1)
-    input: str | list[dict[str, Any]] | None = None
-    previous_response_id: str | None = None
-    instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None  # not in the spec: a client that sends them keeps its cached prefix
-    prompt_cache_key: str | None = None
-    cache_salt: str | None = cache_salt_field()
-
-
-def compacted_items(conversation: list[dict[str, Any]], summary: str) -> list[dict[str, Any]]:
-    """What a compacted conversation keeps: the user's own messages (as the spec's example keeps them), then the
-    summary standing for everything else (a previous compaction's summary folds into the new one)."""
-    kept = [{"type": "message", "id": _id("msg"), "status": "completed", "role": "user",
-             "content": _user_content(item.get("content"))} for item in conversation
-            if item.get("type", "message") == "message" and item.get("role") == "user"]
-    return [*kept, {"type": "compaction", "id": _id("cmp"), "encrypted_content": COMPACTED_MARK + summary}]
-
-
-def _user_content(content: Any) -> list[dict[str, Any]]:
-    """A user message's parts as a compaction keeps them: its text, and its images and files as they were sent."""
-    if not isinstance(content, list):
-        return [{"type": "input_text", "text": _text_of(content, "input")}]
-    return [part if part.get("type") in MEDIA_PARTS else {"type": "input_text", "text": str(part.get("text", ""))}
-            for part in content if isinstance(part, dict) and part.get("type") in (*TEXT_PARTS, *MEDIA_PARTS)]
-
-
-@router.post("/v1/responses/compact")
-async def compact_response(body: CompactRequest, request: Request) -> JSONResponse:
-    """Compaction, locally: the model summarizes the conversation (``input`` after ``previous_response_id``'s) and
-    the result is the user's messages and one compaction item holding the summary. It is stored, so a later request
-    continues from it with ``previous_response_id`` (or by sending its output as input)."""
-    store = ResponseStore(request)
-    conversation, _, messages = await read_conversation(store, body.input, body.previous_response_id)
-    if not messages:
-        raise InvalidRequest("there is nothing to compact: give 'input' or 'previous_response_id'", param="input")
-    messages = [*with_instructions(messages, body.instructions), Message("user", [TextBlock(COMPACT_PROMPT)])]
-    generation = await runtime_of(request).start(GenerationRequest(
-        model=body.model, messages=messages, tools=tools_of(body.tools), reasoning=False,
-        session_id=session_id(request.headers, body.prompt_cache_key),
-        cache_partition=cache_partition(request, body.cache_salt)))
-    result = await collect(generation, request)
-    summary = result.text.strip()
-    if not summary:
-        raise LocalAIError("the model wrote an empty summary; the conversation was not compacted")
-    compact = {"id": _id("resp"), "object": "response.compaction", "created_at": int(time.time()),
-               "model": body.model, "previous_response_id": body.previous_response_id,
-               "output": compacted_items(conversation, summary), "usage": usage_json(result.finished)}
-    await store.save(compact, [], [], None)  # its output stands for the whole conversation: no parent
-    return JSONResponse(compact, headers=generation_headers(generation))
 
 
 @router.get("/v1/responses/{response_id}")

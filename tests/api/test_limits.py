@@ -238,10 +238,10 @@ def test_a_template_that_includes_files_is_refused_naming_the_line(api: TestClie
 def test_a_template_being_parsed_never_holds_the_event_loop(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     """A create's Modelfile (a large TEMPLATE: Jinja parses it in pure Python) is parsed off the event loop:
     /health answers while the parse is held in the middle."""
-    from localai.api import ollama
+    from localai.api import ollama_models
 
     entered, release, parsed = threading.Event(), threading.Event(), threading.Event()
-    real = ollama.parse
+    real = ollama_models.parse
 
     def held_parse(text: str, **kwargs: Any) -> Any:
         entered.set()
@@ -249,7 +249,7 @@ def test_a_template_being_parsed_never_holds_the_event_loop(api: TestClient, mon
         parsed.set()
         return real(text, **kwargs)
 
-    monkeypatch.setattr(ollama, "parse", held_parse)
+    monkeypatch.setattr(ollama_models, "parse", held_parse)
     modelfile = "FROM smollm2\nTEMPLATE \"\"\"{{ messages[0].content }}\"\"\"\n"
     with ThreadPoolExecutor(1) as pool:
         creating = pool.submit(api.post, "/api/create", json={"model": "held-template", "modelfile": modelfile})

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from localai import paths
-from localai.api import ollama
+from localai.api import ollama_models
 from localai.models import loading
 from localai.models.registry import Registry
 
@@ -68,7 +68,7 @@ def header_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         return read_and_record
 
     monkeypatch.setattr(loading, "gguf_metadata", recorded(loading.gguf_metadata))
-    monkeypatch.setattr(ollama, "gguf_metadata", recorded(ollama.gguf_metadata))
+    monkeypatch.setattr(ollama_models, "gguf_metadata", recorded(ollama_models.gguf_metadata))
     yield threads
 
 
