@@ -223,7 +223,7 @@ class Serving:
     def _start(self, op: GenerateOp, free: list[Slot], emit: Emit) -> None:
         engine = self.engine
         started = time.perf_counter()
-        too_long = over_context(engine.tokenize, op["prompt"], engine.n_ctx)
+        too_long = estimated_length_if_over_context(engine.tokenize, op["prompt"], engine.n_ctx)
         prompt = [] if too_long else engine.tokenize(op["prompt"])
         if not prompt and not too_long:
             raise ValueError("the prompt is empty")
@@ -571,7 +571,7 @@ def _continues(op: GenerateOp, warm: Request) -> bool:
     return warm.text.startswith(prompt[:(len(prompt) + 1) // 2])  # one comparison: this runs every decode step
 
 
-def over_context(tokenize: Callable[[str], list[int]], text: str, n_ctx: int) -> int:
+def estimated_length_if_over_context(tokenize: Callable[[str], list[int]], text: str, n_ctx: int) -> int:
     """The estimated length of a prompt far over the context, from its first characters alone; 0 when it may fit
     (then it is tokenized whole). A prefix's tokens are the whole text's up to the last one (which may merge with what
     follows), so a prefix of more than ``n_ctx`` tokens proves the text is over it."""

@@ -183,7 +183,7 @@ class SlotCache:
             # and restores there (one recurrent state a turn, no second copy of the reply's tail)
             kept.remove(end)
             self.store(slot.tokens[:end.n_tokens], state, request, request.session, "history", kept,
-                        held=len(slot.tokens), end=end)
+                        state_tokens=len(slot.tokens), end=end)
         else:
             self.store(list(slot.tokens), state, request, request.session, "history", kept)
 
@@ -205,15 +205,16 @@ class SlotCache:
             self.store(list(slot.tokens), state, request, None, "system")
 
     def store(self, tokens: list[int], state: StateBytes, request: Request, session: str | None, kind: str,
-               checkpoints: list[Checkpoint] | None = None, *, held: int | None = None,
+               checkpoints: list[Checkpoint] | None = None, *, state_tokens: int | None = None,
                end: Checkpoint | None = None) -> None:
         """Save (and pin) a state. The cache only saves work: a disk that is full or gone costs the cache an entry,
         never the request or the worker."""
         assert self.cache is not None
         try:
             head = self.cache.save(tokens, state, session, kind=kind,
-                                   checkpoints=[(c.n_tokens, c.data) for c in checkpoints or []], held=held,
-                                   end=end.data if end else None, partition=request.slot.partition)
+                                   checkpoints=[(c.n_tokens, c.data) for c in checkpoints or []],
+                                   state_tokens=state_tokens, end=end.data if end else None,
+                                   partition=request.slot.partition)
             for checkpoint in [*(checkpoints or []), *([end] if end else [])]:
                 checkpoint.saved = True
             if head is not None and request.pin_ttl > 0:

@@ -418,17 +418,17 @@ class PromptStore:
             self.pin(head_id, ttl)
 
     def save(self, tokens: list[int], state: StateBytes, session: str | None, kind: str = "history",
-             checkpoints: list[tuple[int, bytes]] | None = None, *, held: int | None = None,
+             checkpoints: list[tuple[int, bytes]] | None = None, *, state_tokens: int | None = None,
              end: bytes | None = None, partition: str = "") -> Head | None:
         """Store a sequence: its new blocks, its snapshot and its head, queued for the disk (never waited on).
 
         ``checkpoints``: (tokens held, ``seq_checkpoint``'s bytes) taken earlier on the way to ``state``, for an
         engine whose state can only be restored where one was taken; each becomes an entry of kind "checkpoint"
         (with a tail block when it falls inside a block), bounded a session (``Checkpoints.bound``).
-        ``held``: the tokens ``state`` holds when it holds more than ``tokens`` (the entry then ends before the
+        ``state_tokens``: the tokens ``state`` holds when it holds more than ``tokens`` (the entry then ends before the
         state does, and ``end``, the checkpoint taken at its last token, is its snapshot)."""
-        held = len(tokens) if held is None else held
-        if len(tokens) < MIN_TOKENS or not state or held < len(tokens):
+        state_tokens = len(tokens) if state_tokens is None else state_tokens
+        if len(tokens) < MIN_TOKENS or not state or state_tokens < len(tokens):
             return None
         self._notice_deletions()
         tokens = list(tokens)
@@ -444,7 +444,7 @@ class PromptStore:
                     + [(t.key, t.parent, t.tokens) for t in cut])
             ranges = [(spans[index][1] + bases.get(key, ("", 0))[1], spans[index][2]) for index, key in missing] \
                 + [(t.start + bases.get(t.key, ("", 0))[1], t.end) for t in cut]
-            split = self._split(state, held, ranges)
+            split = self._split(state, state_tokens, ranges)
             with self._lock:
                 # The state is cut outside the lock, so the writer's eviction may have dropped a block counted as
                 # stored meanwhile (its payload was not cut): cut again for the new set; after three tries, give up.
@@ -453,7 +453,7 @@ class PromptStore:
                 if all(key in self.folder.blocks for index, (key, _, _) in enumerate(spans) if index not in new) \
                         and all(t.key in self.folder.blocks for t in tails if t not in cut) \
                         and all(base in made or base in self.folder.blocks for base, _ in bases.values()):
-                    if held != len(tokens):  # the state's own tail is past the entry's end: ``end`` is its snapshot
+                    if state_tokens != len(tokens):  # the state's tail is past the entry's end: ``end`` is its snapshot
                         if split is None:
                             return None
                         split = (split[0], split[1], end[8:] if end and split[2] else b"")
