@@ -13,7 +13,7 @@ import math
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -153,6 +153,10 @@ class GGUFMetadata:
     has_vision: bool = False
     projection_width: int = 0
     projector_type: str | None = None
+    # each tensor's dimensions as llama.cpp counts them (ne: the fastest-varying first); a split GGUF's first part
+    # holds only some of the model's tensors (``split``)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    split: bool = False
 
     @property
     def reranker(self) -> bool:
@@ -291,6 +295,7 @@ def _parse(header: _Header) -> GGUFMetadata:
     size_label = fields.get("general.size_label")
     total = 0
     tensors: list[tuple[str, int]] = []  # name, offset in the data section
+    shapes: dict[str, tuple[int, ...]] = {}
     last = -1  # the offset of the tensor that starts last, and where the tensor data ends (it is the last one)
     end = 0
     for _ in range(n_tensors):
@@ -298,7 +303,9 @@ def _parse(header: _Header) -> GGUFMetadata:
         dims = header.take(_U32)
         if dims > MAX_DIMS:
             raise ValueError(f"{path}: a tensor with {dims} dimensions")
-        elements = math.prod(header.take(_U64) for _ in range(dims))
+        shape = tuple(header.take(_U64) for _ in range(dims))
+        shapes[tensor_name] = shape
+        elements = math.prod(shape)
         total += elements
         kind = header.take(_U32)
         offset = header.take(_U64)
@@ -315,7 +322,8 @@ def _parse(header: _Header) -> GGUFMetadata:
     if tensors and data_start + end > header.size:
         raise ValueError(f"{path} is truncated: its tensors end at byte {data_start + end:,} but the file has "
                          f"{header.size:,} bytes (an interrupted download or copy?); fetch it again")
-    if not (isinstance(fields.get("split.count"), int) and fields["split.count"] > 1):
+    split = isinstance(fields.get("split.count"), int) and fields["split.count"] > 1
+    if not split:
         layer_bytes, output_bytes, expert_bytes = _tensor_sizes(tensors, header.size - data_start,
                                                                  _attention_layers(fields, arch))
     file_type = fields.get("general.file_type")
@@ -343,7 +351,40 @@ def _parse(header: _Header) -> GGUFMetadata:
         projection_width=_number(fields, "clip.vision", "projection_dim"),
         projector_type=str(fields.get("clip.vision.projector_type") or fields.get("clip.projector_type") or "")
         or None,
+        shapes=shapes,
+        split=split,
     )
+
+
+def lora_mismatch(adapter: GGUFMetadata, base: GGUFMetadata) -> str | None:
+    """Why llama.cpp would refuse the LoRA ``adapter`` on ``base`` when the model loads (llama_adapter_lora_init's
+    checks: each A and B pair whole, its tensor in the base, A [in, rank] and B [rank, out] in ggml's order, the
+    token embeddings' pair flipped), or None. A split base's tensors outside its first part are not checked."""
+    pairs: dict[str, dict[str, tuple[int, ...]]] = {}
+    for name, shape in adapter.shapes.items():
+        for half in ("a", "b"):
+            if name.endswith(f".lora_{half}"):
+                pairs.setdefault(name[:-len(".lora_a")], {})[half] = shape
+    for target, halves in sorted(pairs.items()):
+        if len(halves) < 2:
+            have = next(iter(halves))
+            return f"its tensor {target}.lora_{have} has no lora_{'b' if have == 'a' else 'a'}"
+        model = base.shapes.get(target)
+        if model is None:
+            if base.split:
+                continue
+            return f"its tensor {target} is not in the base model (a LoRA made for another model?)"
+        a, b = halves["a"], halves["b"]
+        if len(model) < 2 or len(a) < 2 or len(b) < 2:
+            fits = False
+        elif target == "token_embd.weight":
+            fits = model[0] == b[1] and model[1] == a[1]
+        else:
+            fits = model[0] == a[0] and model[1] == b[1] and a[1] == b[0]
+        if not fits:
+            return (f"its tensor {target} (A {list(a)}, B {list(b)}) does not fit the base model's {list(model)} (a "
+                    "LoRA made for another size of this model?)")
+    return None
 
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")

@@ -22,7 +22,7 @@ from localai import paths
 from localai.errors import InvalidRequest, ModelfileError, ModelNotFound, storage_full
 from localai.models import hub, library, renderer, weights
 from localai.models.db import now, open_database
-from localai.models.gguf_meta import read_metadata
+from localai.models.gguf_meta import GGUFMetadata, lora_mismatch, read_metadata
 from localai.models.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, parse_file, split_adapter
 from localai.models.remote_spec import REMOTE_FORMAT, RemoteSpec, check_url, is_remote_url
 
@@ -293,7 +293,7 @@ class Registry:
         except (OSError, ValueError) as exc:
             raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
         projector = self._projector(modelfile, base, fmt, meta.width if fmt == "gguf" else 0)
-        adapters = self._adapters(modelfile, base, fmt, meta.architecture)
+        adapters = self._adapters(modelfile, base, fmt, meta)
         row = self._compose_row(
             key, modelfile, base, source or (base.source if base else modelfile.from_), _parameters(base, modelfile),
             path=str(path), format=fmt, sha256=self._digest(path), size=size, family=meta.architecture,
@@ -335,9 +335,12 @@ class Registry:
                                  "the mmproj file published with these weights")
         return json.dumps({"path": str(path), "sha256": self._digest(path)})
 
-    def _adapters(self, modelfile: Modelfile, base: ModelRecord | None, fmt: str, arch: str) -> list[dict[str, Any]]:
+    def _adapters(self, modelfile: Modelfile, base: ModelRecord | None, fmt: str,
+                  weights_meta: GGUFMetadata) -> list[dict[str, Any]]:
         """The LoRA adapters as stored (the base model's, then the Modelfile's: path, digest, scale); a file that is
-        not a LoRA GGUF of this architecture is refused here, naming the line."""
+        not a LoRA GGUF of this architecture, or whose tensors do not fit the weights, is refused here, naming the
+        line (llama.cpp would refuse it only when the model loads)."""
+        arch = weights_meta.architecture
         found = [dict(adapter) for adapter in base.adapters] if base is not None else []
         for argument in modelfile.adapters:
             where = f"ADAPTER {argument}"
@@ -362,6 +365,9 @@ class Registry:
                                      "convert_lora_to_gguf.py writes")
             if meta.architecture != arch:
                 raise ModelfileError(f"{where}: a LoRA for {meta.architecture} models, and this model is {arch}")
+            mismatch = lora_mismatch(meta, weights_meta)
+            if mismatch:
+                raise ModelfileError(f"{where}: {mismatch}")
             found.append({"path": str(path), "sha256": self._digest(path), "scale": scale})
         return found
 

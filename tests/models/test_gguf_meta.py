@@ -70,6 +70,8 @@ def reference(path: Path) -> GGUFMetadata:
         has_vision=bool(field("clip.has_vision_encoder")),
         projection_width=int(field("clip.vision.projection_dim") or 0),
         projector_type=field("clip.vision.projector_type") or field("clip.projector_type") or None,
+        shapes={tensor.name: tuple(int(n) for n in tensor.shape) for tensor in reader.tensors},  # ggml's ne order
+        split=int(field("split.count") or 1) > 1,
     )
 
 
@@ -115,7 +117,8 @@ def test_real_models_read_as_the_full_reader_reads_them(smollm2_path: Path, gemm
     gemma = read_metadata(gemma3_path)  # 262k-token vocabulary: the full reader takes seconds, so facts, not parity
     shape = asdict(gemma).pop("attention")
     assert gemma.layer_bytes is not None and len(gemma.layer_bytes) == 18 and gemma.output_bytes > 0
-    sizes = ("attention", "layer_bytes", "output_bytes", "expert_bytes")
+    sizes = ("attention", "layer_bytes", "output_bytes", "expert_bytes", "shapes", "split")
+    assert gemma.shapes["blk.0.attn_k.weight"] == (640, 256) and not gemma.split  # ggml's ne order: [in, out]
     assert {k: v for k, v in asdict(gemma).items() if k not in sizes} == {
         "architecture": "gemma3", "context_length": 32768, "quantization": "Q4_K_M", "parameter_size": "270M",
         "chat_template": None, "name": "Gemma 3 270m", "pooling": None, "file_type": "model", "adapter_type": None,

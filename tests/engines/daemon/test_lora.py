@@ -166,3 +166,56 @@ def test_an_adapter_on_an_mlx_model_is_refused_saying_so(daemon: Daemon, adapted
         response = http.post("/api/create", json={"model": "lora-mlx", "modelfile": f"FROM {mlx_model_path}\n"
                                                   f"ADAPTER {adapted}/llama-lora-a.gguf\n"})
     assert response.status_code == 400 and "MLX adapters are not supported yet" in response.json()["error"]
+
+
+def write_lora(path: Path, tensors: dict[str, Any]) -> Path:
+    """A LoRA GGUF for the llama fixture with these tensors (numpy order: [out, in] for B, [rank, in] for A)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_string(gguf.Keys.General.TYPE, gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 16.0)
+    for name, values in tensors.items():
+        writer.add_tensor(name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_lora_whose_tensors_do_not_fit_the_weights_is_refused_at_create(daemon: Daemon, adapted: Path,
+                                                                         tmp_path: Path) -> None:
+    """llama.cpp checks a LoRA's shapes only when the model loads (a 500 on the first request): localai checks them
+    as it creates the model, naming the line and the tensor; the daemon's other models go on."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(adapted / "llama.gguf", "r")
+    q = next(t for t in reader.tensors if t.name.endswith(".attn_q.weight"))
+    rows, cols = q.data.shape  # numpy order: [out, in]
+    zeros = np.zeros
+    cases = {
+        "rank": ({f"{q.name}.lora_a": zeros((4, cols), np.float32), f"{q.name}.lora_b": zeros((rows, 8), np.float32)},
+                 f"its tensor {q.name} (A [{cols}, 4], B [8, {rows}]) does not fit"),
+        "width": ({f"{q.name}.lora_a": zeros((4, cols + 64), np.float32),
+                   f"{q.name}.lora_b": zeros((rows, 4), np.float32)}, "a LoRA made for another size"),
+        "absent": ({"blk.99.attn_q.weight.lora_a": zeros((4, cols), np.float32),
+                    "blk.99.attn_q.weight.lora_b": zeros((rows, 4), np.float32)},
+                   "its tensor blk.99.attn_q.weight is not in the base model"),
+        "half": ({f"{q.name}.lora_a": zeros((4, cols), np.float32)}, f"{q.name}.lora_a has no lora_b"),
+    }
+    with daemon.http() as http:
+        for case, (tensors, says) in cases.items():
+            lora = write_lora(tmp_path / f"{case}.gguf", tensors)
+            response = http.post("/api/create", json={"model": f"lora-{case}",
+                                                      "modelfile": f"FROM {adapted}/llama.gguf\nADAPTER {lora}\n"})
+            assert response.status_code == 400, (case, response.text)
+            assert f"ADAPTER {lora}" in response.json()["error"] and says in response.json()["error"], case
+        fits = write_lora(tmp_path / "fits.gguf", {f"{q.name}.lora_a": zeros((4, cols), np.float32),
+                                                   f"{q.name}.lora_b": zeros((rows, 4), np.float32)})
+        created = http.post("/api/create", json={"model": "lora-fits",
+                                                 "modelfile": f"FROM {adapted}/llama.gguf\nADAPTER {fits}\n"})
+        assert created.status_code == 200, created.text
+        assert complete(http, "lora-fits")[0] == complete(http, "lora-plain")[0]  # a zero delta changes nothing
