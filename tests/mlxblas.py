@@ -72,14 +72,18 @@ def build(cache: Path) -> Path | None:
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
-    source, partial = cache / f"mlxblas-{key}.c", cache / f".libmlxblas-{key}.{os.getpid()}.so"
+    # this process's own source and output: a second session building at once never reads a half-written file
+    source, partial = cache / f".mlxblas-{key}.{os.getpid()}.c", cache / f".libmlxblas-{key}.{os.getpid()}.so"
     source.write_text(SOURCE)
-    made = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(source), str(openblas),
-                           f"-Wl,-rpath,{openblas.parent}"], capture_output=True, text=True)
+    try:
+        made = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(partial), str(source), str(openblas),
+                               f"-Wl,-rpath,{openblas.parent}"], capture_output=True, text=True)
+    finally:
+        source.unlink(missing_ok=True)
     if made.returncode != 0:
         partial.unlink(missing_ok=True)
         return None
-    partial.replace(target)  # atomic: a second session building at once gets a whole file either way
+    partial.replace(target)  # atomic: whichever session finishes first, the file is whole
     return target
 
 
