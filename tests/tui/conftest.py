@@ -4,6 +4,7 @@ clock, no agents detected from the machine), and helpers shared by the Pilot tes
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,10 +91,15 @@ async def settle(pilot: Pilot[Any]) -> None:
             idle_rounds += 1
 
 
-async def until(pilot: Pilot[Any], condition: Callable[[], Any], tries: int) -> None:
-    """Pause (10 ms at a time, at most ``tries`` times) until ``condition()`` holds: for what the app does after it
-    looked idle (a screen's push, a worker started on mount)."""
-    for _ in range(tries):
-        if condition():
-            return
+async def until(pilot: Pilot[Any], condition: Callable[[], Any], what: str, timeout: float = 120) -> Any:
+    """Let the app run until ``condition()`` holds (its value is returned): what a test waits for, or what the app
+    does after it looked idle (a screen's push, a worker started on mount). A deadline against hanging, not a
+    timing assertion: giving up fails the test, naming ``what`` and the notifications."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
         await pilot.pause(0.01)
+    notes = [f"{n.title}: {n.message}" for n in pilot.app._notifications]
+    raise AssertionError(f"gave up waiting for {what}; notifications: {notes}")

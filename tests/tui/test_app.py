@@ -22,7 +22,7 @@ from localai.tui.screens.conversations import ConversationsScreen
 from localai.tui.screens.models import ModelsScreen
 from localai.tui.widgets.messages import Reply
 from localai.tui.widgets.prompt import PromptInput
-from tests.tui.conftest import Launched, settle, store_row
+from tests.tui.conftest import Launched, settle, store_row, until
 from tests.tui.fakedaemon import REPLY, FakeDaemon
 
 pytestmark = pytest.mark.anyio
@@ -284,3 +284,29 @@ async def test_agents_launch_suspends_and_runs_localai_launch(build: Callable[..
     assert suspended == [True]
     assert launched.argv[0][-4:] == ["launch", "codex", "--model", "smollm2"]
     assert any("codex exited with status 0" in n for n in notifications(app))
+
+
+async def test_a_refresh_marks_the_library_installed_in_place(build: Callable[..., LocalAIApp],
+                                                              fake: FakeDaemon) -> None:
+    """Ctrl+R after a model appears: its library row says installed, and the table is updated in place (cleared and
+    filled again, its columns fell back to their headers' widths, which a snapshot once caught half repainted)."""
+    app = build(fake.client())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f3")
+        await settle(pilot)
+        library = app.screen.query_one("#library", DataTable)
+        await until(pilot, lambda: library.row_count > 0, "the library's rows")
+        await settle(pilot)
+        name = str(library.get_row_at(0)[0])
+        assert str(library.get_row_at(0)[3]) == ""
+        widths = [column.get_render_width(library) for column in library.columns.values()]
+        cleared: list[int] = []
+        real_clear = library.clear
+        library.clear = lambda *a, **k: cleared.append(1) or real_clear(*a, **k)  # type: ignore[method-assign]
+        fake.models.append({**fake.models[0], "name": name, "model": name})
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        await until(pilot, lambda: str(library.get_row_at(0)[3]) == "yes", "the row marked installed")
+        assert not cleared, "the library table was cleared and filled again for a refresh"
+        assert [column.get_render_width(library) for column in library.columns.values()] == widths
+        assert library.row_count > 1 and str(library.get_row_at(1)[3]) == ""

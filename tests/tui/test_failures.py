@@ -19,7 +19,8 @@ from localai.tui.widgets.messages import Reply
 from localai.tui.widgets.prompt import PromptInput
 from tests.conftest import Daemon, start_daemon
 from tests.hubserver import HubServer
-from tests.tui.test_live import start_long_reply, until
+from tests.tui.conftest import until
+from tests.tui.test_live import start_long_reply
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 SIZE = (120, 36)

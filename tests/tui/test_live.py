@@ -4,7 +4,6 @@ after two turns. Replies are capped with num_predict; waits are deadlines, never
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from localai.tui.screens.conversations import ConversationsScreen
 from localai.tui.widgets.messages import Reply
 from localai.tui.widgets.prompt import PromptInput
 from tests.conftest import Daemon, start_daemon
+from tests.tui.conftest import until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 SIZE = (120, 36)
@@ -36,18 +36,6 @@ def live(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterat
 
 def client(daemon: Daemon) -> AsyncClient:
     return AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(daemon.socket_path)))
-
-
-async def until(pilot: Pilot[Any], condition: Callable[[], Any], what: str, timeout: float = 120) -> Any:
-    """Let the app run until ``condition()`` holds (a deadline against hanging, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        await pilot.pause(0.05)
-    notes = [f"{n.title}: {n.message}" for n in pilot.app._notifications]
-    raise AssertionError(f"gave up waiting for {what}; notifications: {notes}")
 
 
 async def chat_turn(pilot: Pilot[Any], text: str) -> Reply:

@@ -89,7 +89,7 @@ async def models_screen(pilot: Pilot[Any]) -> None:
     def filled() -> bool:
         tables = pilot.app.screen.query("#library")
         return bool(tables) and tables.first(DataTable).row_count > 0
-    await until(pilot, filled, 500)
+    await until(pilot, filled, "the library table's rows")
     await settle(pilot)
 
 
@@ -124,8 +124,7 @@ def test_pull_dialog(snap_compare: Any, build: Callable[..., LocalAIApp], fake: 
         # Enter goes to the dialog's line only once the dialog has focus (under load the push may take a while)
         await pilot.wait_for_scheduled_animations()
         await until(pilot, lambda: isinstance(pilot.app.screen, AskScreen) and isinstance(pilot.app.focused, Input),
-                    200)
-        assert isinstance(pilot.app.screen, AskScreen), "the pull dialog never opened"
+                    "the pull dialog with its line focused")
         await pilot.press("enter")
         await settle(pilot)
 

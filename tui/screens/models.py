@@ -68,7 +68,9 @@ class ModelsScreen(LocalAIScreen):
     def on_mount(self) -> None:
         self.query_one("#installed", DataTable).add_columns(
             "NAME", "SIZE", "QUANT", "PARAMS", "ENGINE", "CONTEXT", "CAPABILITIES")
-        self.query_one("#library", DataTable).add_columns("NAME", "FROM", "TRAINED", "INSTALLED", "DESCRIPTION")
+        columns = self.query_one("#library", DataTable).add_columns("NAME", "FROM", "TRAINED", "INSTALLED",
+                                                                     "DESCRIPTION")
+        self._installed_column = columns[3]
         self.library: list[tuple[str, str, str, str]] = []
         self.installed: list[InstalledModel] = []
         self.load_library()
@@ -100,8 +102,14 @@ class ModelsScreen(LocalAIScreen):
 
     def _fill_library(self) -> None:
         table = self.query_one("#library", DataTable)
-        selected = selected_key(table)
         installed = {m.name for m in self.installed}
+        if [key.value for key in table.rows] == [name for name, *_ in self.library]:
+            # the same rows (a refresh): only what is installed changes, in place. Cleared and filled again, the
+            # table's columns fell back to their headers' widths and grew again, its header lagging a repaint
+            for name, *_ in self.library:
+                table.update_cell(name, self._installed_column, "yes" if name in installed else "")
+            return
+        selected = selected_key(table)
         table.clear()
         for name, source, context, description in self.library:
             table.add_row(name, source, context, "yes" if name in installed else "", description, key=name)
