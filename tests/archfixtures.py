@@ -258,6 +258,29 @@ def write_bert_reranker(out: Path) -> Path:
     return target
 
 
+def write_lora(target: Path, arch: str, tensors: dict[str, Any], name: str | None = None) -> Path:
+    """A LoRA adapter GGUF for an ``arch`` model, as llama.cpp's convert_lora_to_gguf.py writes one: general.type
+    "adapter", adapter.type "lora", alpha 16, and ``tensors`` (``<tensor>.lora_a`` [rank, in] and ``.lora_b``
+    [out, rank], numpy's order); written whole or not at all."""
+    import gguf
+
+    temp = target.with_name(f".{target.name}.tmp")
+    writer = gguf.GGUFWriter(temp, arch=arch)
+    writer.add_string(gguf.Keys.General.TYPE, gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 16.0)
+    if name is not None:
+        writer.add_name(name)
+    for tensor_name, values in tensors.items():
+        writer.add_tensor(tensor_name, values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(temp, target)
+    return target
+
+
 def write_loras(model: Path, out: Path) -> list[Path]:
     """Two LoRA adapters for ``model`` (the llama fixture), different seeds: A [rank, in] and B [out, rank] for each
     attention q and v projection, alpha 16 (a scale of alpha/rank = 2 at adapter scale 1)."""
@@ -269,27 +292,15 @@ def write_loras(model: Path, out: Path) -> list[Path]:
     written = []
     for suffix, seed in (("a", SEED + 1), ("b", SEED + 2)):
         rng = np.random.default_rng(seed)
-        target = out / f"{model.stem}-lora-{suffix}.gguf"
-        temp = target.with_name(f".{target.name}.tmp")
-        writer = gguf.GGUFWriter(temp, arch=arch)
-        writer.add_string(gguf.Keys.General.TYPE, gguf.GGUFType.ADAPTER)
-        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 16.0)
-        writer.add_name(f"localai test LoRA {suffix} (random weights)")
+        tensors: dict[str, Any] = {}
         for tensor in reader.tensors:
             if not tensor.name.endswith(tuple(f".{name}.weight" for name in LORA_TARGETS)):
                 continue
             rows, cols = tensor.data.shape  # numpy order: [out, in]
-            writer.add_tensor(f"{tensor.name}.lora_a",
-                              rng.normal(0, 0.3, size=(LORA_RANK, cols)).astype(np.float32))
-            writer.add_tensor(f"{tensor.name}.lora_b",
-                              rng.normal(0, 0.3, size=(rows, LORA_RANK)).astype(np.float32))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(temp, target)
-        written.append(target)
+            tensors[f"{tensor.name}.lora_a"] = rng.normal(0, 0.3, size=(LORA_RANK, cols)).astype(np.float32)
+            tensors[f"{tensor.name}.lora_b"] = rng.normal(0, 0.3, size=(rows, LORA_RANK)).astype(np.float32)
+        written.append(write_lora(out / f"{model.stem}-lora-{suffix}.gguf", arch, tensors,
+                                  name=f"localai test LoRA {suffix} (random weights)"))
     return written
 
 

@@ -228,7 +228,6 @@ class LlamaServer(ReferenceServer):
 
     def __init__(self, binary: str, model_path: str, n_ctx: int = 4096, *, threads: int | None = None,
                  parallel: int = 1, extra: tuple[str, ...] = ()) -> None:
-        require_program(binary, self.install_hint)
         super().__init__(model_path)
         self.binary = binary
         self.n_ctx = n_ctx

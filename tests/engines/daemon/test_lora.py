@@ -14,6 +14,7 @@ import pytest
 
 from localai.errors import ModelfileError
 from localai.models.modelfile import anchored_adapters, split_adapter
+from tests.archfixtures import write_lora
 from tests.conftest import Daemon
 from tests.engines.daemon.test_architectures import ask
 
@@ -168,23 +169,6 @@ def test_an_adapter_on_an_mlx_model_is_refused_saying_so(daemon: Daemon, adapted
     assert response.status_code == 400 and "MLX adapters are not supported yet" in response.json()["error"]
 
 
-def write_lora(path: Path, tensors: dict[str, Any]) -> Path:
-    """A LoRA GGUF for the llama fixture with these tensors (numpy order: [out, in] for B, [rank, in] for A)."""
-    import gguf
-
-    writer = gguf.GGUFWriter(path, arch="llama")
-    writer.add_string(gguf.Keys.General.TYPE, gguf.GGUFType.ADAPTER)
-    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 16.0)
-    for name, values in tensors.items():
-        writer.add_tensor(name, values)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_a_lora_whose_tensors_do_not_fit_the_weights_is_refused_at_create(daemon: Daemon, adapted: Path,
                                                                          tmp_path: Path) -> None:
     """llama.cpp checks a LoRA's shapes only when the model loads (a 500 on the first request): localai checks them
@@ -208,12 +192,12 @@ def test_a_lora_whose_tensors_do_not_fit_the_weights_is_refused_at_create(daemon
     }
     with daemon.http() as http:
         for case, (tensors, says) in cases.items():
-            lora = write_lora(tmp_path / f"{case}.gguf", tensors)
+            lora = write_lora(tmp_path / f"{case}.gguf", "llama", tensors)
             response = http.post("/api/create", json={"model": f"lora-{case}",
                                                       "modelfile": f"FROM {adapted}/llama.gguf\nADAPTER {lora}\n"})
             assert response.status_code == 400, (case, response.text)
             assert f"ADAPTER {lora}" in response.json()["error"] and says in response.json()["error"], case
-        fits = write_lora(tmp_path / "fits.gguf", {f"{q.name}.lora_a": zeros((4, cols), np.float32),
+        fits = write_lora(tmp_path / "fits.gguf", "llama", {f"{q.name}.lora_a": zeros((4, cols), np.float32),
                                                    f"{q.name}.lora_b": zeros((rows, 4), np.float32)})
         created = http.post("/api/create", json={"model": "lora-fits",
                                                  "modelfile": f"FROM {adapted}/llama.gguf\nADAPTER {fits}\n"})
