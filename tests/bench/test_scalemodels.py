@@ -15,6 +15,7 @@ import pytest
 
 from tests import scalemodels
 from tests.conftest import Daemon, start_daemon
+from tests.parallel import threads
 
 FAMILIES = [s.name for s in scalemodels.SCALES if s.tokenizer == "smollm2"]
 N = 6  # reply tokens asked for
@@ -56,7 +57,7 @@ def test_llama_cpp_loads_each_family_and_replies_its_known_chain(name: str, smal
     shapes = {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}
     assert shapes == {name: shape for name, shape, _ in scalemodels.tensors(
         scalemodels.replace(scale, vocab=shapes["token_embd.weight"][1]))}
-    model = llama_cpp.Llama(str(path), n_ctx=512, n_threads=2, verbose=False)
+    model = llama_cpp.Llama(str(path), n_ctx=512, n_threads=threads(), verbose=False)
     vocab = scalemodels.vocabulary(scale, sources)
     for text in (b"Read the log and find the first error", b"def main():\n    return 0\n"):
         prompt = model.tokenize(text, add_bos=False)
@@ -154,7 +155,7 @@ def test_an_mtp_block_drafts_the_chain_on_the_chosen_fraction(name: str, tmp_pat
     assert {nextn + part for part in ("eh_proj.weight", "enorm.weight", "hnorm.weight", "embed_tokens.weight")} \
         <= tensors.keys()
 
-    model = llama_cpp.Llama(str(path), n_ctx=512, n_threads=2, verbose=False)
+    model = llama_cpp.Llama(str(path), n_ctx=512, n_threads=threads(), verbose=False)
     assert llama_cpp.llama_model_n_layer_nextn(model.model) == 1
     vocab = scalemodels.vocabulary(scale, sources)
     prompt = model.tokenize(b"Read the log and find the first error", add_bos=False)

@@ -10,6 +10,7 @@ import llama_cpp as L
 import pytest
 
 from localai.engines.grammars import GrammarError, grammar_for, sanitized
+from tests.parallel import threads
 
 # The shape of Claude Code 2.1's Workflow tool: a typeless "any value" property and a 512 KiB maxLength,
 # which unrolled naively overflows llama.cpp's grammar parser (the worker died with SIGSEGV).
@@ -72,7 +73,7 @@ def test_lazy_tool_grammar_only_with_a_one_token_trigger(smollm2_path: Path) -> 
     past the trigger and abort the worker, so it gets no lazy grammar (its calls are parsed, unconstrained)."""
     from localai.engines.llama_cpp import LlamaCppEngine, LoadOptions
 
-    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=512, n_parallel=1))
+    engine = LlamaCppEngine(LoadOptions(n_threads=threads(), model_path=str(smollm2_path), num_ctx=512, n_parallel=1))
     assert len(engine.tokenize_special("<tool_call>")) > 1
     tools = [{"name": "f", "parameters": {"type": "object"}}]
     assert engine._grammar_sampler({"type": "tool_call", "tools": tools, "lazy": True}) is None  # type: ignore[typeddict-item]

@@ -20,6 +20,7 @@ from localai.promptcache.blocks import BLOCK_TOKENS, fingerprint
 from localai.promptcache.store import PromptStore
 from tests.archfixtures import BY_NAME, FIXTURES
 from tests.engines.test_llama_state import prefill
+from tests.parallel import threads
 
 NAMES = [fixture.name for fixture in FIXTURES]
 TEXT = ("<|im_start|>system\nYou are a coding agent. Read the files, run the tests, keep the diff small.<|im_end|>\n"
@@ -28,7 +29,7 @@ TEXT = ("<|im_start|>system\nYou are a coding agent. Read the files, run the tes
 
 
 def load(folder: Path, name: str, **options: object) -> LlamaCppEngine:
-    return LlamaCppEngine(LoadOptions(model_path=str(folder / f"{name}.gguf"), **{  # type: ignore[arg-type]
+    return LlamaCppEngine(LoadOptions(n_threads=threads(), model_path=str(folder / f"{name}.gguf"), **{  # type: ignore[arg-type]
         "num_ctx": 2048, "n_parallel": 2, **options}))
 
 

@@ -11,11 +11,12 @@ import pytest
 
 from localai.engines.engine import BatchItem, LoadOptions
 from localai.engines.llama_cpp import GREEDY, LlamaCppEngine
+from tests.parallel import threads
 
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path: Path) -> Iterator[LlamaCppEngine]:
-    loaded = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=1024, n_parallel=4, n_threads=2))
+    loaded = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=1024, n_parallel=4, n_threads=threads()))
     yield loaded
     loaded.close()
 

@@ -13,6 +13,7 @@ from localai.engines.engine import BatchItem, LoadOptions
 from localai.engines.llama_cpp import LlamaCppEngine
 from localai.promptcache.blocks import BLOCK_TOKENS, fingerprint
 from localai.promptcache.store import PromptStore
+from tests.parallel import threads
 
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps by the warm fire. " * 100
 
@@ -37,7 +38,7 @@ def greedy(engine: LlamaCppEngine, seq: int, n_past: int, count: int = 8) -> lis
 @pytest.mark.parametrize(("flash", "kv"), [(False, "f16"), (True, "f16"), (True, "q8_0")])
 def test_blocks_round_trip_bit_for_bit_and_a_restored_prefix_continues_like_a_fresh_one(
         smollm2_path: Path, flash: bool, kv: str) -> None:
-    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=2048, n_parallel=3,
+    engine = LlamaCppEngine(LoadOptions(n_threads=threads(), model_path=str(smollm2_path), num_ctx=2048, n_parallel=3,
                                         flash_attention=flash, kv_type=kv))
     tokens = engine.tokenize(TEXT)[:700]
     prefill(engine, 1, tokens)
@@ -69,7 +70,8 @@ def test_a_state_it_does_not_understand_is_refused_not_cut(smollm2_path: Path) -
 
 def test_a_sliding_window_model_restores_from_blocks_and_its_window_snapshot_after_a_restart(
         gemma3_path: Path, tmp_path: Path) -> None:
-    options = LoadOptions(model_path=str(gemma3_path), num_ctx=2048, n_parallel=2, flash_attention=True)
+    options = LoadOptions(n_threads=threads(), model_path=str(gemma3_path), num_ctx=2048, n_parallel=2,
+                          flash_attention=True)
     engine = LlamaCppEngine(options)
     assert engine.n_swa > 0
     tokens = engine.tokenize(TEXT)[:1500]  # well past the 512-token window: older cells are dropped
@@ -104,7 +106,7 @@ def test_saves_back_to_back_keep_each_state_though_the_engine_reuses_its_buffer(
                                                                                    tmp_path: Path) -> None:
     """``seq_state`` writes every save into one buffer kept between saves: what the store keeps of a save (its
     blocks, in RAM and on disk) must be its own copy, not a view the next save overwrites."""
-    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=1024, n_parallel=1))
+    engine = LlamaCppEngine(LoadOptions(n_threads=threads(), model_path=str(smollm2_path), num_ctx=1024, n_parallel=1))
     first, second = engine.tokenize(TEXT)[:300], engine.tokenize(TEXT[::-1])[:300]
     prefill(engine, 0, first)
     store = PromptStore(tmp_path, fingerprint(engine.fingerprint_parts()), engine, max_bytes=1 << 30, trims=True)
@@ -131,7 +133,7 @@ def test_saves_back_to_back_keep_each_state_though_the_engine_reuses_its_buffer(
 def test_close_frees_the_model_context_and_batch_once(smollm2_path: Path) -> None:
     """A worker's process frees its engine as it exits; benches and tests build many in one process. Before,
     the engine had no close(): each one kept its weights, context and batch until the process ended."""
-    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=512, n_parallel=1))
+    engine = LlamaCppEngine(LoadOptions(n_threads=threads(), model_path=str(smollm2_path), num_ctx=512, n_parallel=1))
     engine.embed([engine.tokenize("an embedding context too")], truncate=True)
     assert engine.model and engine.ctx and engine.embedder is not None
     engine.close()
@@ -143,7 +145,8 @@ def test_close_frees_the_model_context_and_batch_once(smollm2_path: Path) -> Non
 def test_a_quantized_kv_type_loads_with_flash_attention_on(smollm2_path: Path, kv: str) -> None:
     """llama.cpp refuses a quantized V cache without flash attention (the context was not created: "out of
     memory?"); PARAMETER kv_type, or a window fitted with q8_0, turns it on for that model."""
-    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=512, n_parallel=1, kv_type=kv))
+    engine = LlamaCppEngine(LoadOptions(n_threads=threads(), model_path=str(smollm2_path), num_ctx=512, n_parallel=1,
+                                        kv_type=kv))
     assert engine.info()["kv_type"] == kv and engine.info()["flash_attention"]
     prefill(engine, 0, list(range(100, 140)))
     assert len(greedy(engine, 0, 40, 4)) == 4

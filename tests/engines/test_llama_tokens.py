@@ -14,6 +14,7 @@ from localai.engines.engine import LoadOptions
 from localai.engines.llama_cpp import LlamaCppEngine
 from localai.engines.llama_tokens import MIN_CHARS, PrefixTokenizer, Vocabulary
 from localai.text import common_prefix_length
+from tests.parallel import threads
 
 CHATML = ("<|im_start|>{role}\n{content}<|im_end|>\n", "<|im_start|>assistant\n")
 GEMMA = ("<start_of_turn>{role}\n{content}<end_of_turn>\n", "<start_of_turn>model\n")
@@ -29,7 +30,7 @@ AWKWARD = [
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def engine(request: pytest.FixtureRequest) -> Iterator[tuple[LlamaCppEngine, tuple[str, str]]]:
     path: Path = request.getfixturevalue(f"{request.param}_path")
-    loaded = LlamaCppEngine(LoadOptions(model_path=str(path), num_ctx=512, n_parallel=1))
+    loaded = LlamaCppEngine(LoadOptions(n_threads=threads(), model_path=str(path), num_ctx=512, n_parallel=1))
     yield loaded, (CHATML if request.param == "smollm2" else GEMMA)
     loaded.close()
 

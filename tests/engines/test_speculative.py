@@ -20,6 +20,7 @@ from localai.engines.engine import Engine, LoadOptions
 from localai.engines.scripted import ScriptedEngine
 from localai.engines.serving import Serving
 from localai.engines.speculative import COOLDOWN, MAX_DRAFT, MIN_DRAFT, Drafter
+from tests.parallel import threads
 
 COPY = "The quick brown fox jumps over the lazy dog; a journey of a thousand miles begins with one step. "
 
@@ -221,7 +222,8 @@ def chatml(text: str) -> str:
 def smollm2(smollm2_path: Path) -> Any:
     from localai.engines.llama_cpp import LlamaCppEngine
 
-    return lambda: LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=2048, n_parallel=4, n_threads=2))
+    return lambda: LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=2048, n_parallel=4,
+                                              n_threads=threads()))
 
 
 PROMPTS = {
@@ -236,7 +238,7 @@ def test_drafts_are_off_by_default_on_real_engines(smollm2_path: Path) -> None:
     differ at a near tie: drafts run only when asked for. The scripted engine's are exact: on by default."""
     from localai.engines.llama_cpp import LlamaCppEngine
 
-    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=2048, n_parallel=2, n_threads=2))
+    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=2048, n_parallel=2, n_threads=threads()))
     assert not engine.drafts_exact
     auto = dict(op(PROMPTS["copy"], max_tokens=30), speculative=None)
     assert usage(serve(engine, [auto])["r"])["drafted_tokens"] == 0
@@ -296,7 +298,7 @@ def test_a_grammar_and_drafts(smollm2: Any) -> None:
 def test_a_sliding_window_model_does_not_draft(gemma3_path: Path) -> None:
     from localai.engines.llama_cpp import LlamaCppEngine
 
-    engine = LlamaCppEngine(LoadOptions(model_path=str(gemma3_path), num_ctx=2048, n_parallel=2, n_threads=2))
+    engine = LlamaCppEngine(LoadOptions(model_path=str(gemma3_path), num_ctx=2048, n_parallel=2, n_threads=threads()))
     assert not engine.can_draft  # its window's old cells may be gone: no tail to drop safely
     prompt = "<start_of_turn>user\nRepeat exactly: " + COPY + "<end_of_turn>\n<start_of_turn>model\n"
     assert usage(serve(engine, [op(prompt, max_tokens=20)])["r"])["drafted_tokens"] == 0

@@ -16,13 +16,14 @@ from localai.errors import RequestTooLarge, WorkerCrashed
 from localai.protocol import MAX_FRAME, GenerateOp
 from localai.workers.handle import Worker
 from localai.workers.worker import EXIT_ENGINE_FAILED
+from tests.parallel import threads
 
 pytestmark = pytest.mark.model
 
 
 def smollm2_worker(path: Path) -> Worker:
     return Worker("smollm2", "llama.cpp", {"model_path": str(path), "num_ctx": 512, "n_parallel": 1,
-                                           "n_threads": 2, "cache_dir": None})
+                                           "n_threads": threads(), "cache_dir": None})
 
 
 def op(request_id: str, **fields: object) -> GenerateOp:
@@ -202,7 +203,7 @@ def test_a_crashed_workers_cache_owner_file_is_removed(smollm2_path: Path, tmp_p
     killed outright cannot, so the daemon removes the file when it sees the worker die."""
     async def scenario() -> None:
         worker = Worker("smollm2", "llama.cpp", {"model_path": str(smollm2_path), "num_ctx": 512, "n_parallel": 1,
-                                                 "n_threads": 2, "cache_dir": str(tmp_path / "cache")})
+                                                 "n_threads": threads(), "cache_dir": str(tmp_path / "cache")})
         exited = asyncio.Event()
         worker.on_exit = lambda _: exited.set()
         await worker.start(120)

@@ -17,6 +17,7 @@ import pytest
 
 from tests.archfixtures import RERANK_PROMPT
 from tests.conftest import Daemon
+from tests.parallel import threads
 
 QUERY = "how do I bake bread in an oven?"
 DOCUMENTS = ["Knead the dough, let it rise, then bake at 220 C for 30 minutes.", "Quarks are bound by gluons.",
@@ -82,7 +83,7 @@ def expected_scores(path: Path, query: str, documents: list[str]) -> list[float]
 
     head = next(t for t in gguf.GGUFReader(path).tensors if t.name == "cls.output.weight").data.astype(np.float64)
     model = llama_cpp.Llama(str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_LAST, n_ctx=2048,
-                            n_threads=2, verbose=False)
+                            n_threads=threads(), verbose=False)
     try:
         scores = []
         for document in documents:

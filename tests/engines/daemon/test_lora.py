@@ -17,6 +17,7 @@ from localai.models.modelfile import anchored_adapters, split_adapter
 from tests.archfixtures import write_lora
 from tests.conftest import Daemon
 from tests.engines.daemon.test_architectures import ask
+from tests.parallel import threads
 
 PROMPT = "Hello there, how are"
 
@@ -34,7 +35,7 @@ def llama_cpp_python(model: Path, lora: Path | None, prompt: str = PROMPT) -> tu
     """The same completion from llama-cpp-python's own Llama (its lora_path applies one adapter at scale 1)."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(str(model), lora_path=str(lora) if lora else None, n_ctx=2048, n_threads=2,
+    llm = llama_cpp.Llama(str(model), lora_path=str(lora) if lora else None, n_ctx=2048, n_threads=threads(),
                           logits_all=True, verbose=False)
     try:
         out: Any = llm.create_completion(prompt, max_tokens=12, temperature=0, logprobs=5)

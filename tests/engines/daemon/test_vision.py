@@ -15,6 +15,7 @@ from tests import media_files as files
 from tests.conftest import SMOLLM2, Daemon, start_daemon
 from tests.metagguf import metadata_gguf
 from tests.mmproj import POSITIONS, write_mmproj
+from tests.parallel import threads
 
 RED = files.png(16, 16, (220, 20, 20))
 BLUE = files.png(16, 16, (20, 20, 220))
@@ -164,8 +165,8 @@ def test_an_image_attended_non_causally_fits_the_batch_and_is_one_run(projector:
     from localai.engines.llama_cpp import LlamaCppEngine
     from localai.protocol import image_mark
 
-    engine = LlamaCppEngine(LoadOptions(model_path=str(smollm2_path), num_ctx=512, n_parallel=2, n_batch=2,
-                                        projector_path=str(projector)))
+    engine = LlamaCppEngine(LoadOptions(n_threads=threads(), model_path=str(smollm2_path), num_ctx=512, n_parallel=2,
+                                        n_batch=2, projector_path=str(projector)))
     try:
         assert engine.n_batch == POSITIONS + 2
         digest = hashlib.sha256(RED).hexdigest()

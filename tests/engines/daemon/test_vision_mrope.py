@@ -22,6 +22,7 @@ from localai.engines.slot_cache import CHECKPOINT_MARGIN
 from tests import media_files as files
 from tests.conftest import Daemon, start_daemon
 from tests.mmproj import write_mmproj, write_qwen_mmproj
+from tests.parallel import threads
 
 ARCHS = ["qwen35", "qwen35moe"]
 IMAGE = files.png(40, 24, (200, 30, 30))  # 10x6 patches of 4: 5x3 embeddings after the 2x2 merge, 5 positions
@@ -93,7 +94,7 @@ def test_an_image_takes_the_positions_llama_cpp_gives_it_and_the_reply_is_llama_
     digest = hashlib.sha256(IMAGE).hexdigest()
     text = "describe {} please, and then some"
     n_pos, expected = reference(model_path, projector, text.format(M.mtmd_default_marker().decode()), IMAGE)
-    engine = LlamaCppEngine(LoadOptions(model_path=str(model_path), num_ctx=1024, n_parallel=2, n_threads=2,
+    engine = LlamaCppEngine(LoadOptions(model_path=str(model_path), num_ctx=1024, n_parallel=2, n_threads=threads(),
                                         projector_path=str(projector)))
     try:
         assert engine.vision is not None and engine.mrope

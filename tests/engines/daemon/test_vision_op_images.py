@@ -23,12 +23,14 @@ from localai.engines.serving import Serving
 from localai.protocol import WorkerFrame, image_mark
 from tests import media_files as files
 from tests.mmproj import write_mmproj
+from tests.parallel import threads
 
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Serving]:
     projector = write_mmproj(tmp_path_factory.mktemp("mmproj") / "mmproj-tiny.gguf")
-    load = LoadOptions(model_path=str(smollm2_path), num_ctx=2048, n_parallel=1, projector_path=str(projector))
+    load = LoadOptions(n_threads=threads(), model_path=str(smollm2_path), num_ctx=2048, n_parallel=1,
+                       projector_path=str(projector))
     engine = LlamaCppEngine(load)
     try:
         yield Serving(engine, load)
