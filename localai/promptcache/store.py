@@ -8,8 +8,9 @@ the prompt block by block along the chain of keys, then asks the engine to assem
 one state. The RAM tier holds recently used blocks within a byte budget; a background thread writes to disk, so a
 request never waits on it.
 
-``PromptStore`` is the one face: what it does beside lookup, restore and save lives in private modules behind it,
-the writer (``_writer.py``), the quota and eviction (``_quota.py``) and checkpoint retention (``_checkpoints.py``).
+``PromptStore`` is the one face, and this module's concern is finding and restoring (lookup, restore, the RAM
+tier); the rest lives in private modules behind it: save planning and indexing (``_saving.py``), the writer
+(``_writer.py``), the quota and eviction (``_quota.py``) and checkpoint retention (``_checkpoints.py``).
 """
 
 from __future__ import annotations
@@ -20,21 +21,21 @@ import logging
 import os
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from localai.paths import process_alive
 from localai.promptcache import legacy
 from localai.promptcache._checkpoints import Checkpoints, Tail
 from localai.promptcache._quota import Quota
+from localai.promptcache._saving import MAX_PIECES as MAX_PIECES  # the bound on a block's files, for callers
+from localai.promptcache._saving import MIN_TOKENS as MIN_TOKENS  # the shortest prefix kept, for callers
+from localai.promptcache._saving import Saver, checkpoint_tails, spans
 from localai.promptcache._writer import Writer
 from localai.promptcache.blocks import (
     BLOCK_TOKENS,
-    Block,
     CorruptEntry,
     Folder,
     Head,
@@ -52,10 +53,6 @@ log = logging.getLogger("localai.cache")
 # A sequence's serialized KV state: llama.cpp's is a bytearray when assembled (loaded in place) and a view of the
 # engine's reused buffer when saved (valid until the engine's next save: the store copies what it keeps).
 StateBytes = bytes | bytearray | memoryview
-MIN_TOKENS = 32  # shorter prefixes are cheaper to recompute than to manage
-# A block is read from at most this many files, its bases' and its own: a block built on a chain this long is
-# written whole. Saves every ~10 tokens reach it within a 64-token block; an agent's turns (100+ tokens) never do.
-MAX_PIECES = 8
 
 
 class Codec(Protocol):
@@ -120,6 +117,7 @@ class PromptStore:
         self._writer = Writer(self, self._lock)
         self._quota = Quota(self)
         self._checkpoints = Checkpoints(self)
+        self._saver = Saver(self)
         self.stats = {"hits": 0, "misses": 0, "tokens_restored": 0, "bytes_read": 0, "bytes_written": 0,
                       "evictions": 0, "corrupt": 0, "dropped_writes": 0, "blocks_written": 0, "snapshots_written": 0,
                       "save_races": 0}
@@ -417,6 +415,8 @@ class PromptStore:
         for head_id in found:
             self.pin(head_id, ttl)
 
+    # -- saving (_saving.py) -----------------------------------------------------------------------
+
     def save(self, tokens: list[int], state: StateBytes, session: str | None, kind: str = "history",
              checkpoints: list[tuple[int, bytes]] | None = None, *, state_tokens: int | None = None,
              end: bytes | None = None, partition: str = "") -> Head | None:
@@ -427,97 +427,16 @@ class PromptStore:
         (with a tail block when it falls inside a block), bounded a session (``Checkpoints.bound``).
         ``state_tokens``: the tokens ``state`` holds when it holds more than ``tokens`` (the entry then ends before the
         state does, and ``end``, the checkpoint taken at its last token, is its snapshot)."""
-        state_tokens = len(tokens) if state_tokens is None else state_tokens
-        if len(tokens) < MIN_TOKENS or not state or state_tokens < len(tokens):
-            return None
-        self._notice_deletions()
-        tokens = list(tokens)
-        spans = self._spans(tokens, partition)
-        tails = self._checkpoint_tails(tokens, checkpoints or [], partition)
-        for _ in range(3):
-            with self._lock:
-                missing = [(index, key) for index, (key, _, _) in enumerate(spans) if key not in self.folder.blocks]
-                cut = [tail for tail in tails if tail.key not in self.folder.blocks]
-                bases = self._plan_bases(
-                    [(key, spans[index - 1][0] if index else root_key(self.fingerprint, partition),
-                      tokens[spans[index][1]:spans[index][2]]) for index, key in missing]
-                    + [(t.key, t.parent, t.tokens) for t in cut])
-            ranges = [(spans[index][1] + bases.get(key, ("", 0))[1], spans[index][2]) for index, key in missing] \
-                + [(t.start + bases.get(t.key, ("", 0))[1], t.end) for t in cut]
-            split = self._split(state, state_tokens, ranges)
-            with self._lock:
-                # The state is cut outside the lock, so the writer's eviction may have dropped a block counted as
-                # stored meanwhile (its payload was not cut): cut again for the new set; after three tries, give up.
-                new = {index for index, _ in missing}
-                made = {key for _, key in missing} | {t.key for t in cut}
-                if all(key in self.folder.blocks for index, (key, _, _) in enumerate(spans) if index not in new) \
-                        and all(t.key in self.folder.blocks for t in tails if t not in cut) \
-                        and all(base in made or base in self.folder.blocks for base, _ in bases.values()):
-                    if state_tokens != len(tokens):  # the state's tail is past the entry's end: ``end`` is its snapshot
-                        if split is None:
-                            return None
-                        split = (split[0], split[1], end[8:] if end and split[2] else b"")
-                    tail_pieces = split[1][len(missing):] if split is not None else []
-                    if split is not None:
-                        split = (split[0], split[1][:len(missing)], split[2])
-                    checkpointed = split is not None and bool(split[2])
-                    if split is None:
-                        bases = {}  # nothing was cut: no block holds a part of another's KV
-                    built_on = {base for base, _ in bases.values()}
-                    # Tails first: a block of the chain may be built on one (they are written in this order too)
-                    self._checkpoints.index_tails([t for t in cut if checkpointed or t.key in built_on],
-                                      dict(zip([t.key for t in cut], tail_pieces, strict=True)), bases,
-                                      kind == "system")
-                    head = self._index_entry(tokens, spans, missing, split, state, session, kind, partition, bases)
-                    if head is not None and checkpointed:
-                        self._checkpoints.index(tails, session)
-                    return head
-                self.stats["save_races"] += 1
-        log.info("not saving %d tokens: their blocks kept being evicted while the state was cut", len(tokens))
-        return None
+        return self._saver.save(tokens, state, session, kind, checkpoints, state_tokens, end, partition)
+
+    def _spans(self, tokens: list[int], partition: str = "") -> list[tuple[str, int, int]]:
+        """The blocks a sequence is cut into (``_saving.spans``)."""
+        return spans(self.fingerprint, tokens, partition)
 
     def _checkpoint_tails(self, tokens: list[int], checkpoints: list[tuple[int, bytes]],
                           partition: str = "") -> list[Tail]:
-        """Where each checkpoint goes: the block ending at it (a tail block of its own beside the chain when it
-        falls inside a block) and its snapshot."""
-        tails = []
-        for n_tokens, data in checkpoints:
-            if not MIN_TOKENS <= n_tokens < len(tokens) or len(data) <= 8:
-                continue
-            start = n_tokens - (n_tokens % BLOCK_TOKENS or BLOCK_TOKENS)
-            parent = self._spans(tokens[:start], partition)[-1][0] if start else root_key(self.fingerprint, partition)
-            piece = tokens[start:n_tokens]
-            tails.append(Tail(chain_key(parent, piece), parent, start, n_tokens, piece, data[8:]))
-        return tails
-
-    def _plan_bases(self, new: list[tuple[str, str, list[int]]]) -> dict[str, tuple[str, int]]:
-        """For the blocks a save writes, (key, parent, tokens): the block each is built on and its length in
-        tokens, where one exists: the longest stored block with the same parent whose tokens begin it (written or
-        queued: one whose write was dropped holds no payload), or a shorter one of these new blocks; never past
-        ``MAX_PIECES`` files. Caller holds the lock."""
-        if self.uncuttable:
-            return {}
-        plan: dict[str, tuple[str, int]] = {}
-        depth: dict[str, int] = {}  # a new block -> the files it is read from
-        made: dict[str, list[tuple[str, list[int]]]] = {}  # parent -> the new blocks planned so far
-        for key, parent, tokens in sorted(new, key=lambda item: len(item[2])):
-            best: tuple[str, int, int] | None = None
-            candidates = [(child, self.folder.blocks[child].tokens) for child in self.folder.children.get(parent, ())
-                          if child in self.folder.blocks and (self.folder.blocks[child].on_disk
-                                                              or "b:" + child in self._writer.pending)]
-            for child, child_tokens in candidates + made.get(parent, []):
-                n_tokens = len(child_tokens)
-                if child == key or n_tokens >= len(tokens) or (best is not None and n_tokens <= best[1]) \
-                        or tokens[:n_tokens] != child_tokens:
-                    continue
-                files = depth.get(child) or len(self.folder.pieces(child) or ())
-                if 0 < files < MAX_PIECES:
-                    best = (child, n_tokens, files)
-            if best is not None:
-                plan[key] = (best[0], best[1])
-            depth[key] = best[2] + 1 if best is not None else 1
-            made.setdefault(parent, []).append((key, tokens))
-        return plan
+        """Where each checkpoint goes (``_saving.checkpoint_tails``)."""
+        return checkpoint_tails(self.fingerprint, tokens, checkpoints, partition)
 
     def _notice_deletions(self) -> None:
         """Another process (``localai cache rm``/``prune``, a second worker's eviction) deleted files here: forget
@@ -532,92 +451,6 @@ class PromptStore:
             forgotten = self.folder.forget_missing(keep_heads=queued, keep_snapshots=snapshots)
         if forgotten:
             log.info("forgot %d cache files another process deleted", forgotten)
-
-    def _split(self, state: StateBytes, n_tokens: int,
-               ranges: list[tuple[int, int]]) -> tuple[Any, list[bytes], bytes] | None:
-        if self.uncuttable:
-            return None
-        try:
-            return self.codec.state_split(state, n_tokens, ranges)
-        except ValueError as exc:
-            log.warning("cannot cut this state into blocks (%s); keeping it whole", exc)
-            return None
-
-    def _index_entry(self, tokens: list[int], spans: list[tuple[str, int, int]], missing: list[tuple[int, str]],
-                     split: tuple[Any, list[bytes], bytes] | None, state: StateBytes, session: str | None,
-                     kind: str, partition: str, bases: dict[str, tuple[str, int]]) -> Head | None:
-        """``save``'s second half, under the lock: the entry (its new blocks, its snapshot, its head) into the index
-        and the write queue."""
-        if split is None:
-            layout, pieces, rest = None, [b""] * len(missing), state
-        else:
-            layout, pieces, rest = split
-        if split is None and not self.uncuttable:
-            if self.layout is not None or self.folder.blocks:
-                return None  # blocks with payloads exist: do not mix layouts
-            self.uncuttable = True
-            self._save_layout({"whole": True})
-        elif split is not None and json.loads(json.dumps(layout)) != (self.layout or {}).get("layout"):
-            tail = bool(rest) or bool(isinstance(layout, dict) and layout.get("tail"))
-            self._save_layout({"layout": json.loads(json.dumps(layout)), "rest": tail})
-        system = kind == "system"
-        parent = root_key(self.fingerprint, partition)
-        new_pieces = {index: piece for (index, _), piece in zip(missing, pieces, strict=True)}
-        for index, (key, start, end) in enumerate(spans):
-            payload = new_pieces.get(index)
-            if payload is not None and key not in self.folder.blocks:  # (a checkpoint's tail may be this block)
-                block = Block(key, parent, tokens[start:end], len(payload), system=system, mine=True,
-                              base=bases[key][0] if key in bases else None)
-                self.folder.add_block(block)
-                self._writer.enqueue("block", block, payload)
-            else:
-                block = self.folder.blocks[key]
-                block.last_used = time.time()
-                block.system = block.system or system
-            parent = key
-        last = spans[-1][0]
-        head = self._head_for(tokens, session, kind, last, partition)
-        if rest:
-            if head.snapshot and head.key != last:
-                if self.uncuttable or head.kind != "history":
-                    self._writer.enqueue("drop_snapshot", head.key, b"")
-                else:  # the turn before stays restorable: an agent that edits or retries a turn returns there
-                    self._checkpoints.add(head.key, head.n_tokens, None, head.session)
-                    self._checkpoints.bound(head.session)
-            head.snapshot = True
-            self.folder.snapshots[last] = len(rest)
-            self._writer.enqueue("snapshot", last, rest)
-        head.key, head.n_tokens, head.last_used, head.owner = last, len(tokens), time.time(), os.getpid()
-        self.folder.heads[head.id] = head
-        self._writer.enqueue("head", head, b"")
-        self._writer.wake.notify()
-        return head
-
-    def _head_for(self, tokens: list[int], session: str | None, kind: str, last: str, partition: str) -> Head:
-        """The entry a sequence updates: the same one, or the same session's entry it grew from (never one a
-        live worker beside this one owns); else a new one (a fork keeps its parent's entry)."""
-        mine = {os.getpid()}
-        for head in self.folder.heads.values():
-            if head.key == last and head.kind == kind:
-                return head
-        if kind == "history":
-            for head in self.folder.heads.values():
-                if head.kind == "history" and head.session == session and head.n_tokens < len(tokens) \
-                        and (head.owner in mine or not process_alive(head.owner)) \
-                        and _chain_is_prefix(self.folder, head, tokens) \
-                        and self.folder.partition_of(head.key) == partition:
-                    return head  # the same conversation, grown: its entry moves forward
-        return Head(uuid.uuid4().hex, last, len(tokens), session, kind, time.time(), os.getpid(), written=False)
-
-    def _spans(self, tokens: list[int], partition: str = "") -> list[tuple[str, int, int]]:
-        """The blocks a sequence is cut into: (key, start, end) for each, the last one partial when it is short."""
-        spans = []
-        parent = root_key(self.fingerprint, partition)
-        for start in range(0, len(tokens), BLOCK_TOKENS):
-            end = min(start + BLOCK_TOKENS, len(tokens))
-            parent = chain_key(parent, tokens[start:end])
-            spans.append((parent, start, end))
-        return spans
 
     def _needs_snapshot(self) -> bool:
         return self.uncuttable or bool((self.layout or {}).get("rest"))
@@ -684,14 +517,3 @@ class PromptStore:
             log.warning("converted old cache entry %s (%d tokens) into blocks%s", path.name, len(tokens),
                         "" if head else " failed: dropped")
             path.unlink(missing_ok=True)
-
-
-def _chain_is_prefix(folder: Folder, head: Head, tokens: list[int]) -> bool:
-    position = 0
-    for key in folder.chain(head.key):
-        block = folder.blocks[key]
-        if tokens[position:position + len(block.tokens)] != block.tokens:
-            return False
-        position += len(block.tokens)
-    return position == head.n_tokens
-
