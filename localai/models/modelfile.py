@@ -262,6 +262,26 @@ def check_template(template: str, where: str, first_line: int = 1) -> None:
         raise ModelfileError(f"{prefix}, line {line}: TEMPLATE {message}") from None
 
 
+def check_weights_template(template: str, where: str) -> None:
+    """The chat template the weights carry (a GGUF header's) held to TEMPLATE's bounds (``check_template``): over
+    ``MAX_TEMPLATE_CHARS``, not parsing (nested too deeply included) or reading other files, it is refused naming
+    ``where`` and the fix, a TEMPLATE of the model's own. Such a template could never render a request."""
+    import jinja2
+
+    fix = "give the model a TEMPLATE of its own in a Modelfile"
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise ModelfileError(f"{where} is {len(template):,} characters, over TEMPLATE's limit of "
+                             f"{MAX_TEMPLATE_CHARS:,}; {fix}")
+
+    from localai.models.chat_template import check_source
+
+    try:
+        check_source(template, where)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ModelfileError(f"{exc.message or where + ': invalid template'} (its line {exc.lineno or 1}); {fix}") \
+            from None
+
+
 def _parser_name(argument: str, where: str) -> str:
     name = _unquote(argument.strip()).lower()
     if name not in PARSERS:

@@ -17,7 +17,13 @@ from localai.errors import InvalidRequest, ModelfileError, ModelNotFound
 from localai.models import hub, renderer, weights
 from localai.models.db import now
 from localai.models.gguf_meta import GGUFMetadata, lora_mismatch, read_metadata
-from localai.models.modelfile import REMOTE_PARAMETERS, Modelfile, ParameterValue, split_adapter
+from localai.models.modelfile import (
+    REMOTE_PARAMETERS,
+    Modelfile,
+    ParameterValue,
+    check_weights_template,
+    split_adapter,
+)
 from localai.models.remote_spec import REMOTE_FORMAT, RemoteSpec, check_url, is_remote_url
 
 PACKAGE_SOURCE = "package:"
@@ -139,7 +145,10 @@ class RowBuilder:
         if row["template"] is not None:  # the template the model will render with: its own, or its weights'
             renderer.check_renders(row["template"], "TEMPLATE")
         else:
-            renderer.check_renders(meta.chat_template, f"FROM {modelfile.from_}: the chat template in the weights")
+            where = f"FROM {modelfile.from_}: the chat template in the weights"
+            if meta.chat_template is not None:
+                check_weights_template(meta.chat_template, where)
+            renderer.check_renders(meta.chat_template, where)
         return row
 
     def _projector(self, modelfile: Modelfile, base: ModelRecord | None, fmt: str, width: int) -> str | None:

@@ -12,6 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from localai.models import renderer
+from localai.models.modelfile import MAX_TEMPLATE_CHARS
 from tests.metagguf import metadata_gguf
 
 LOOP = "{% set r = range(99999) %}{% for a in r %}{% for b in r %}{% endfor %}{% endfor %}"
@@ -52,6 +53,27 @@ def test_a_gguf_whose_own_template_never_ends_is_refused_at_create(api: TestClie
     assert "the chat template in the weights" in response.json()["error"]
     fine = metadata_gguf(tmp_path / "fine.gguf", arch="llama", context_length=4096, template=CHATML)
     assert api.post("/api/create", json={"model": "tpl-gguf-ok", "modelfile": f"FROM {fine}\n"}).status_code == 200
+
+
+@pytest.mark.parametrize(("template", "needle"), [
+    ("{{ " + "(" * 100_000 + "1" + ")" * 100_000 + " }}", "nested too deeply"),
+    ("{% if true %}" * 5000 + "x" + "{% endif %}" * 5000, "nested too deeply"),
+    ("x" * (MAX_TEMPLATE_CHARS + 1), "over TEMPLATE's limit"),
+], ids=["100k-parentheses", "5000-ifs", "over-the-size-limit"])
+def test_a_gguf_whose_own_template_a_modelfile_would_refuse_is_refused_at_create(
+        api: TestClient, tmp_path: Path, template: str, needle: str) -> None:
+    """The weights' template meets TEMPLATE's bounds: before, a GGUF header's was only rendered, which a template
+    that never parses does not overrun, so the model was created and every request to it was a 400."""
+    assert create(api, "tpl-modelfile", template)["status"] == 400  # what a Modelfile's TEMPLATE gets
+    weights = metadata_gguf(tmp_path / "deep.gguf", arch="llama", context_length=4096, template=template)
+    name = f"tpl-deep-{len(template)}"
+    response = api.post("/api/create", json={"model": name, "modelfile": f"FROM {weights}\n"})
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert "the chat template in the weights" in error and needle in error and "TEMPLATE of its own" in error, error
+    assert api.post("/api/show", json={"model": name}).status_code == 404
+    given = f'FROM {weights}\nTEMPLATE """{CHATML}"""\n'  # the fix the error names
+    assert api.post("/api/create", json={"model": name, "modelfile": given}).status_code == 200
 
 
 def test_a_template_that_hangs_on_a_conversation_is_a_400_naming_the_model(api: TestClient) -> None:
