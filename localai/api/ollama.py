@@ -31,6 +31,7 @@ from localai.api.common import (
 )
 from localai.api.media import from_base64
 from localai.api.sessions import cache_partition, cache_salt_field, session_id
+from localai.api.validation import json_typed
 from localai.errors import InvalidRequest, LocalAIError
 from localai.models.modelfile import (
     LOAD_PARAMETERS,
@@ -152,6 +153,7 @@ def request_options(options: dict[str, Any]) -> Options:
     known: dict[str, Any] = {}
     for key, value in options.items():
         if key in PARAMETERS and value is not None:
+            json_typed(key, value, f"options.{key}")
             try:
                 known[key] = coerce_parameter(key, value, f"options.{key}")
             except LocalAIError as exc:

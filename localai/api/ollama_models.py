@@ -19,6 +19,7 @@ from localai.api.common import (
     remote_descriptions,
     runtime_of,
 )
+from localai.api.validation import json_typed
 from localai.engines.descriptions import speculative_support, state_kind
 from localai.errors import InvalidRequest, ModelNotFound
 from localai.models.gguf_meta import AttentionShape
@@ -256,6 +257,7 @@ def _modelfile_of(body: CreateBody) -> Modelfile:
     elif body.from_:
         modelfile = Modelfile(from_=body.from_, template=body.template, system=body.system)
         for key, value in (body.parameters or {}).items():
+            json_typed(key, value, f"parameters.{key}")
             modelfile.parameters[key] = coerce_parameter(key, value, f"parameters.{key}")
     else:
         raise InvalidRequest("give 'modelfile' text or 'from'", param="modelfile")

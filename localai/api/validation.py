@@ -15,6 +15,9 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from localai.errors import InvalidRequest
+from localai.models.modelfile import BOOL_PARAMETERS, FLOAT_PARAMETERS, INT_PARAMETERS
+
 _PLURAL = {"str": "strings", "int": "integers", "float": "numbers", "bool": "booleans"}
 _SINGULAR = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
              "none": "null"}
@@ -149,3 +152,18 @@ def _sentence(field: str | None, what: str) -> str:
     """``'field' must be ...``; a validator's own message follows a colon (``what`` starts with it)."""
     return f"'{field}'{'' if what.startswith(':') else ' '}{what}" if field else \
         f"the request body{'' if what.startswith(':') else ' '}{what}"
+
+
+def json_typed(key: str, value: Any, where: str) -> None:
+    """A Modelfile parameter sent as JSON (Ollama's ``options``, /api/create's ``parameters``) has its JSON type: a
+    number where a number goes and true/false where a switch does, as Ollama's own ``FromMap`` has it (``coerce_
+    parameter`` also reads Modelfile text, so "2" and true were taken for 2 and 1). A whole number written as a
+    float (2.0) is an integer there, as in Ollama; 2.5 for an integer stays refused (Ollama truncates it)."""
+    if value is None:
+        return
+    if key in INT_PARAMETERS or key in FLOAT_PARAMETERS:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            kind = "an integer" if key in INT_PARAMETERS else "a number"
+            raise InvalidRequest(f"'{where}' must be {kind}, not {given(value)}", param=where)
+    elif key in BOOL_PARAMETERS and not isinstance(value, bool):
+        raise InvalidRequest(f"'{where}' must be true or false, not {given(value)}", param=where)
