@@ -280,6 +280,8 @@ class StatsFrame(TypedDict):
 
     ev: Literal["stats"]
     cache: dict[str, int]
+    # the cache's first failed write, once, sent as it happens for the daemon's log (``cache`` is then empty)
+    warning: NotRequired[str]
 
 
 class ReadyFrame(TypedDict):

@@ -121,6 +121,7 @@ class Daemon:
     port: int
     process: subprocess.Popen[bytes]
     env: dict[str, str]
+    log_path: Path | None = None  # its stdout and stderr: home/daemon.log unless start_daemon was given another
 
     @property
     def base_url(self) -> str:
@@ -153,7 +154,7 @@ class Daemon:
         )
 
     def log(self) -> str:
-        path = self.home / "daemon.log"
+        path = self.log_path or self.home / "daemon.log"
         return path.read_text() if path.exists() else ""
 
     def __enter__(self) -> Daemon:
@@ -212,10 +213,11 @@ TEST_DEFAULTS = {"num_parallel": "2", "context_length": "4096",
                  "discover": ""}  # the machine's own Ollama/LM Studio/HF models stay out of tests
 
 
-def start_daemon(home: Path, *, own_group: bool = False, **settings: str) -> Daemon:
+def start_daemon(home: Path, *, own_group: bool = False, log_path: Path | None = None, **settings: str) -> Daemon:
     """A daemon on a free port. Test daemons load models small (2 sequences of 4096 tokens) unless a test asks
     for more: the KV cache of 4 x 8192 tokens that users get costs every model load in the suite. ``own_group``:
-    in a process group of its own with its workers (as in a terminal), so a signal can reach them all at once."""
+    in a process group of its own with its workers (as in a terminal), so a signal can reach them all at once.
+    ``log_path``: where its stdout and stderr go (home/daemon.log by default)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALAI_")}
     env.update({"LOCALAI_HOME": str(home), "LOCALAI_HOST": f"127.0.0.1:{port}"})
@@ -225,10 +227,11 @@ def start_daemon(home: Path, *, own_group: bool = False, **settings: str) -> Dae
     env.update({f"LOCALAI_{k.upper()}": v for k, v in settings.items()})
     home.mkdir(parents=True, exist_ok=True)
     serve_env = mlxblas.daemon_env(env)  # its workers may load MLX; its CLI commands and agents get ``env``
-    with open(home / "daemon.log", "wb") as log:  # the child has its own copy of the descriptor
+    log_path = log_path or home / "daemon.log"
+    with open(log_path, "wb") as log:  # the child has its own copy of the descriptor
         process = subprocess.Popen([sys.executable, "-m", "localai", "serve"], env=serve_env, stdout=log, stderr=log,
                                    start_new_session=own_group)
-    daemon = Daemon(home=home, port=port, process=process, env=env)
+    daemon = Daemon(home=home, port=port, process=process, env=env, log_path=log_path)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:

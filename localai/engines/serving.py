@@ -93,6 +93,9 @@ class Serving:
     def serve(self, inbox: queue.Queue[WorkOp | None], emit: Emit) -> None:
         """Run until ``None`` arrives in the inbox: admit, batch, decode, sample, emit. Replies being prefilled
         (warm requests) are finished and saved first; other requests are cancelled."""
+        if self.cache is not None:  # the cache's first failed write, for the daemon's log (from the writer thread)
+            send = emit
+            self.cache.on_warning = lambda message: send(StatsFrame(ev="stats", cache={}, warning=message))
         emit = self._releasing_media(emit)
         stopping = False
         while True:

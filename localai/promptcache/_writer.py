@@ -10,6 +10,8 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from localai.promptcache.blocks import (
@@ -28,7 +30,9 @@ log = logging.getLogger("localai.cache")
 class Store(Protocol):
     """What the writer reaches of its ``PromptStore``."""
 
+    dir: Path
     folder: Folder
+    on_warning: Callable[[str], None] | None
     stats: dict[str, int]
     queue_bytes: int  # the most payload bytes queued
 
@@ -55,6 +59,9 @@ class Writer:
         self.busy = False
         self.closing = False  # close(): the writer ends once the queue is empty
         self.failed_writes = 0  # write failures not logged yet (see abandon)
+        # The first write failure was told (the store's ``on_warning``: the daemon's log, as the worker's own log
+        # is most often on the disk that filled, and a full disk showed only in /metrics)
+        self.failure_told = False
         self.tidy_due = False  # an entry was written: garbage and quota are due once the queue drains
         self.failed_logged_at = -math.inf
         self.tidy_failed_logged_at = -math.inf
@@ -249,6 +256,11 @@ class Writer:
             self.store.stats["dropped_writes"] += 1
         if isinstance(exc, OSError):  # a full disk fails every write: one line a minute, with the count
             self.failed_writes += 1
+            tell = self.store.on_warning
+            if tell is not None and not self.failure_told:
+                self.failure_told = True
+                tell(f"the prompt cache could not write a file in {self.store.dir} ({exc}); replies are "
+                     "unaffected, the cache keeps less (later failures: the worker's log and /metrics' dropped writes)")
             now = time.monotonic()
             if now - self.failed_logged_at >= 60.0:
                 log.warning("could not write %d cache file(s) (%s); replies are unaffected, the cache keeps less",

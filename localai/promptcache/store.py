@@ -114,6 +114,9 @@ class PromptStore:
         self._ram: OrderedDict[str, bytes] = OrderedDict()  # "b:<key>" / "s:<key>" -> payload
         self._ram_size = 0
         self._lock = threading.RLock()
+        # told the first write that failed (a full disk), on the writer thread and never under the lock: the
+        # serving loop sends it to the daemon's log
+        self.on_warning: Callable[[str], None] | None = None
         self._writer = Writer(self, self._lock)
         self._quota = Quota(self)
         self._checkpoints = Checkpoints(self)

@@ -108,6 +108,9 @@ class Worker:
             while True:
                 message = await _read_frame(reader)
                 if message["ev"] == "stats":
+                    if "warning" in message:  # sent as it happens, beside the counters' reports (not one)
+                        log.warning("worker for %s (pid %s): %s", self.name, self.pid, message["warning"])
+                        continue
                     if self.on_stats is not None:
                         self.on_stats(self, message["cache"])
                     continue

@@ -467,3 +467,30 @@ def test_no_entry_file_names_a_block_whose_write_the_queue_bound_dropped(tmp_pat
     assert [(e.session, e.tokens) for e in admin.list_entries(tmp_path)] == [("s", len(first))]  # its file as was
     match = store(tmp_path).lookup(grown)  # after a restart: what is on disk restores
     assert match is not None and match.common == len(first)
+
+
+def test_the_first_failed_write_is_told_once_from_the_writer_thread(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk fails every write: the first is told to ``on_warning`` (the serving loop sends it to the daemon's
+    log, the worker's own log being on that disk), once, outside the store's lock; later ones only count."""
+    def full(*args: Any, **kwargs: Any) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_writer, "write_atomic", full)
+    cache = store(tmp_path)
+    told: list[tuple[str, bool, str]] = []
+
+    def tell(message: str) -> None:
+        free = not cache._lock._is_owned()  # type: ignore[attr-defined]  # RLock's own: held by this thread
+        told.append((message, free, threading.current_thread().name))
+
+    cache.on_warning = tell
+    for session in range(3):
+        tokens = list(range(90_000 + session * 1000, 90_000 + session * 1000 + 2 * BLOCK_TOKENS))
+        cache.save(tokens, state_of(tokens), str(session))
+        cache.flush()
+    assert cache.stats_snapshot()["dropped_writes"] >= 3
+    assert len(told) == 1, told
+    message, free, thread = told[0]
+    assert "could not write a file" in message and "No space left on device" in message and str(cache.dir) in message
+    assert free and thread == "cache-writer"

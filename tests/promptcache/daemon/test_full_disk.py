@@ -30,9 +30,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_full_disk_costs_the_cache_entries_never_a_reply(small_disk: Path, smollm2_path: Path) -> None:
+def test_a_full_disk_costs_the_cache_entries_never_a_reply(small_disk: Path, smollm2_path: Path,
+                                                           tmp_path: Path) -> None:
     home = small_disk / "home"
-    with start_daemon(home, keep_alive="-1") as daemon, daemon.http() as http:
+    # the daemon's stderr off the full disk, as a terminal's is: the worker's log (home/logs) is on it
+    with start_daemon(home, keep_alive="-1", log_path=tmp_path / "daemon.log") as daemon, daemon.http() as http:
         replies = []
         for session in range(3):
             messages = [{"role": "system", "content": f"You are agent {session}. {FILLER}"}]
@@ -44,6 +46,9 @@ def test_a_full_disk_costs_the_cache_entries_never_a_reply(small_disk: Path, smo
                 replies.append(response.json()["choices"][0]["message"]["content"])
                 messages.append({"role": "assistant", "content": replies[-1]})
         assert shutil.disk_usage(small_disk).free < 1 << 20  # the disk did fill: the check proved something
+        # The first failed write is in the daemon's log, once (the worker's log could not take it either)
+        told = [line for line in daemon.log().splitlines() if "the prompt cache could not write a file" in line]
+        assert len(told) == 1 and "No space left on device" in told[0], daemon.log()[-3000:]
         pids = {m["pid"] for m in http.get("/api/ps").json()["models"]}
         assert len(pids) == 1  # one worker served it all: none crashed and was reloaded
         listing = daemon.cli("cache", "ls")
