@@ -240,46 +240,49 @@ def parse(text: str, *, source: str = "Modelfile") -> Modelfile:
     return result
 
 
-def check_template(template: str, where: str, first_line: int = 1) -> None:
-    """Refuse a TEMPLATE that does not parse, reads other files or is over ``MAX_TEMPLATE_CHARS``, naming the
-    Modelfile line. Parsing a large one takes a while: callers in the daemon run this off the event loop."""
-    import jinja2
-
+def _template_refusal(template: str, where: str) -> tuple[str, int] | None:
+    """Why a chat template cannot be used, or None: over ``MAX_TEMPLATE_CHARS`` (line 0), or not parsing, nested too
+    deeply or reading other files (the reason without ``where``, and its line in the template)."""
     if len(template) > MAX_TEMPLATE_CHARS:
-        raise ModelfileError(f"{where}: TEMPLATE is {len(template):,} characters, over the limit of "
-                             f"{MAX_TEMPLATE_CHARS:,}; a chat template is a few kilobytes")
+        return f"{len(template):,} characters, over the limit of {MAX_TEMPLATE_CHARS:,}", 0
+    import jinja2
 
     from localai.models.chat_template import check_source
 
     try:
         check_source(template, where)
     except jinja2.TemplateSyntaxError as exc:
-        line = first_line + (exc.lineno or 1) - 1
         message = exc.message or "invalid template"
         if message.startswith(where):
             message = message[len(where):].lstrip(": ")
-        prefix = where.rsplit(", line", 1)[0]
-        raise ModelfileError(f"{prefix}, line {line}: TEMPLATE {message}") from None
+        return message, exc.lineno or 1
+    return None
+
+
+def check_template(template: str, where: str, first_line: int = 1) -> None:
+    """Refuse a TEMPLATE that does not parse, reads other files or is over ``MAX_TEMPLATE_CHARS``, naming the
+    Modelfile line. Parsing a large one takes a while: callers in the daemon run this off the event loop."""
+    refused = _template_refusal(template, where)
+    if refused is None:
+        return
+    reason, line = refused
+    if not line:
+        raise ModelfileError(f"{where}: TEMPLATE is {reason}; a chat template is a few kilobytes")
+    prefix = where.rsplit(", line", 1)[0]
+    raise ModelfileError(f"{prefix}, line {first_line + line - 1}: TEMPLATE {reason}")
 
 
 def check_weights_template(template: str, where: str) -> None:
-    """The chat template the weights carry (a GGUF header's) held to TEMPLATE's bounds (``check_template``): over
-    ``MAX_TEMPLATE_CHARS``, not parsing (nested too deeply included) or reading other files, it is refused naming
-    ``where`` and the fix, a TEMPLATE of the model's own. Such a template could never render a request."""
-    import jinja2
-
+    """The chat template the weights carry (a GGUF header's) held to TEMPLATE's bounds (``check_template``): refused
+    naming ``where`` and the fix, a TEMPLATE of the model's own. Such a template could never render a request."""
+    refused = _template_refusal(template, where)
+    if refused is None:
+        return
+    reason, line = refused
     fix = "give the model a TEMPLATE of its own in a Modelfile"
-    if len(template) > MAX_TEMPLATE_CHARS:
-        raise ModelfileError(f"{where} is {len(template):,} characters, over TEMPLATE's limit of "
-                             f"{MAX_TEMPLATE_CHARS:,}; {fix}")
-
-    from localai.models.chat_template import check_source
-
-    try:
-        check_source(template, where)
-    except jinja2.TemplateSyntaxError as exc:
-        raise ModelfileError(f"{exc.message or where + ': invalid template'} (its line {exc.lineno or 1}); {fix}") \
-            from None
+    if not line:
+        raise ModelfileError(f"{where} is {reason}; {fix}")
+    raise ModelfileError(f"{where}: {reason} (its line {line}); {fix}")
 
 
 def _parser_name(argument: str, where: str) -> str:
