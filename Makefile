@@ -123,7 +123,7 @@ test-clients: install-test install-clients
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=line install-test install-agents install-clients install-tmux
 	@$(MAKE) --no-print-directory -j4 --output-sync=line fixtures lint typecheck docs
-	@echo "==> The whole test suite on $(TEST_WORKERS) pytest-xdist workers: about 35 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
+	@echo "==> The whole test suite on $(TEST_WORKERS) pytest-xdist workers: about 27 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 ## test-fast: lint, type-check and the tests that load no model and run no agent (about a minute and a half)

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from localai.errors import InvalidRequest
-from localai.models.modelfile import BOOL_PARAMETERS, FLOAT_PARAMETERS, INT_PARAMETERS
+from localai.models.modelfile import FLOAT_PARAMETERS, INT_PARAMETERS
 
 _PLURAL = {"str": "strings", "int": "integers", "float": "numbers", "bool": "booleans"}
 _SINGULAR = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
@@ -155,15 +155,13 @@ def _sentence(field: str | None, what: str) -> str:
 
 
 def json_typed(key: str, value: Any, where: str) -> None:
-    """A Modelfile parameter sent as JSON (Ollama's ``options``, /api/create's ``parameters``) has its JSON type: a
-    number where a number goes and true/false where a switch does, as Ollama's own ``FromMap`` has it (``coerce_
-    parameter`` also reads Modelfile text, so "2" and true were taken for 2 and 1). A whole number written as a
-    float (2.0) is an integer there, as in Ollama; 2.5 for an integer stays refused (Ollama truncates it)."""
-    if value is None:
+    """A numeric Modelfile parameter sent as JSON (Ollama's ``options``, /api/create's ``parameters``) is a JSON
+    number, as Ollama's own ``FromMap`` has it: ``coerce_parameter`` also reads Modelfile text, so "2" and true were
+    taken for 2 and 1. A whole number written as a float (2.0) is an integer, as in Ollama; 2.5 for an integer stays
+    refused (Ollama truncates it). Switches keep ``coerce_parameter``'s reading (true/false, and "true"/"false" as a
+    Modelfile writes them: fit_context "false" has always meant false)."""
+    if value is None or (key not in INT_PARAMETERS and key not in FLOAT_PARAMETERS):
         return
-    if key in INT_PARAMETERS or key in FLOAT_PARAMETERS:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            kind = "an integer" if key in INT_PARAMETERS else "a number"
-            raise InvalidRequest(f"'{where}' must be {kind}, not {given(value)}", param=where)
-    elif key in BOOL_PARAMETERS and not isinstance(value, bool):
-        raise InvalidRequest(f"'{where}' must be true or false, not {given(value)}", param=where)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        kind = "an integer" if key in INT_PARAMETERS else "a number"
+        raise InvalidRequest(f"{where}: {key} must be {kind}, not {given(value)}", param=where)

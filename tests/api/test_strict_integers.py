@@ -67,13 +67,11 @@ def test_integers_and_booleans_still_pass(api: TestClient) -> None:
 OLLAMA = [("/api/generate", {"model": "smollm2", "prompt": "hi", "stream": False}),
           ("/api/chat", {"model": "smollm2", "messages": USER, "stream": False})]
 OPTIONS = [
-    ("num_predict", True, "'options.num_predict' must be an integer, not true/false"),
-    ("num_predict", "2", "'options.num_predict' must be an integer, not a string"),
-    ("num_ctx", [2048], "'options.num_ctx' must be an integer, not a list of numbers"),
-    ("temperature", "0.5", "'options.temperature' must be a number, not a string"),
-    ("temperature", False, "'options.temperature' must be a number, not true/false"),
-    ("use_mmap", 1, "'options.use_mmap' must be true or false, not a number"),
-    ("use_mmap", "true", "'options.use_mmap' must be true or false, not a string"),
+    ("num_predict", True, "options.num_predict: num_predict must be an integer, not true/false"),
+    ("num_predict", "2", "options.num_predict: num_predict must be an integer, not a string"),
+    ("num_ctx", [2048], "options.num_ctx: num_ctx must be an integer, not a list of numbers"),
+    ("temperature", "0.5", "options.temperature: temperature must be a number, not a string"),
+    ("temperature", False, "options.temperature: temperature must be a number, not true/false"),
     ("num_predict", 2.5, "num_predict must be an integer"),
 ]
 
@@ -83,7 +81,8 @@ OPTIONS = [
                          ids=[f"{o}={v!r}" for o, v, _ in OPTIONS])
 def test_ollama_options_take_their_json_types(api: TestClient, path: str, body: dict[str, Any], option: str,
                                               value: Any, message: str) -> None:
-    """Ollama's options are JSON: "2" and true were read as 2 and 1 (their parser also reads Modelfile text)."""
+    """Ollama's numeric options are JSON numbers: "2" and true were read as 2 and 1 (their parser also reads
+    Modelfile text)."""
     response = api.post(path, json={**body, "options": {option: value}})
     assert response.status_code == 400, (option, value, response.text[:300])
     assert message in response.json()["error"], response.text
@@ -92,14 +91,15 @@ def test_ollama_options_take_their_json_types(api: TestClient, path: str, body: 
 def test_ollama_options_of_the_right_types_still_pass(api: TestClient) -> None:
     """A whole float for an integer is an integer, as in Ollama (JSON has one number type); an int for a float."""
     for path, body in OLLAMA:
-        options = {"num_predict": 2.0, "temperature": 0, "top_p": 0.9, "seed": 3, "use_mmap": True, "stop": ["x"]}
+        options = {"num_predict": 2.0, "temperature": 0, "top_p": 0.9, "seed": 3, "use_mmap": True, "stop": ["x"],
+                   "fit_context": "true"}  # a switch as a Modelfile writes it still reads (test_limits)
         response = api.post(path, json={**body, "options": options})
         assert response.status_code == 200, response.text
 
 
 def test_create_parameters_take_their_json_types(api: TestClient) -> None:
     refused = api.post("/api/create", json={"model": "typed", "from": "smollm2", "parameters": {"num_ctx": "2048"}})
-    assert refused.status_code == 400 and "'parameters.num_ctx' must be an integer, not a string" in refused.text
+    assert refused.status_code == 400 and "parameters.num_ctx: num_ctx must be an integer, not a string" in refused.text
     assert api.post("/api/show", json={"model": "typed"}).status_code == 404
     made = api.post("/api/create", json={"model": "typed", "from": "smollm2", "parameters": {"num_ctx": 2048}})
     assert made.status_code == 200, made.text

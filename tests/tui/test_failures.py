@@ -99,7 +99,8 @@ async def test_worker_crash_mid_reply_is_a_notification_and_the_next_message_wor
         os.kill(model["pid"], signal.SIGKILL)  # the worker process running llama.cpp dies
         await until(pilot, lambda: not screen.generating, "the reply to end")
         assert screen.query(Reply).last().message.stopped
-        notes = [f"{n.title}: {n.message}" for n in app._notifications]
+        # the notification is a message the app handles after the reply ends (a fresh clone's run looked between)
+        notes = await until(pilot, lambda: [f"{n.title}: {n.message}" for n in app._notifications], "a notification")
         assert any(note.startswith("Worker crashed:") and "Send again" in note for note in notes), notes
         screen.conversation.options = {"num_predict": 8, "temperature": 0}
         screen.query_one(PromptInput).text = "Say hello."
