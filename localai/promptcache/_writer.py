@@ -259,8 +259,12 @@ class Writer:
             tell = self.store.on_warning
             if tell is not None and not self.failure_told:
                 self.failure_told = True
-                tell(f"the prompt cache could not write a file in {self.store.dir} ({exc}); replies are "
-                     "unaffected, the cache keeps less (later failures: the worker's log and /metrics' dropped writes)")
+                try:  # whatever the telling does, the writer thread goes on
+                    tell(f"the prompt cache could not write a file in {self.store.dir} ({exc}); replies are "
+                         "unaffected, the cache keeps less (later failures: the worker's log and /metrics' dropped "
+                         "writes)")
+                except Exception:
+                    log.exception("could not pass on the cache's first failed write")
             now = time.monotonic()
             if now - self.failed_logged_at >= 60.0:
                 log.warning("could not write %d cache file(s) (%s); replies are unaffected, the cache keeps less",

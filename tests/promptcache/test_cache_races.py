@@ -494,3 +494,31 @@ def test_the_first_failed_write_is_told_once_from_the_writer_thread(tmp_path: Pa
     message, free, thread = told[0]
     assert "could not write a file" in message and "No space left on device" in message and str(cache.dir) in message
     assert free and thread == "cache-writer"
+
+
+def test_a_failing_warning_never_stops_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``on_warning`` runs on the writer thread: had it raised out of the writer's loop, every later write would
+    have queued for nothing."""
+    real = _writer.write_atomic
+    full = [True]
+
+    def maybe_full(*args: Any, **kwargs: Any) -> int:
+        if full[0]:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    def broken(message: str) -> None:
+        raise RuntimeError("the daemon is gone")
+
+    monkeypatch.setattr(_writer, "write_atomic", maybe_full)
+    cache = store(tmp_path)
+    cache.on_warning = broken
+    tokens = list(range(95_000, 95_000 + 2 * BLOCK_TOKENS))
+    cache.save(tokens, state_of(tokens), "a")
+    cache.flush()
+    full[0] = False  # the disk has room again
+    later = list(range(96_000, 96_000 + 2 * BLOCK_TOKENS))
+    cache.save(later, state_of(later), "b")
+    cache.flush(timeout=10)
+    assert cache._writer.thread.is_alive() and cache.stats_snapshot()["blocks_written"] == 2
+
