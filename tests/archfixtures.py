@@ -130,6 +130,11 @@ def _copy(reader: Any, target: Path, *, metadata: dict[str, Any], tensors: dict[
     for tensor in reader.tensors:
         data = (tensors or {}).get(tensor.name, tensor.data)
         writer.add_tensor(tensor.name, data, raw_dtype=None if tensor.name in (tensors or {}) else tensor.tensor_type)
+    _write_whole(writer, temp, target)
+
+
+def _write_whole(writer: Any, temp: Path, target: Path) -> None:
+    """A GGUF writer's file written to ``temp`` and moved onto ``target``: whole or not at all."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -250,11 +255,7 @@ def write_bert_reranker(out: Path) -> Path:
     normal("cls.bias", n_embd, scale=0.1)
     normal("cls.output.weight", 1, n_embd, scale=2.0)
     constant("cls.output.bias", 1, 0.5)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(temp, target)
+    _write_whole(writer, temp, target)
     return target
 
 
@@ -273,11 +274,7 @@ def write_lora(target: Path, arch: str, tensors: dict[str, Any], name: str | Non
         writer.add_name(name)
     for tensor_name, values in tensors.items():
         writer.add_tensor(tensor_name, values)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(temp, target)
+    _write_whole(writer, temp, target)
     return target
 
 
