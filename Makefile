@@ -7,8 +7,11 @@ PIP := $(BIN)/python -m pip
 # On x86-64 it is built without llama.cpp's AMX kernels, which segfault on some Sapphire Rapids machines (llama.cpp
 # #20824); the weights' other CPU layouts (AVX2/AVX-512 repacking) stay. `make test NO_AMX=` builds them in.
 NO_AMX ?= $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8)
+# llama.cpp's RPC backend is built in (a model's layers on other machines: `localai rpc-server`, PARAMETER rpc);
+# `make test RPC=` leaves it out.
+RPC ?= -DGGML_RPC=ON
 # `override`: also when CMAKE_ARGS=... is given on make's command line
-override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(NO_AMX))
+override CMAKE_ARGS := $(strip $(CMAKE_ARGS) $(RPC) $(NO_AMX))
 export CMAKE_ARGS
 
 # make test's suite runs on this many pytest-xdist workers, each file on one worker (its module fixtures start
@@ -136,7 +139,7 @@ test-fast: install-test lint typecheck
 # skips unless GGML_VK_VISIBLE_DEVICES names it (0 here by default).
 GPU_BACKEND ?= vulkan
 GPU_VENV ?= .venv-gpu
-GPU_WHEELS ?= $(HOME)/.cache/localai/wheels/$(GPU_BACKEND)
+GPU_WHEELS ?= $(HOME)/.cache/localai/wheels/$(GPU_BACKEND)-rpc
 GGML_VK_VISIBLE_DEVICES ?= 0
 
 $(GPU_VENV)/.installed-$(GPU_BACKEND): pyproject.toml packaging/gpu/build-llama-cpp.sh

@@ -32,6 +32,12 @@ def cache_dir() -> Path:
     return home() / "cache"
 
 
+def rpc_cache_dir() -> Path:
+    """Where ``localai rpc-server --cache`` keeps the tensors other machines sent it (llama.cpp's ``rpc-server -c``):
+    a restarted client's next load sends each tensor's hash instead of its bytes."""
+    return home() / "rpc-cache"
+
+
 def logs_dir() -> Path:
     """Daemon and worker logs."""
     return home() / "logs"

@@ -25,6 +25,8 @@ Manager = Literal["systemd", "launchd"]
 MANAGERS: tuple[Manager, ...] = ("systemd", "launchd")
 UNIT = "localai.service"
 LABEL = "dev.localai.daemon"
+RPC_UNIT = "localai-rpc.service"  # `localai service install --rpc`: this machine's devices for other localai daemons
+RPC_LABEL = "dev.localai.rpc-server"
 MARKER = "# Written by `localai service install`; `localai service uninstall` removes it."
 PLIST_MARKER = "LocalAIServiceVersion"  # a key in the plist: the file is ours to replace
 # What the service copies from the installing environment besides LOCALAI_*: where models already on disk are,
@@ -42,8 +44,11 @@ def default_manager() -> Manager:
     return "launchd" if sys.platform == "darwin" else "systemd"
 
 
-def command_line() -> list[str]:
-    """The daemon's command line: this interpreter, so the service runs the localai that installed it."""
+def command_line(rpc_args: tuple[str, ...] | None = None) -> list[str]:
+    """The daemon's command line (or, with ``rpc_args``, ``localai rpc-server``'s): this interpreter, so the
+    service runs the localai that installed it."""
+    if rpc_args is not None:
+        return [sys.executable, "-m", "localai", "rpc-server", *rpc_args]
     return [sys.executable, "-m", "localai", "serve"]
 
 
@@ -71,18 +76,27 @@ def _systemd_assignment(key: str, value: str) -> str:
 @dataclass(frozen=True)
 class Service:
     manager: Manager
+    rpc_args: tuple[str, ...] | None = None  # the rpc-server unit (its arguments), not the daemon's
+
+    @property
+    def unit(self) -> str:
+        return UNIT if self.rpc_args is None else RPC_UNIT
+
+    @property
+    def label(self) -> str:
+        return LABEL if self.rpc_args is None else RPC_LABEL
 
     @property
     def path(self) -> Path:
         if self.manager == "launchd":
-            return Path.home() / "Library" / "LaunchAgents" / f"{LABEL}.plist"
+            return Path.home() / "Library" / "LaunchAgents" / f"{self.label}.plist"
         config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-        return Path(config).expanduser() / "systemd" / "user" / UNIT
+        return Path(config).expanduser() / "systemd" / "user" / self.unit
 
     @property
     def log_path(self) -> Path:
         """Where a launchd service logs (systemd's goes to the journal)."""
-        return paths.logs_dir() / "service.log"
+        return paths.logs_dir() / ("service.log" if self.rpc_args is None else "rpc-server.log")
 
     def render(self) -> bytes:
         """The unit or plist for this user, from the template in packaging/."""
@@ -90,15 +104,22 @@ class Service:
         if self.manager == "systemd":
             text = (template / UNIT).read_text()
             body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-            body = body.replace("@EXEC_START@", " ".join(_systemd_word(word) for word in command_line()))
+            if self.rpc_args is not None:
+                body = re.sub(r"^Description=.*$", "Description=localai rpc-server (this machine's devices for the "
+                              "models of other localai daemons)", body, flags=re.MULTILINE)
+            body = body.replace("@EXEC_START@", " ".join(_systemd_word(word)
+                                                         for word in command_line(self.rpc_args)))
             body = body.replace("@ENVIRONMENT@", "\n".join(_systemd_assignment(k, v)
                                                            for k, v in environment().items()))
             return f"{MARKER}\n{body.strip()}\n".encode()
         with open(template / f"{LABEL}.plist", "rb") as handle:
             plist = plistlib.load(handle)
-        plist["ProgramArguments"] = [*command_line(), "--log-file", str(self.log_path)]
+        plist["Label"] = self.label
+        plist["ProgramArguments"] = ([*command_line(), "--log-file", str(self.log_path)] if self.rpc_args is None
+                                     else command_line(self.rpc_args))
         plist["EnvironmentVariables"] = environment()
-        plist["StandardOutPath"] = plist["StandardErrorPath"] = str(paths.logs_dir() / "service.err")
+        plist["StandardOutPath"] = plist["StandardErrorPath"] = str(
+            paths.logs_dir() / "service.err" if self.rpc_args is None else self.log_path)
         plist[PLIST_MARKER] = 1
         return plistlib.dumps(plist)
 
@@ -138,30 +159,30 @@ class Service:
     def start(self) -> None:
         if self.manager == "systemd":
             _run(["systemctl", "--user", "daemon-reload"])
-            _run(["systemctl", "--user", "enable", "--now", UNIT])
+            _run(["systemctl", "--user", "enable", "--now", self.unit])
         else:
-            _run(["launchctl", "bootout", _launchd_target()], check=False)
+            _run(["launchctl", "bootout", self.launchd_target()], check=False)
             _run(["launchctl", "bootstrap", f"gui/{os.getuid()}", str(self.path)])
 
     def start_hint(self) -> list[str]:
         if self.manager == "systemd":
-            return ["systemctl", "--user", "enable", "--now", UNIT]
+            return ["systemctl", "--user", "enable", "--now", self.unit]
         return ["launchctl", "bootstrap", f"gui/{os.getuid()}", str(self.path)]
 
     def stop(self) -> None:
         if self.manager == "systemd":
-            _run(["systemctl", "--user", "disable", "--now", UNIT], check=False)
+            _run(["systemctl", "--user", "disable", "--now", self.unit], check=False)
             _run(["systemctl", "--user", "daemon-reload"], check=False)
         else:
-            _run(["launchctl", "bootout", _launchd_target()], check=False)
+            _run(["launchctl", "bootout", self.launchd_target()], check=False)
 
     def state(self) -> str:
         """The manager's word for the service: active, inactive, failed... or why it cannot tell."""
         try:
             if self.manager == "systemd":
-                said = _run(["systemctl", "--user", "is-active", UNIT], check=False, errors=True).strip()
+                said = _run(["systemctl", "--user", "is-active", self.unit], check=False, errors=True).strip()
                 return said.splitlines()[0] if said else "unknown"
-            output = _run(["launchctl", "print", _launchd_target()], check=False)
+            output = _run(["launchctl", "print", self.launchd_target()], check=False)
         except ServiceError as exc:
             return f"unknown ({exc.message})"
         match = re.search(r"^\s*state = (\S+)", output, re.MULTILINE)
@@ -169,12 +190,12 @@ class Service:
 
     def logs_command(self, lines: int, follow: bool) -> list[str]:
         if self.manager == "systemd":
-            return ["journalctl", "--user", "-u", UNIT, "-n", str(lines), "--no-pager", *(["-f"] if follow else [])]
+            return ["journalctl", "--user", "-u", self.unit, "-n", str(lines), "--no-pager",
+                    *(["-f"] if follow else [])]
         return ["tail", "-n", str(lines), *(["-F"] if follow else []), str(self.log_path)]
 
-
-def _launchd_target() -> str:
-    return f"gui/{os.getuid()}/{LABEL}"
+    def launchd_target(self) -> str:
+        return f"gui/{os.getuid()}/{self.label}"
 
 
 def _run(command: list[str], check: bool = True, errors: bool = False) -> str:

@@ -27,6 +27,22 @@ def default_cache_ram_bytes() -> int:
     return max(256 << 20, min(4 << 30, total // 16))
 
 
+RPC_PORT = 50052  # llama.cpp's rpc-server's default port
+
+
+def rpc_endpoint(text: str) -> str:
+    """A llama.cpp RPC server's address as ``host:port`` (llama.cpp's form; an IPv6 host in brackets), checked:
+    llama.cpp aborts the whole process on an endpoint it cannot parse."""
+    value = text.strip()
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"rpc server {text!r}: expected host:port (e.g. 192.168.1.20:{RPC_PORT})")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not bare or any(c.isspace() or c in ",/@" for c in bare) or (":" in bare and bare == host):
+        raise ValueError(f"rpc server {text!r}: expected host:port (an IPv6 address in brackets: [::1]:{RPC_PORT})")
+    return f"{host}:{int(port)}"
+
+
 def parse_duration(value: str | int | float) -> float:
     """Seconds from ``"5m"``, ``"1h30m"``, ``"7d"``, ``"300"``, ``300`` or ``"-1"`` (negative means forever)."""
     if isinstance(value, (int, float)):
@@ -105,6 +121,12 @@ class Settings(BaseSettings):
         description="The preferred engine: models whose weights it can load run on it, and a library pull with "
         "both sources takes its format (default: MLX on Apple Silicon when mlx is installed, else llama.cpp). "
         "`scripted` answers from a script without loading a model (for tests).",
+    )
+    rpc_servers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated llama.cpp RPC servers (`host:port`, `localai rpc-server` on each machine) that "
+        "every GGUF model spreads its layers over, beside the local devices; a Modelfile's `PARAMETER rpc` lines "
+        "replace the list for that model.",
     )
     origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated browser origins allowed by CORS (none by default)."
@@ -186,6 +208,15 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("rpc_servers", mode="before")
+    @classmethod
+    def _split_rpc(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [item for item in value.split(",") if item.strip()]
+        if not isinstance(value, list):
+            raise ValueError("a comma-separated list of host:port")
+        return [rpc_endpoint(str(item)) for item in value]
 
     @field_validator("discover", mode="before")
     @classmethod

@@ -87,7 +87,7 @@ def test_every_variable_the_code_reads_is_on_the_configuration_page() -> None:
 def commands() -> list[tuple[str, list[str]]]:
     """Every command path and its long options, from click's own tree."""
     import localai.cli as cli_module
-    from localai.cli import bench, cache, daemon, launch, models, pull, run, serve, service, tui  # noqa: F401
+    from localai.cli import bench, cache, daemon, launch, models, pull, rpc, run, serve, service, tui  # noqa: F401
 
     root = cli_module.cli
     context = click.Context(root)

@@ -180,3 +180,31 @@ def test_the_service_passes_the_gpu_selection_variables(monkeypatch: pytest.Monk
     env = environment()
     assert {key: env.get(key) for key in chosen} == chosen
     assert "UNRELATED_SECRET" not in env
+
+
+def test_the_rpc_server_unit_lives_beside_the_daemons_and_refuses_an_open_address(env: dict[str, str],
+                                                                                    tmp_path: Path) -> None:
+    daemon_unit, rpc_unit = tmp_path / "config" / UNIT, tmp_path / "config" / "systemd/user/localai-rpc.service"
+    assert localai("service", "install", "--no-start", env=env).returncode == 0
+    done = localai("service", "install", "--no-start", "--rpc", "--rpc-port", "50070", env=env)
+    assert done.returncode == 0, done.stderr
+    command, environment = systemd_unit(rpc_unit.read_text())
+    assert command == [sys.executable, "-m", "localai", "rpc-server", "--host", "127.0.0.1", "--port", "50070"]
+    assert "Description=localai rpc-server" in rpc_unit.read_text()
+    assert environment["LOCALAI_HOME"] == env["LOCALAI_HOME"]
+    assert systemd_unit(daemon_unit.read_text())[0][-1] == "serve"  # the daemon's unit is untouched
+    status = localai("service", "status", "--rpc", env=env)
+    assert "localai-rpc.service (installed)" in status.stdout and "daemon:" not in status.stdout
+    open_address = localai("service", "install", "--no-start", "--rpc", "--rpc-host", "0.0.0.0", env=env)
+    assert open_address.returncode == 1 and "--rpc-host 0.0.0.0 would serve" in open_address.stderr
+    exposed = localai("service", "install", "--no-start", "--rpc", "--rpc-host", "100.64.0.7", "--expose", env=env)
+    assert exposed.returncode == 0 and systemd_unit(rpc_unit.read_text())[0][-5:] == [
+        "--host", "100.64.0.7", "--port", "50052", "--expose"]
+    stray = localai("service", "install", "--no-start", "--rpc-port", "50070", env=env)
+    assert stray.returncode == 2 and "add --rpc" in stray.stderr
+    plist = localai("service", "install", "--manager", "launchd", "--print", "--rpc", env=env)
+    loaded = plistlib.loads(plist.stdout.encode())
+    assert loaded["Label"] == "dev.localai.rpc-server" and loaded["ProgramArguments"][-5:] == [
+        "rpc-server", "--host", "127.0.0.1", "--port", "50052"]
+    assert localai("service", "uninstall", "--rpc", env=env).returncode == 0
+    assert not rpc_unit.exists() and daemon_unit.exists()

@@ -112,6 +112,9 @@ async def info(request: Request, model: str | None = None, refresh: bool = False
                 "preferred": preferred_engine(settings) == "mlx"},
         "gpu_overhead": settings.gpu_overhead,
         "host_free": available_memory(),
+        # every model's RPC servers (LOCALAI_RPC_SERVERS); not greeted here: a server busy with a worker would
+        # keep this answer waiting (an rpc-server serves one client at a time)
+        "rpc_servers": list(settings.rpc_servers),
     }
     if model:
         runtime = runtime_of(request)

@@ -153,6 +153,10 @@ def request_options(options: dict[str, Any]) -> Options:
     known: dict[str, Any] = {}
     for key, value in options.items():
         if key in PARAMETERS and value is not None:
+            if key == "rpc":  # the daemon would connect wherever a request said: the machines are the owner's choice
+                raise InvalidRequest("options.rpc: the RPC servers a model spreads over are set by its Modelfile "
+                                     "(PARAMETER rpc host:port) or LOCALAI_RPC_SERVERS, not per request",
+                                     param="options.rpc")
             json_typed(key, value, f"options.{key}")
             try:
                 known[key] = coerce_parameter(key, value, f"options.{key}")

@@ -38,7 +38,7 @@ def cli() -> None:
 
 def main() -> None:
     # importing them registers their commands
-    from localai.cli import bench, cache, daemon, launch, models, pull, run, serve, service, tui  # noqa: F401
+    from localai.cli import bench, cache, daemon, launch, models, pull, rpc, run, serve, service, tui  # noqa: F401
 
     if len(sys.argv) == 1 and sys.stdin.isatty() and sys.stdout.isatty():
         cli(["tui"], prog_name="localai")  # bare `localai` in a terminal opens the TUI, as `ollama` opens its menu

@@ -149,6 +149,13 @@ def info(model: str | None, as_json: bool) -> None:
             memory = ("the system's RAM (see RAM free)" if device["type"] == "cpu" else
                       f"{device['free'] / 2**30:.1f} of {device['total'] / 2**30:.1f} GiB free")
             click.echo(f"  {device['name']:<12} {device['type']:<5} {device['description']}: {memory}")
+        servers = report.get("rpc_servers") or []
+        if not llama.get("rpc"):
+            click.echo("RPC            not built in (reinstall llama-cpp-python with CMAKE_ARGS=-DGGML_RPC=ON)")
+        else:
+            click.echo("RPC            built in: `localai rpc-server` serves this machine's devices; "
+                       + (f"every model spreads over {', '.join(servers)}" if servers
+                          else "no servers for every model (LOCALAI_RPC_SERVERS; a Modelfile's PARAMETER rpc)"))
     mlx = report["mlx"]
     click.echo(f"MLX            {'installed' if mlx['installed'] else 'not installed'}"
                f"{', preferred (Apple Silicon)' if mlx['preferred'] else ''}")
@@ -166,6 +173,9 @@ def info(model: str | None, as_json: bool) -> None:
                            f"{placement['total_bytes'] / 2**30:.2f} GiB"
                            + (f", {placement['experts']}" if placement.get("experts") else "")
                            + f"; {placement['reason']}")
+                if placement.get("layer_devices"):
+                    click.echo("  layers       " + ", ".join(f"{span['layers']} on {span['device']}"
+                                                            for span in placement["layer_devices"]))
 
 
 def _worker(model: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ class LoadOptions:
     n_batch: int = 512
     num_gpu: int = -1
     num_cpu_moe: int = -1  # the first layers whose expert tensors stay on the CPU (-1: by free memory)
+    rpc_servers: list[str] = field(default_factory=list)  # llama.cpp RPC servers (host:port) to place layers on
     use_mmap: bool = True
     flash_attention: bool = False
     cpu_repack: str = "auto"  # auto, on, off: llama.cpp's weight repacking (extra buffer types)

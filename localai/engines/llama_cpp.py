@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import llama_cpp as L
 import numpy as np
 
-from localai.engines import llama_devices, llama_state
+from localai.engines import llama_devices, llama_rpc, llama_state
 from localai.engines.descriptions import speculative_support, state_kind
 from localai.engines.engine import (
     BatchItem,
@@ -110,6 +110,7 @@ class LlamaCppEngine:
     def __init__(self, options: LoadOptions, *, debug: bool = False) -> None:
         # Placement first: asking llama.cpp for its devices starts the GPU backends, whose start-up lines (the
         # device found, its memory) then reach the worker's log as llama.cpp prints them.
+        llama_rpc.add_servers(options.rpc_servers)  # their devices join the ones placement spreads layers over
         self.placement = self._place(options)
         quiet_llama_logs(debug)
         L.llama_backend_init()
@@ -254,6 +255,7 @@ class LlamaCppEngine:
                 size for key, size in report.buffers.items() if key.split()[1] in ("model", "KV", "RS")))
         if not placement.layers:
             placement.devices, placement.device_bytes = [], 0
+        placement.layer_devices = report.layer_spans()
 
     def _create_context(self, options: LoadOptions, n_batch: int) -> None:
         self.vocab = L.llama_model_get_vocab(self.model)

@@ -10,6 +10,7 @@ The Vulkan backend skips CPU-type devices (Mesa's llvmpipe) unless ``GGML_VK_VIS
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import re
 import sys
@@ -22,11 +23,27 @@ TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 _BOUND = False
 
 
-def _lib() -> Any:
-    global _BOUND
+@functools.cache
+def libggml() -> Any:
+    """The libggml that libllama uses, one handle per process (the functions bound on it keep their types; a new
+    handle's would return C ints, pointers cut to 32 bits). llama-cpp-python's ``_ggml`` opens ``lib/libggml.so``
+    by path while libllama links ``libggml.so.0`` by its soname, and the wheel holds them as two files, so the
+    loader maps two copies: two device registries. GPUs are in both (registered statically), but an RPC server
+    added to the wrong one is never seen by a model load."""
+    from pathlib import Path
+
     from llama_cpp import _ggml
 
-    lib = _ggml.libggml
+    folder = Path(str(_ggml.libggml._name)).parent
+    by_soname = sorted(folder.glob("libggml.so.*"), key=lambda path: len(path.name)) + sorted(
+        folder.glob("libggml.*.dylib"), key=lambda path: len(path.name))
+    return ctypes.CDLL(str(by_soname[0])) if by_soname else _ggml.libggml
+
+
+def _lib() -> Any:
+    global _BOUND
+
+    lib = libggml()
     if not _BOUND:
         pointer, size = ctypes.c_void_p, ctypes.c_size_t
         for name, args, result in (
@@ -90,6 +107,7 @@ _BUFFER = re.compile(r"^\w+: +(\S+) (model|KV|RS|compute) buffer size = +([\d.]+
 
 
 _LOAD_ERROR = re.compile(r"error loading model: (.+)")
+_LAYER = re.compile(r"layer +(\d+) assigned to device (.+?), is_swa")
 
 
 @dataclass
@@ -101,16 +119,31 @@ class LoadReport:
     layers_total: int | None = None
     buffers: dict[str, int] = field(default_factory=dict)  # "Vulkan0 model" -> bytes
     error: str | None = None  # why a load failed, in llama.cpp's words
+    layers: dict[int, str] = field(default_factory=dict)  # each repeating layer's device ("CPU", "RPC0[host:port]")
 
     def feed(self, text: str) -> None:
         for line in text.splitlines():
             if (match := _LOAD_ERROR.search(line)) is not None:
                 self.error = match[1].strip()
+            elif (match := _LAYER.search(line)) is not None:
+                self.layers[int(match[1])] = match[2].strip()
             elif (match := _OFFLOADED.search(line)) is not None:
                 self.offloaded, self.layers_total = int(match[1]), int(match[2])
             elif (match := _BUFFER.match(line.strip())) is not None:
                 key = f"{match[1]} {match[2]}"
                 self.buffers[key] = self.buffers.get(key, 0) + int(float(match[3]) * (1 << 20))
+
+    def layer_spans(self) -> list[dict[str, str]]:
+        """Which layers went to which device, in runs: ``[{"device": "RPC0[10.0.0.2:50052]", "layers": "0-13"}]``."""
+        spans: list[dict[str, Any]] = []
+        for index in sorted(self.layers):
+            device = self.layers[index]
+            if spans and spans[-1]["device"] == device and spans[-1]["last"] == index - 1:
+                spans[-1]["last"] = index
+            else:
+                spans.append({"device": device, "first": index, "last": index})
+        return [{"device": span["device"], "layers": f"{span['first']}" if span["first"] == span["last"]
+                 else f"{span['first']}-{span['last']}"} for span in spans]
 
     def device_bytes(self, kinds: tuple[str, ...] = ("model", "KV", "RS")) -> int:
         """Bytes in buffers that are not the CPU's (host buffers are named CPU, CPU_Mapped, CUDA_Host, ...)."""
@@ -125,7 +158,9 @@ def report() -> dict[str, Any]:
     return {
         "llama_cpp_python": L.__version__,
         "backends": backends(),
-        "gpu_offload": bool(L.llama_supports_gpu_offload()),
+        # a local GPU (llama_supports_gpu_offload also says yes for a build with the RPC backend, GPU or not)
+        "gpu_offload": any(device.type in ("gpu", "igpu") for device in devices()),
+        "rpc": bool(L.llama_supports_rpc()),  # the RPC backend: layers on other machines (localai rpc-server)
         "devices": [asdict(device) for device in devices()],
     }
 

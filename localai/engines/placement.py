@@ -67,6 +67,7 @@ class Placement:
     reason: str = ""
     cpu_moe: int = 0  # the first layers whose expert tensors stay on the CPU (llama.cpp's --n-cpu-moe)
     layers_moe: int = 0  # the layers with experts (0: not a mixture of experts)
+    layer_devices: list[dict[str, str]] = field(default_factory=list)  # llama.cpp's: [{device, layers: "0-13"}]
 
     @property
     def processor(self) -> str:
@@ -74,10 +75,13 @@ class Placement:
         of the bytes on each (the token embeddings stay on the CPU in llama.cpp even with every layer offloaded)."""
         if self.layers <= 0 or self.device_bytes <= 0:
             return "100% CPU"
+        # layers on other machines' devices (llama.cpp's RPC backend) and none on a local GPU: say where they are
+        remote = bool(self.devices) and all(device.get("backend") == "RPC" for device in self.devices)
+        where = "RPC" if remote else "GPU"
         if self.layers >= self.layers_total and not self.cpu_moe:
-            return "100% GPU"
+            return f"100% {where}"
         gpu = min(99, max(1, round(100 * self.device_bytes / max(self.total_bytes, 1))))
-        return f"{100 - gpu}%/{gpu}% CPU/GPU"
+        return f"{100 - gpu}%/{gpu}% CPU/{where}"
 
     @property
     def experts(self) -> str:

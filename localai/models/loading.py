@@ -167,6 +167,8 @@ def load_options(record: ModelRecord, settings: Settings, overrides: dict[str, A
         "n_batch": int(params.get("num_batch") or 512),
         "num_gpu": int(params.get("num_gpu", -1)),
         "num_cpu_moe": int(params.get("num_cpu_moe", -1)),
+        # llama.cpp RPC servers the layers spread over: the Modelfile's, else every model's (LOCALAI_RPC_SERVERS)
+        "rpc_servers": list(params.get("rpc") or settings.rpc_servers),
         "use_mmap": bool(params.get("use_mmap", True)),
         "flash_attention": settings.flash_attention,
         "cpu_repack": settings.cpu_repack,
@@ -202,7 +204,8 @@ def load_key(record: ModelRecord, settings: Settings, overrides: dict[str, Any] 
     memory would come out smaller once the first model's worker holds its share, and split them.
     """
     params: dict[str, Any] = {**record.parameters, **(overrides or {})}
-    asked = tuple((name, params[name]) for name in sorted(LOAD_PARAMETERS) if params.get(name) is not None)
+    asked = tuple((name, tuple(value) if isinstance(value := params[name], list) else value)
+                  for name in sorted(LOAD_PARAMETERS) if params.get(name) is not None)
     return (engine_for(record, settings.engine), record.format, record.path, record.sha256,
             tuple((a["path"], a["sha256"], a["scale"]) for a in record.adapters), record.projector, asked)
 

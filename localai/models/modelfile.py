@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from localai.errors import ModelfileError
+from localai.settings import rpc_endpoint
 
 INT_PARAMETERS = frozenset(
     {"num_ctx", "num_predict", "num_keep", "num_batch", "num_thread", "num_gpu", "num_cpu_moe", "main_gpu", "seed",
@@ -22,7 +23,8 @@ FLOAT_PARAMETERS = frozenset(
      "timeout", "connect_timeout"}
 )
 BOOL_PARAMETERS = frozenset({"use_mmap", "fit_context"})
-LIST_PARAMETERS = frozenset({"stop", "replica"})
+# rpc: a llama.cpp RPC server (host:port) that the model's layers spread over, one line each (llama-server's --rpc)
+LIST_PARAMETERS = frozenset({"stop", "replica", "rpc"})
 # Free text: a remote model's id upstream, and the environment variable holding its API key (never the key).
 STRING_PARAMETERS = frozenset({"upstream_model", "api_key_env"})
 # The engine a model runs on (see models/loading.engine_for); `scripted` is the test stand-in (no model is loaded).
@@ -48,7 +50,7 @@ PARAMETERS = (INT_PARAMETERS | FLOAT_PARAMETERS | BOOL_PARAMETERS | LIST_PARAMET
               | frozenset(CHOICE_PARAMETERS))
 # Parameters that change how the model is loaded (a change means a reload), not how it samples.
 LOAD_PARAMETERS = frozenset({"num_ctx", "num_batch", "num_gpu", "num_cpu_moe", "main_gpu", "use_mmap", "num_thread",
-                             "kv_type"})
+                             "kv_type", "rpc"})
 # What each numeric parameter may be. Values outside would crash or overflow the engine (1e400), allocate without
 # limit (repeat_last_n 200000000) or make no sense (num_ctx -1); they are refused naming the parameter and range.
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -335,6 +337,11 @@ def coerce_parameter(name: str, raw: Any, where: str = "parameter") -> Parameter
         if len(items) > MAX_STOPS or any(len(item) > MAX_STOP_CHARS for item in items):
             raise ModelfileError(f"{where}: {name} takes at most {MAX_STOPS} strings of at most "
                                  f"{MAX_STOP_CHARS} characters")
+        if name == "rpc":
+            try:
+                return list(dict.fromkeys(rpc_endpoint(item) for item in items))
+            except ValueError as exc:
+                raise ModelfileError(f"{where}: {exc} (the address `localai rpc-server` listens on)") from exc
         return list(items)
     if name in SECRET_PARAMETERS:
         raise ModelfileError(f"{where}: a Modelfile never holds an API key (it would be stored in clear); put the key "

@@ -134,6 +134,9 @@ class RowBuilder:
             size = weights.total_size(path)
         except (OSError, ValueError) as exc:
             raise ModelfileError(f"FROM {modelfile.from_}: {exc}") from exc
+        if fmt == "mlx" and modelfile.parameters.get("rpc"):
+            raise ModelfileError("PARAMETER rpc: llama.cpp's RPC backend spreads GGUF models; an MLX model runs on "
+                                 "this machine's own device")
         projector = self._projector(modelfile, base, fmt, meta.width if fmt == "gguf" else 0)
         adapters = self._adapters(modelfile, base, fmt, meta)
         row = self._compose_row(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from localai import paths, protocol
+from localai.engines import llama_rpc
 from localai.errors import InvalidRequest, RequestTooLarge, WorkerCrashed, WorkerLoadFailed
 from localai.protocol import (
     CancelOp,
@@ -136,6 +137,11 @@ class Worker:
             if self._writer is not None:  # the worker's end is gone (or lies): close ours, nothing more is sent
                 self._writer.close()
                 self._writer = None
+            servers = self.options.get("rpc_servers") or []
+            if self._queues and servers and self.failure is None:  # died under requests: did an RPC server go?
+                gone = await asyncio.to_thread(llama_rpc.reachable, servers)
+                if gone:
+                    self.failure = "; ".join(gone)
             for queue in self._queues.values():
                 queue.put_nowait(None)
             self._abandoned.clear()

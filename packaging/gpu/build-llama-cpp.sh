@@ -20,6 +20,7 @@ if ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   exit 0
 fi
 args=${CMAKE_ARGS:-}
+case " $args " in *GGML_RPC*) ;; *) args="$args -DGGML_RPC=ON" ;; esac  # layers on other machines, as the CPU build
 case "$backend" in
   vulkan)
     missing=()
