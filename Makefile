@@ -19,7 +19,7 @@ export CMAKE_ARGS
 # one process, as before.
 TEST_WORKERS ?= 2
 
-.PHONY: demo newcomer test test-fast test-clients test-gpu llama-server fixtures fixtures-scale bench-scale lint typecheck docs unit install install-test install-agents agents-latest install-clients install-tmux bench stress clean
+.PHONY: install-dynamo demo newcomer test test-fast test-clients test-gpu llama-server fixtures fixtures-scale bench-scale lint typecheck docs unit install install-test install-agents agents-latest install-clients install-tmux bench stress clean
 
 # pip install that says what it does: each step with how long it usually takes, download and compile progress, a
 # line at least every 20 s; pip's whole output (warnings included) goes to the log named on the first line.
@@ -105,6 +105,31 @@ else
 install-clients: $(CLIENTS_DIR)/.installed
 endif
 
+# The Dynamo tier (tests/upstreams/daemon/test_dynamo.py): NVIDIA's ai-dynamo 1.6.1 (its real frontend and its CPU
+# mocker engine) in a virtualenv of its own, .dynamo/. `pip install ai-dynamo==1.6.1` fails everywhere: it requires
+# aisimulate==0.13.0, whose PyPI release is a placeholder that fetches from pypi.nvidia.com; the frontend and the
+# mocker do not import it, so the wheel goes in with --no-deps and its other requirements are named here (about a
+# minute on a cold pip cache, 0.7 GB, no torch). Linux x86-64 and arm64 only (ai-dynamo-runtime's wheels).
+DYNAMO_DIR := $(CURDIR)/.dynamo
+DYNAMO_DEPS := ai-dynamo-runtime==1.6.1 "aiohttp>=3.14.3,<4" "certifi>=2026.10.19" "kubernetes>=32.0.1,<33" \
+  "msgspec>=0.19" "prometheus-client>=0.23.1,<1" "pyzmq>=26" "redis>=6.2,<9" tqdm "transformers>=4.56" \
+  "typing-extensions>=4.10" "zstandard>=0.23,<1"
+
+$(DYNAMO_DIR)/.installed:
+	@echo "==> Installing NVIDIA Dynamo 1.6.1's frontend and mocker into .dynamo/ for the Dynamo tier (about a minute)"
+	$(PYTHON) -m venv $(DYNAMO_DIR)
+	$(DYNAMO_DIR)/bin/python -m pip install --quiet --disable-pip-version-check $(DYNAMO_DEPS)
+	$(DYNAMO_DIR)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps ai-dynamo==1.6.1
+	$(DYNAMO_DIR)/bin/python -c "import dynamo.frontend, dynamo.mocker"
+	touch $@
+
+ifeq ($(filter x86_64 aarch64,$(shell uname -m))-$(shell uname -s),$(shell uname -m)-Linux)
+install-dynamo: $(DYNAMO_DIR)/.installed
+else
+install-dynamo:
+	@echo "ai-dynamo has wheels for Linux x86-64 and arm64 only: not installing it (the Dynamo tier is skipped, saying so)"
+endif
+
 # The terminal tier (tests/tui/test_terminal.py) drives `localai tui` in tmux: installed with the system's package
 # manager when missing (apt-get as root, as on CI; Homebrew on a Mac), else make test stops here saying so.
 install-tmux:
@@ -124,7 +149,7 @@ test-clients: install-test install-clients
 ## virtualenv, which then takes about 10 minutes on 2 cores instead of 5: unpacking 3.3 GB of agents is CPU work
 ## too; then the fixtures, lint, the type check and the docs)
 test:
-	@$(MAKE) --no-print-directory -j4 --output-sync=line install-test install-agents install-clients install-tmux
+	@$(MAKE) --no-print-directory -j4 --output-sync=line install-test install-agents install-clients install-dynamo install-tmux
 	@$(MAKE) --no-print-directory -j4 --output-sync=line fixtures lint typecheck docs
 	@echo "==> The whole test suite on $(TEST_WORKERS) pytest-xdist workers: about 27 minutes on 2 cores (a dot per test passed, s skipped, F failed)"
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
@@ -211,7 +236,7 @@ $(LLAMA_SOURCE): | $(VENV)/.installed-test
 $(LLAMA_CONFIGURED): $(LLAMA_SOURCE)
 	cmake -S $(LLAMA_VENDORED) -B $(LLAMA_ANCHOR)/build \
 	    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-	    -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF $(NO_AMX)
+	    -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_EXAMPLES=OFF $(RPC) $(NO_AMX)
 	touch $@
 
 $(LLAMA_SERVER): $(LLAMA_CONFIGURED)

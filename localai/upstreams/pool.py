@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -315,8 +316,13 @@ class RemotePool:
                     self.mark_down(replica, reason)
                     continue
                 status = response.status_code
+                # a 200 stream whose first event is an error (Dynamo's and vLLM's validation in a stream): as if
+                # the upstream had answered with its status, since nothing was relayed yet
+                early = _stream_error(first) if status == 200 else None
+                if early is not None:
+                    status = early[0]
                 if status != 200 or lines is None:
-                    body_bytes = await _read_some(response)
+                    body_bytes = early[1] if early is not None else await _read_some(response)
                     message = error_message(body_bytes)
                     if status in (408, 429) or status >= 500:
                         failures.append(f"{replica.url}: HTTP {status}: {message[:200]}")
@@ -433,6 +439,22 @@ async def _first_event(lines: AsyncIterator[str]) -> str | None:
         if line.startswith("data:"):
             return line
     return None
+
+
+def _stream_error(first: str | None) -> tuple[int, bytes] | None:
+    """A stream's first event when it is an error: the HTTP status it names (its ``code``, else 502) and its body."""
+    if first is None:
+        return None
+    try:
+        value = json.loads(first[5:].strip())
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not value.get("error"):
+        return None
+    error = value["error"]
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 502
+    return status, json.dumps(value).encode()
 
 
 async def _chain(first: str | None, rest: AsyncIterator[str]) -> AsyncIterator[str]:
