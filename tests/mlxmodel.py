@@ -35,10 +35,11 @@ def _unpermute(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None, dtype: str = "float16") -> Path:
+def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None, dtype: str = "float16",
+            weights_too: bool = True) -> Path:
     """Write an MLX model folder for a Llama-architecture GGUF, its weights in ``dtype`` (``float16``, as
-    Hugging Face ships SmolLM2, or ``float32``); returns ``out``."""
-    import mlx.core as mx
+    Hugging Face ships SmolLM2, or ``float32``); returns ``out``. ``weights_too=False``: the config and the
+    tokenizer only (what an engine that simulates the model, Dynamo's mocker, reads)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     reader = GGUFReader(gguf_path)
@@ -48,7 +49,9 @@ def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None, dty
     heads = int(_field(reader, "llama.attention.head_count"))
     kv_heads = int(_field(reader, "llama.attention.head_count_kv"))
     weights: dict[str, Any] = {}
-    for tensor in reader.tensors:
+    for tensor in reader.tensors if weights_too else []:
+        import mlx.core as mx
+
         values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         values = values.reshape([int(d) for d in reversed(tensor.shape)])
         name = tensor.name
@@ -77,7 +80,7 @@ def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None, dty
         "rope_theta": float(_field(reader, "llama.rope.freq_base")),
         "vocab_size": int(_field(reader, "llama.vocab_size")),
         "max_position_embeddings": int(_field(reader, "llama.context_length")),
-        "tie_word_embeddings": "lm_head.weight" not in weights,
+        "tie_word_embeddings": all(tensor.name != "output.weight" for tensor in reader.tensors),
         "bos_token_id": int(_field(reader, "tokenizer.ggml.bos_token_id")),
         "eos_token_id": int(_field(reader, "tokenizer.ggml.eos_token_id")),
         "torch_dtype": dtype,
@@ -93,7 +96,10 @@ def convert(gguf_path: Path, out: Path, *, quantize_bits: int | None = None, dty
         weights = dict(tree_flatten(model.parameters()))
         config["quantization"] = {"group_size": 64, "bits": quantize_bits}
         _ = tree_unflatten
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    if weights_too:
+        import mlx.core as mx
+
+        mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
     tokens = [str(t) for t in _field(reader, "tokenizer.ggml.tokens")]
