@@ -256,3 +256,38 @@ def test_a_server_killed_mid_stream_ends_it_naming_the_server_and_the_next_load_
     assert again.status_code == 500 and victim.endpoint in again.json()["error"]["message"]
     victim.start()  # back: the next request loads on both again and answers as a cold daemon did
     assert text(ask(rpc.daemon, "smol-rpc", max_tokens=8)) == cold
+
+
+# a long reply without ignore_eos (an OpenAI-body extension the other dialects do not take)
+LONG_ASK = "Count from 1 to 300, separated by commas."
+COUNT = [{"role": "user", "content": LONG_ASK}]
+STREAMS = {  # dialect: (path, body, a line that carries reply text)
+    "anthropic": ("/v1/messages", {"model": "smol-rpc", "messages": COUNT, "max_tokens": 2000, "stream": True,
+                                   "temperature": 0}, "text_delta"),
+    "responses": ("/v1/responses", {"model": "smol-rpc", "input": LONG_ASK,
+                                    "max_output_tokens": 2000, "stream": True, "temperature": 0},
+                  "output_text.delta"),
+    "ollama": ("/api/chat", {"model": "smol-rpc", "messages": COUNT, "stream": True,
+                             "options": {"num_predict": 2000, "temperature": 0}}, '"content"'),
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(STREAMS))
+def test_a_server_killed_mid_stream_is_named_in_every_dialects_stream(rpc: Setup, dialect: str) -> None:
+    path, body, marker = STREAMS[dialect]
+    victim = rpc.servers[0]
+    assert text(ask(rpc.daemon, "smol-rpc", max_tokens=4))  # loaded on both servers
+    with rpc.daemon.http(timeout=300) as http, http.stream("POST", path, json=body) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        seen = 0
+        for line in lines:
+            seen += marker in line
+            if seen == 3:
+                break
+        victim.kill()
+        rest = "\n".join(lines)
+    assert f"rpc server {victim.endpoint} cannot be reached" in rest, rest[-600:]
+    assert '"done":true' not in rest.replace(" ", "") and "message_stop" not in rest  # not ended as a success
+    victim.start()
+    assert text(ask(rpc.daemon, "smol-rpc", max_tokens=4))  # the next request loads on both again
