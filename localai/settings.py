@@ -43,6 +43,11 @@ def rpc_endpoint(text: str) -> str:
     return f"{host}:{int(port)}"
 
 
+def rpc_endpoint_of(host: str, port: int) -> str:
+    """``host:port`` as llama.cpp writes an RPC endpoint (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def parse_duration(value: str | int | float) -> float:
     """Seconds from ``"5m"``, ``"1h30m"``, ``"7d"``, ``"300"``, ``300`` or ``"-1"`` (negative means forever)."""
     if isinstance(value, (int, float)):

@@ -9,7 +9,7 @@ import sys
 import click
 
 from localai.cli import cli, fail_cleanly
-from localai.settings import RPC_PORT
+from localai.settings import RPC_PORT, rpc_endpoint_of
 
 WARNING = """\
 WARNING: llama.cpp's RPC protocol has no authentication and no encryption. Anyone who can reach {endpoint} can
@@ -62,7 +62,7 @@ def rpc_server(host: str, port: int, threads: int | None, devices: tuple[str, ..
     """Serve this machine's devices to another localai: its models' layers run here (PARAMETER rpc host:port)."""
     from localai import paths
 
-    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    endpoint = rpc_endpoint_of(host, port)
     refuse_unsafe_host(host, expose)
     if not _loopback(host):
         click.echo(WARNING.format(endpoint=endpoint, port=port), err=True)

@@ -276,8 +276,7 @@ class LlamaCppEngine:
         # servers get it too: without it V is stored transposed, and llama.cpp reads a sequence's state (every
         # prompt-cache save) one row of V at a time, each a network round trip: 5,760 of them a save on smollm2,
         # 336 ms per request over two loopback servers instead of 25 ms (as llama-server's -fa auto on GPUs).
-        remote = self.placement.layers > 0 and any(d.get("backend") == "RPC" for d in self.placement.devices)
-        self.flash_attention = options.flash_attention or options.kv_type != "f16" or remote
+        self.flash_attention = options.flash_attention or options.kv_type != "f16" or self.placement.uses_rpc
         ctx_params.flash_attn_type = (
             L.LLAMA_FLASH_ATTN_TYPE_ENABLED if self.flash_attention else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )

@@ -20,16 +20,34 @@ from typing import Any
 from localai.engines.placement import Device
 
 TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
-_BOUND = False
+
+
+_POINTER, _SIZE = ctypes.c_void_p, ctypes.c_size_t
+# The ggml calls bound here (ggml-backend.h, which llama-cpp-python does not bind): devices, registries, and what
+# the RPC backend needs (engines/llama_rpc.py) to register servers and serve.
+_SIGNATURES: tuple[tuple[str, list[Any], Any], ...] = (
+    ("ggml_backend_dev_count", [], _SIZE), ("ggml_backend_dev_get", [_SIZE], _POINTER),
+    ("ggml_backend_dev_name", [_POINTER], ctypes.c_char_p),
+    ("ggml_backend_dev_description", [_POINTER], ctypes.c_char_p),
+    ("ggml_backend_dev_memory", [_POINTER, ctypes.POINTER(_SIZE), ctypes.POINTER(_SIZE)], None),
+    ("ggml_backend_dev_type", [_POINTER], ctypes.c_int),
+    ("ggml_backend_dev_backend_reg", [_POINTER], _POINTER),
+    ("ggml_backend_reg_name", [_POINTER], ctypes.c_char_p),
+    ("ggml_backend_reg_count", [], _SIZE), ("ggml_backend_reg_get", [_SIZE], _POINTER),
+    ("ggml_backend_dev_buffer_type", [_POINTER], _POINTER),
+    ("ggml_backend_reg_by_name", [ctypes.c_char_p], _POINTER),
+    ("ggml_backend_reg_get_proc_address", [_POINTER, ctypes.c_char_p], _POINTER),
+    ("ggml_backend_register", [_POINTER], None),
+)
 
 
 @functools.cache
 def libggml() -> Any:
-    """The libggml that libllama uses, one handle per process (the functions bound on it keep their types; a new
-    handle's would return C ints, pointers cut to 32 bits). llama-cpp-python's ``_ggml`` opens ``lib/libggml.so``
-    by path while libllama links ``libggml.so.0`` by its soname, and the wheel holds them as two files, so the
-    loader maps two copies: two device registries. GPUs are in both (registered statically), but an RPC server
-    added to the wrong one is never seen by a model load."""
+    """The libggml that libllama uses, one handle per process with the calls above bound (a new handle's would
+    return C ints, pointers cut to 32 bits). llama-cpp-python's ``_ggml`` opens ``lib/libggml.so`` by path while
+    libllama links ``libggml.so.0`` by its soname, and the wheel holds them as two files, so the loader maps two
+    copies: two device registries. GPUs are in both (registered statically), but an RPC server added to the wrong
+    one is never seen by a model load."""
     from pathlib import Path
 
     from llama_cpp import _ggml
@@ -37,29 +55,10 @@ def libggml() -> Any:
     folder = Path(str(_ggml.libggml._name)).parent
     by_soname = sorted(folder.glob("libggml.so.*"), key=lambda path: len(path.name)) + sorted(
         folder.glob("libggml.*.dylib"), key=lambda path: len(path.name))
-    return ctypes.CDLL(str(by_soname[0])) if by_soname else _ggml.libggml
-
-
-def _lib() -> Any:
-    global _BOUND
-
-    lib = libggml()
-    if not _BOUND:
-        pointer, size = ctypes.c_void_p, ctypes.c_size_t
-        for name, args, result in (
-            ("ggml_backend_dev_count", [], size), ("ggml_backend_dev_get", [size], pointer),
-            ("ggml_backend_dev_name", [pointer], ctypes.c_char_p),
-            ("ggml_backend_dev_description", [pointer], ctypes.c_char_p),
-            ("ggml_backend_dev_memory", [pointer, ctypes.POINTER(size), ctypes.POINTER(size)], None),
-            ("ggml_backend_dev_type", [pointer], ctypes.c_int),
-            ("ggml_backend_dev_backend_reg", [pointer], pointer),
-            ("ggml_backend_reg_name", [pointer], ctypes.c_char_p),
-            ("ggml_backend_reg_count", [], size), ("ggml_backend_reg_get", [size], pointer),
-            ("ggml_backend_dev_buffer_type", [pointer], pointer),
-        ):
-            function = getattr(lib, name)
-            function.argtypes, function.restype = args, result
-        _BOUND = True
+    lib = ctypes.CDLL(str(by_soname[0])) if by_soname else _ggml.libggml
+    for name, args, result in _SIGNATURES:
+        function = getattr(lib, name)
+        function.argtypes, function.restype = args, result
     return lib
 
 
@@ -69,13 +68,13 @@ def _text(value: bytes | None) -> str:
 
 def backends() -> list[str]:
     """The ggml backends this llama.cpp build registered ("CPU", "Vulkan", "CUDA", "Metal", ...)."""
-    lib = _lib()
+    lib = libggml()
     return [_text(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i))) for i in range(lib.ggml_backend_reg_count())]
 
 
 def cpu_buffer_type() -> int | None:
     """llama.cpp's host buffer type (its CPU device's), where tensors overridden to stay on the CPU go."""
-    lib = _lib()
+    lib = libggml()
     for index in range(lib.ggml_backend_dev_count()):
         handle = lib.ggml_backend_dev_get(index)
         if TYPES.get(lib.ggml_backend_dev_type(handle)) == "cpu":
@@ -86,7 +85,7 @@ def cpu_buffer_type() -> int | None:
 
 def devices() -> list[Device]:
     """Every device llama.cpp sees, with its free and total memory now."""
-    lib = _lib()
+    lib = libggml()
     found = []
     for index in range(lib.ggml_backend_dev_count()):
         handle = lib.ggml_backend_dev_get(index)
@@ -155,13 +154,14 @@ def report() -> dict[str, Any]:
     """The whole picture for ``localai info``: this llama.cpp's version, backends, and devices with free memory."""
     import llama_cpp as L
 
+    found = devices()  # once: each device's memory is asked of its driver
     return {
         "llama_cpp_python": L.__version__,
         "backends": backends(),
         # a local GPU (llama_supports_gpu_offload also says yes for a build with the RPC backend, GPU or not)
-        "gpu_offload": any(device.type in ("gpu", "igpu") for device in devices()),
+        "gpu_offload": any(device.type in ("gpu", "igpu") for device in found),
         "rpc": bool(L.llama_supports_rpc()),  # the RPC backend: layers on other machines (localai rpc-server)
-        "devices": [asdict(device) for device in devices()],
+        "devices": [asdict(device) for device in found],
     }
 
 

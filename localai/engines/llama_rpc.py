@@ -22,6 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from localai.engines.llama_devices import libggml
+from localai.settings import RPC_PORT, rpc_endpoint_of
+
 # The RPC protocol this llama.cpp speaks: the vendored ggml-rpc.h's RPC_PROTO_{MAJOR,MINOR,PATCH}_VERSION (a test
 # reads the installed header and checks these). A server answers the HELLO with its own; llama.cpp refuses a
 # server whose major version differs or whose minor version is newer.
@@ -31,32 +34,10 @@ CAPS = 24  # RPC_CONN_CAPS_SIZE: the transport capabilities both sides send in t
 PROBE_TIMEOUT = 5.0
 
 _REGISTERED: dict[str, int] = {}  # endpoint -> its ggml backend registry, once per process
-_BOUND = False
 
 
 class RpcServerError(RuntimeError):
     """An RPC server that cannot be used: down, not an RPC server, or another protocol version."""
-
-
-def _lib() -> Any:
-    global _BOUND
-    from localai.engines.llama_devices import libggml
-
-    lib = libggml()
-    if not _BOUND:
-        pointer = ctypes.c_void_p
-        for name, args, result in (
-            ("ggml_backend_reg_by_name", [ctypes.c_char_p], pointer),
-            ("ggml_backend_reg_get_proc_address", [pointer, ctypes.c_char_p], pointer),
-            ("ggml_backend_register", [pointer], None),
-            ("ggml_backend_dev_count", [], ctypes.c_size_t), ("ggml_backend_dev_get", [ctypes.c_size_t], pointer),
-            ("ggml_backend_dev_type", [pointer], ctypes.c_int),
-            ("ggml_backend_dev_name", [pointer], ctypes.c_char_p),
-        ):
-            function = getattr(lib, name)
-            function.argtypes, function.restype = args, result
-        _BOUND = True
-    return lib
 
 
 def supported() -> bool:
@@ -72,7 +53,7 @@ def _require() -> Any:
 
         raise RpcServerError(f"the llama.cpp in llama-cpp-python {L.__version__} was built without the RPC backend: "
                              "reinstall it with CMAKE_ARGS=\"-DGGML_RPC=ON\" (`make install` does) to use rpc servers")
-    lib = _lib()
+    lib = libggml()
     registry = lib.ggml_backend_reg_by_name(b"RPC")
     if not registry:
         raise RpcServerError("llama.cpp says it supports RPC but has no RPC backend registered")
@@ -158,7 +139,7 @@ def reachable(endpoints: list[str], timeout: float = 2.0) -> list[str]:
 def served_devices(names: list[str]) -> list[int]:
     """The devices a server offers: those named, else every non-CPU device, else the CPU (as llama.cpp's
     rpc-server chooses)."""
-    lib = _lib()
+    lib = libggml()
     handles = [lib.ggml_backend_dev_get(index) for index in range(lib.ggml_backend_dev_count())]
     by_name = {lib.ggml_backend_dev_name(handle).decode(errors="replace"): handle for handle in handles}
     if names:
@@ -185,7 +166,7 @@ def serve(host: str, port: int, *, threads: int, cache_dir: str | None, devices:
                                     ctypes.POINTER(ctypes.c_void_p))(start)
     if cache_dir:
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
-    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    endpoint = rpc_endpoint_of(host, port)
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # the C loop never returns to Python: Ctrl-C ends the process
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.stdout.flush()
@@ -196,7 +177,7 @@ def serve(host: str, port: int, *, threads: int, cache_dir: str | None, devices:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m localai.engines.llama_rpc")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=50052)
+    parser.add_argument("--port", type=int, default=RPC_PORT)
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--device", action="append", default=[])

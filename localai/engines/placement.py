@@ -70,6 +70,11 @@ class Placement:
     layer_devices: list[dict[str, str]] = field(default_factory=list)  # llama.cpp's: [{device, layers: "0-13"}]
 
     @property
+    def uses_rpc(self) -> bool:
+        """Whether some of its layers are on another machine's device (llama.cpp's RPC backend)."""
+        return self.layers > 0 and any(device.get("backend") == "RPC" for device in self.devices)
+
+    @property
     def processor(self) -> str:
         """Ollama's words: ``100% GPU`` when every layer is on the device, ``100% CPU`` when none is, else the share
         of the bytes on each (the token embeddings stay on the CPU in llama.cpp even with every layer offloaded)."""

@@ -20,13 +20,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.api.daemon.streams import check_anthropic_stream, check_chat_stream, check_responses_stream, named_events
 from tests.conftest import Daemon, free_port, start_daemon
+from tests.upstreams.test_remote import post
 
 ROOT = Path(__file__).resolve().parents[2]
 DYNAMO_PYTHON = ROOT / ".dynamo" / "bin" / "python"
@@ -168,11 +168,6 @@ def dynamo(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iter
             daemon.stop()
         for deployment in deployments:
             deployment.stop()
-
-
-def post(daemon: Daemon, path: str, body: dict[str, Any], **headers: str) -> httpx.Response:
-    with daemon.http(timeout=120) as http:
-        return http.post(path, json=body, headers=headers)
 
 
 def test_dynamo_is_detected_and_listed(dynamo: Setup) -> None:
